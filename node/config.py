@@ -1,0 +1,321 @@
+"""Node configuration: one frozen dataclass tree, loaded from TOML, with defaults and validation.
+
+Every tunable of the node lives here (retry delays, TTL, seen-cache size, limits, ports);
+the rest of the code reads it and never repeats a literal.
+
+Precedence for the node home: built-in default < ``home`` in the TOML file < ``AI_MEMORY_HOME``.
+Relative paths in the file are resolved against the home.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_HOME = "~/.config/ai-memory"
+HOME_ENV = "AI_MEMORY_HOME"
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; ``code`` is stable, the message names key and value."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_content_bytes: int = 65_536
+    max_title_chars: int = 512
+    max_namespace_chars: int = 128
+    max_tags: int = 32
+    max_tag_chars: int = 64
+    max_relation_chars: int = 64
+    max_id_chars: int = 128
+    max_source_chars: int = 256
+    max_recall_limit: int = 100
+    max_query_chars: int = 1_000
+    requests_per_second: int = 100
+    max_db_bytes: int = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    path: Path = Path("data/memory.db")
+    # Upper bound on jobs folded into one group-commit transaction.
+    batch_max: int = 512
+    readers: int = 2
+
+
+@dataclass(frozen=True)
+class A2AConfig:
+    ttl_s: float = 60.0
+    ack_timeout_s: float = 2.0
+    retry_delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
+    seen_cache_size: int = 10_000
+    max_message_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    agent_id: str
+    url: str
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 7443
+    # 0 = no separate health port; /healthz is then served behind mTLS only.
+    health_port: int = 0
+    ca_cert: Path = Path("tls/ca.crt")
+    cert: Path = Path("tls/node.crt")
+    peers: tuple[PeerConfig, ...] = ()
+    reconnect_min_s: float = 0.2
+    reconnect_max_s: float = 10.0
+    drain_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class NamespacePolicy:
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    # 1 = return after the local commit; "majority" or an int W = wait for W ACKs, self included.
+    write_quorum: int | str = 1
+    quorum_timeout_s: float = 5.0
+    namespaces: dict[str, NamespacePolicy] = field(default_factory=dict)
+    sync_page_limit: int = 500
+    # How long an inbound link whose memories are not here yet is held before rejecting it.
+    orphan_hold_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class McpConfig:
+    http_host: str = "127.0.0.1"
+    # 0 = streamable HTTP off.
+    http_port: int = 0
+    socket: Path = Path("run/node.sock")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    agent_id: str = ""
+    home: Path = Path(DEFAULT_HOME).expanduser()
+    limits: LimitsConfig = LimitsConfig()
+    storage: StorageConfig = StorageConfig()
+    a2a: A2AConfig = A2AConfig()
+    mesh: MeshConfig = MeshConfig()
+    federation: FederationConfig = FederationConfig()
+    mcp: McpConfig = McpConfig()
+    log: LogConfig = LogConfig()
+
+    # Derived paths: one place for the home layout (DESIGN.md section 2).
+    @property
+    def keys_dir(self) -> Path:
+        return self.home / "keys"
+
+    @property
+    def peers_dir(self) -> Path:
+        return self.home / "peers"
+
+    @property
+    def db_path(self) -> Path:
+        return self._in_home(self.storage.path)
+
+    @property
+    def ca_cert_path(self) -> Path:
+        return self._in_home(self.mesh.ca_cert)
+
+    @property
+    def cert_path(self) -> Path:
+        return self._in_home(self.mesh.cert)
+
+    @property
+    def socket_path(self) -> Path:
+        return self._in_home(self.mcp.socket)
+
+    def _in_home(self, p: Path) -> Path:
+        p = p.expanduser()
+        return p if p.is_absolute() else self.home / p
+
+    def quorum_size(self, nodes: int) -> int:
+        """Number of ACKs (self included) a write waits for in a federation of ``nodes`` nodes."""
+        q = self.federation.write_quorum
+        if q == "majority":
+            return nodes // 2 + 1
+        return min(int(q), nodes)
+
+
+_SECTIONS: dict[str, type] = {
+    "limits": LimitsConfig,
+    "storage": StorageConfig,
+    "a2a": A2AConfig,
+    "mesh": MeshConfig,
+    "federation": FederationConfig,
+    "mcp": McpConfig,
+    "log": LogConfig,
+}
+
+
+def load_config(path: Path | None = None, *, env: dict[str, str] | None = None,
+                overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Load a node config from TOML (or defaults when ``path`` is None), apply env, validate."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError("config_not_found", f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("config_malformed", f"config file {path} is not valid TOML: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError("config_malformed", f"config file {path} is not UTF-8 text") from None
+    if overrides:
+        raw = {**raw, **overrides}
+    return from_dict(raw, env=env)
+
+
+def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None) -> NodeConfig:
+    env = os.environ if env is None else env
+    raw = dict(raw)
+    known = {"agent_id", "home", *_SECTIONS}
+    for key in raw:
+        if key not in known:
+            raise ConfigError("config_unknown_key", f"unknown config key {key!r}; known: {sorted(known)}")
+    home_raw = env.get(HOME_ENV) or raw.pop("home", None) or DEFAULT_HOME
+    raw.pop("home", None)
+    home = Path(_expect(str, "home", home_raw)).expanduser()
+    agent_id = _expect(str, "agent_id", raw.pop("agent_id", ""))
+    sections = {name: _section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
+    cfg = NodeConfig(agent_id=agent_id, home=home.absolute(), **sections)
+    _validate(cfg)
+    return cfg
+
+
+def _expect(typ: type | tuple[type, ...], key: str, value: Any) -> Any:
+    if isinstance(value, bool) and typ is not bool and bool not in (typ if isinstance(typ, tuple) else (typ,)):
+        raise ConfigError("config_invalid", f"{key} must be {_tname(typ)}, got {value!r}")
+    if not isinstance(value, typ):
+        raise ConfigError("config_invalid", f"{key} must be {_tname(typ)}, got {value!r}")
+    return value
+
+
+def _tname(typ: type | tuple[type, ...]) -> str:
+    if isinstance(typ, tuple):
+        return " or ".join(t.__name__ for t in typ)
+    return typ.__name__
+
+
+def _section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError("config_invalid", f"[{name}] must be a table, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{name}.{key}"
+        if key not in fields:
+            raise ConfigError("config_unknown_key", f"unknown config key {dotted!r}; known: {sorted(fields)}")
+        kwargs[key] = _coerce(dotted, fields[key], value)
+    return cls(**kwargs)
+
+
+def _coerce(dotted: str, f: dataclasses.Field, value: Any) -> Any:
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if dotted == "mesh.peers":
+        return _peers(value)
+    if dotted == "federation.namespaces":
+        return _namespaces(value)
+    if dotted == "federation.write_quorum":
+        if value == "majority" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ConfigError("config_invalid", f"{dotted} must be \"majority\" or an integer >= 1, got {value!r}")
+    if isinstance(default, Path):
+        return Path(_expect(str, dotted, value))
+    if isinstance(default, tuple):
+        items = _expect(list, dotted, value)
+        return tuple(float(_expect((int, float), f"{dotted}[{i}]", v)) for i, v in enumerate(items))
+    if isinstance(default, float):
+        return float(_expect((int, float), dotted, value))
+    if isinstance(default, int):
+        return _expect(int, dotted, value)
+    if isinstance(default, str):
+        return _expect(str, dotted, value)
+    return value
+
+
+def _peers(value: Any) -> tuple[PeerConfig, ...]:
+    items = _expect(list, "mesh.peers", value)
+    peers = []
+    for i, item in enumerate(items):
+        key = f"mesh.peers[{i}]"
+        if not isinstance(item, dict) or set(item) != {"agent_id", "url"}:
+            raise ConfigError("config_invalid", f"{key} must be a table with exactly agent_id and url, got {item!r}")
+        url = _expect(str, f"{key}.url", item["url"])
+        if not url.startswith("https://"):
+            raise ConfigError("config_invalid", f"{key}.url must start with https://, got {url!r}")
+        peers.append(PeerConfig(agent_id=_expect(str, f"{key}.agent_id", item["agent_id"]), url=url.rstrip("/")))
+    return tuple(peers)
+
+
+def _namespaces(value: Any) -> dict[str, NamespacePolicy]:
+    table = _expect(dict, "federation.namespaces", value)
+    out = {}
+    for ns, policy in table.items():
+        key = f"federation.namespaces.{ns!r}"
+        if not isinstance(policy, dict) or set(policy) - {"peers"}:
+            raise ConfigError("config_invalid", f"{key} must be a table with only 'peers', got {policy!r}")
+        peers = _expect(list, f"{key}.peers", policy.get("peers", []))
+        out[ns] = NamespacePolicy(peers=tuple(_expect(str, f"{key}.peers[]", p) for p in peers))
+    return out
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError("config_invalid", f"{key} must be > 0, got {value!r}")
+
+
+def _validate(cfg: NodeConfig) -> None:
+    for section_name in ("limits",):
+        section = getattr(cfg, section_name)
+        for f in dataclasses.fields(section):
+            _positive(f"{section_name}.{f.name}", getattr(section, f.name))
+    _positive("storage.batch_max", cfg.storage.batch_max)
+    _positive("storage.readers", cfg.storage.readers)
+    _positive("a2a.ttl_s", cfg.a2a.ttl_s)
+    _positive("a2a.ack_timeout_s", cfg.a2a.ack_timeout_s)
+    _positive("a2a.seen_cache_size", cfg.a2a.seen_cache_size)
+    _positive("a2a.max_message_bytes", cfg.a2a.max_message_bytes)
+    for i, d in enumerate(cfg.a2a.retry_delays_s):
+        if d < 0:
+            raise ConfigError("config_invalid", f"a2a.retry_delays_s[{i}] must be >= 0, got {d!r}")
+    for key in ("listen_port", "health_port"):
+        port = getattr(cfg.mesh, key)
+        if not 0 <= port <= 65535:
+            raise ConfigError("config_invalid", f"mesh.{key} must be in 0..65535, got {port!r}")
+    if not 0 <= cfg.mcp.http_port <= 65535:
+        raise ConfigError("config_invalid", f"mcp.http_port must be in 0..65535, got {cfg.mcp.http_port!r}")
+    if cfg.mcp.http_port and cfg.mcp.http_host not in ("127.0.0.1", "::1", "localhost"):
+        raise ConfigError("config_invalid",
+                          f"mcp.http_host must be a loopback address (127.0.0.1, ::1), got {cfg.mcp.http_host!r}")
+    _positive("mesh.reconnect_min_s", cfg.mesh.reconnect_min_s)
+    _positive("mesh.reconnect_max_s", cfg.mesh.reconnect_max_s)
+    _positive("mesh.drain_timeout_s", cfg.mesh.drain_timeout_s)
+    _positive("federation.quorum_timeout_s", cfg.federation.quorum_timeout_s)
+    _positive("federation.sync_page_limit", cfg.federation.sync_page_limit)
+    if cfg.log.level not in ("debug", "info", "warning", "error"):
+        raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")
