@@ -1,0 +1,99 @@
+"""Link attestation: canonical CBOR payload, link_id, Ed25519 sign and verify (DESIGN.md section 3).
+
+The signed payload is canonical CBOR (RFC 8949 section 4.2.1) of exactly the six fields in
+``SIGNED_FIELDS``; times are integer unix milliseconds and ``valid_until`` may be None.
+``link_id`` is the hex SHA-256 of those bytes. ``shared/vectors/link-signing.json`` is normative.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import cbor2
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+SIGNED_FIELDS = ("src_id", "dst_id", "relation", "observed_by", "valid_from", "valid_until")
+SIGNATURE_BYTES = 64
+
+
+class AttestLevel(enum.StrEnum):
+    UNSIGNED = "unsigned"
+    SELF_SIGNED = "self_signed"
+    PEER_ATTESTED = "peer_attested"
+
+
+class AttestError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class LinkPayload:
+    """The six signed fields of a link; times in unix milliseconds."""
+
+    src_id: str
+    dst_id: str
+    relation: str
+    observed_by: str
+    valid_from: int
+    valid_until: int | None
+
+    def __post_init__(self) -> None:
+        for name in ("src_id", "dst_id", "relation", "observed_by"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise AttestError("bad_link_field", f"link field {name} must be a non-empty string, got {value!r}")
+        if not _is_int(self.valid_from) or self.valid_from < 0:
+            raise AttestError("bad_link_field", f"valid_from must be an integer >= 0 (unix ms), got {self.valid_from!r}")
+        if self.valid_until is not None and (not _is_int(self.valid_until) or self.valid_until < self.valid_from):
+            raise AttestError("bad_link_field",
+                              f"valid_until must be null or an integer >= valid_from (unix ms), got {self.valid_until!r}")
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> LinkPayload:
+        missing = [f for f in SIGNED_FIELDS if f not in m]
+        if missing:
+            raise AttestError("bad_link_field", f"link is missing field(s) {', '.join(missing)}")
+        return cls(**{f: m[f] for f in SIGNED_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def canonical_bytes(self) -> bytes:
+        return cbor2.dumps(self.to_dict(), canonical=True)
+
+    @property
+    def link_id(self) -> str:
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def sign(private_key: Ed25519PrivateKey, payload: LinkPayload) -> bytes:
+    """Ed25519 signature (64 bytes) over the canonical payload."""
+    return private_key.sign(payload.canonical_bytes())
+
+
+def verify(public_key: Ed25519PublicKey, payload: LinkPayload, signature: bytes | None) -> bool:
+    """True when ``signature`` is a valid Ed25519 signature of the canonical payload by ``public_key``."""
+    if not isinstance(signature, (bytes, bytearray)) or len(signature) != SIGNATURE_BYTES:
+        return False
+    try:
+        public_key.verify(bytes(signature), payload.canonical_bytes())
+    except InvalidSignature:
+        return False
+    return True
+
+
+def verify_many(items: Iterable[tuple[Ed25519PublicKey, LinkPayload, bytes | None]]) -> list[bool]:
+    """Verify a batch; meant to run off the event loop (cryptography releases the GIL)."""
+    return [verify(pk, p, s) for pk, p, s in items]

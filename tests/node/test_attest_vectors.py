@@ -1,0 +1,76 @@
+"""The normative link-signing vectors, loaded as they are, reproduced byte for byte."""
+
+import json
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
+
+from node.attest import AttestError, LinkPayload, sign, verify
+
+VECTORS = json.loads(
+    (Path(__file__).resolve().parents[3] / "shared" / "vectors" / "link-signing.json").read_text(encoding="utf-8"))
+SEED = bytes.fromhex(VECTORS["signer"]["ed25519_private_seed_hex"])
+CASES = VECTORS["cases"]
+
+
+def _ids(case: dict) -> str:
+    return case["name"]
+
+
+def test_signer_public_key_matches_the_vector_pem() -> None:
+    pk = Ed25519PrivateKey.from_private_bytes(SEED).public_key()
+    raw = pk.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert raw.hex() == VECTORS["signer"]["ed25519_public_hex"]
+    pem_key = load_pem_public_key(VECTORS["signer"]["public_pem"].encode())
+    assert pem_key.public_bytes(Encoding.Raw, PublicFormat.Raw) == raw
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_canonical_cbor_matches_vector(case: dict) -> None:
+    assert LinkPayload.from_mapping(case["link"]).canonical_bytes().hex() == case["canonical_cbor_hex"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_link_id_matches_vector(case: dict) -> None:
+    assert LinkPayload.from_mapping(case["link"]).link_id == case["link_id_sha256_hex"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_signature_matches_vector_and_verifies(case: dict) -> None:
+    key = Ed25519PrivateKey.from_private_bytes(SEED)
+    payload = LinkPayload.from_mapping(case["link"])
+    sig = sign(key, payload)
+    assert sig.hex() == case["ed25519_signature_hex"]
+    assert verify(key.public_key(), payload, sig)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_tampered_field_fails_verification(case: dict) -> None:
+    key = Ed25519PrivateKey.from_private_bytes(SEED)
+    sig = bytes.fromhex(case["ed25519_signature_hex"])
+    tampered = LinkPayload.from_mapping({**case["link"], "relation": case["link"]["relation"] + "x"})
+    assert not verify(key.public_key(), tampered, sig)
+
+
+def test_signature_by_another_key_fails_verification() -> None:
+    payload = LinkPayload.from_mapping(CASES[0]["link"])
+    forged = sign(Ed25519PrivateKey.generate(), payload)
+    assert not verify(Ed25519PrivateKey.from_private_bytes(SEED).public_key(), payload, forged)
+
+
+@pytest.mark.parametrize("sig", [None, b"", b"\x00" * 63, "not bytes"])
+def test_malformed_signature_is_not_valid(sig: object) -> None:
+    pk = Ed25519PrivateKey.from_private_bytes(SEED).public_key()
+    assert not verify(pk, LinkPayload.from_mapping(CASES[0]["link"]), sig)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("valid_from", True), ("valid_from", -1), ("valid_from", 1.5), ("valid_until", "soon"),
+    ("src_id", ""), ("relation", 3),
+])
+def test_bad_link_field_is_refused(field: str, value: object) -> None:
+    with pytest.raises(AttestError) as err:
+        LinkPayload.from_mapping({**CASES[1]["link"], field: value})
+    assert err.value.code == "bad_link_field"
