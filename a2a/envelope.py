@@ -1,0 +1,429 @@
+"""Envelope and ACK types and their CBOR codec (DESIGN.md §4).
+
+Wire forms (canonical CBOR maps, RFC 8949 §4.2.1):
+  envelope ``{v: 1, type: "msg", correlation_id, sender, recipients: [...], payload: {kind, ...}, expires_at}``
+  ack      ``{v: 1, type: "ack", correlation_id, recipient, accepted, reason}``
+All times are integer unix milliseconds.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cbor2
+
+from a2a.errors import ErrorCode, ProtocolError
+
+VERSION = 1
+TYPE_MSG = "msg"
+TYPE_ACK = "ack"
+# Protocol-shape bounds (not operator tunables): they keep one frame cheap to validate.
+MAX_AGENT_ID_CHARS = 256
+MAX_RECIPIENTS = 1024
+MAX_PAYLOAD_DEPTH = 32
+MAX_REASON_CODE_CHARS = 64
+# CBOR major types 0/1 hold exactly these; anything wider needs a bignum tag, which we refuse.
+_INT_MIN = -(2**64)
+_INT_MAX = 2**64 - 1
+
+REASON_DUPLICATE = "duplicate"
+REASON_REJECTED_PREFIX = "rejected:"
+
+_ENVELOPE_KEYS = frozenset({"v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"})
+_ACK_KEYS = frozenset({"v", "type", "correlation_id", "recipient", "accepted", "reason"})
+_UUID4_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+_CODE_RE = re.compile(r"[a-z][a-z0-9_]*")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _short(value: Any) -> str:
+    """repr() bounded so that error messages stay readable for hostile inputs."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def is_int(value: object) -> bool:
+    """True for int but not bool (bool is an int subclass in Python, never on our wire)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_uuid4(value: object) -> bool:
+    """True for a canonical lowercase hyphenated UUIDv4 string (RFC 9562 variant bits)."""
+    return isinstance(value, str) and _UUID4_RE.fullmatch(value) is not None
+
+
+def check_correlation_id(value: object) -> str:
+    if not is_uuid4(value):
+        raise ProtocolError(
+            ErrorCode.BAD_CORRELATION_ID,
+            f"correlation_id must be a lowercase UUIDv4 string, got {_short(value)}",
+        )
+    return value  # type: ignore[return-value]
+
+
+def _check_agent_id(field: str, value: object, cid: str | None) -> str:
+    if not isinstance(value, str) or not value:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"{field} must be a non-empty string, got {_short(value)}", correlation_id=cid
+        )
+    if len(value) > MAX_AGENT_ID_CHARS:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"{field} is {len(value)} characters long, more than {MAX_AGENT_ID_CHARS}",
+            correlation_id=cid,
+        )
+    if _CONTROL_RE.search(value):
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"{field} contains control characters: {_short(value)}", correlation_id=cid
+        )
+    return value
+
+
+def _check_plain(path: str, value: object, depth: int, cid: str | None) -> None:
+    """Payload values must be plain CBOR data: null, bool, int (64-bit), float, str, bytes, list, str-keyed map."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise ProtocolError(
+            ErrorCode.BAD_PAYLOAD, f"{path} is nested deeper than {MAX_PAYLOAD_DEPTH} levels", correlation_id=cid
+        )
+    if value is None or isinstance(value, (bool, float, str, bytes)):
+        return
+    if is_int(value):
+        if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD, f"{path} is an integer outside the 64-bit CBOR range", correlation_id=cid
+            )
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_plain(f"{path}[{i}]", item, depth + 1, cid)
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ProtocolError(
+                    ErrorCode.BAD_PAYLOAD, f"{path} has a non-string key {_short(key)}", correlation_id=cid
+                )
+            _check_plain(f"{path}.{key}", item, depth + 1, cid)
+        return
+    raise ProtocolError(
+        ErrorCode.BAD_PAYLOAD,
+        f"{path} holds a {type(value).__name__}, which is not plain CBOR data",
+        correlation_id=cid,
+    )
+
+
+def _thaw(value: Any) -> Any:
+    """Plain dict/list copy, so an Envelope never shares mutable state with its caller."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One A2A message. ``expires_at`` is unix ms; ``payload`` is a map holding ``kind``.
+
+    Construction validates every field (ProtocolError on failure), so an Envelope in hand is well-formed.
+    The payload's per-kind schema is checked separately by ``a2a.kinds.validate_payload``.
+    """
+
+    correlation_id: str
+    sender: str
+    recipients: tuple[str, ...]
+    payload: Mapping[str, Any]
+    expires_at: int
+    v: int = VERSION
+
+    def __post_init__(self) -> None:
+        if not is_int(self.v) or self.v != VERSION:
+            raise ProtocolError(ErrorCode.BAD_VERSION, f"v must be {VERSION}, got {_short(self.v)}")
+        cid = check_correlation_id(self.correlation_id)
+        _check_agent_id("sender", self.sender, cid)
+        recipients = self.recipients
+        if isinstance(recipients, (str, bytes)) or not isinstance(recipients, (list, tuple)):
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD, f"recipients must be a list of agent ids, got {_short(recipients)}",
+                correlation_id=cid,
+            )
+        if not recipients or len(recipients) > MAX_RECIPIENTS:
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"recipients must hold 1 to {MAX_RECIPIENTS} agent ids, got {len(recipients)}",
+                correlation_id=cid,
+            )
+        for i, recipient in enumerate(recipients):
+            _check_agent_id(f"recipients[{i}]", recipient, cid)
+        if len(set(recipients)) != len(recipients):
+            raise ProtocolError(ErrorCode.BAD_FIELD, "recipients lists an agent id twice", correlation_id=cid)
+        if not is_int(self.expires_at) or not 0 <= self.expires_at <= _INT_MAX:
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"expires_at must be a non-negative integer (unix ms), got {_short(self.expires_at)}",
+                correlation_id=cid,
+            )
+        payload = self.payload
+        if not isinstance(payload, Mapping):
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD, f"payload must be a map, got {type(payload).__name__}", correlation_id=cid
+            )
+        kind = payload.get("kind")
+        if not isinstance(kind, str) or not kind:
+            raise ProtocolError(
+                ErrorCode.BAD_PAYLOAD, f"payload.kind must be a non-empty string, got {_short(kind)}",
+                correlation_id=cid,
+            )
+        _check_plain("payload", payload, 1, cid)
+        object.__setattr__(self, "recipients", tuple(recipients))
+        object.__setattr__(self, "payload", _thaw(payload))
+
+    @property
+    def kind(self) -> str:
+        return self.payload["kind"]
+
+    def to_map(self) -> dict[str, Any]:
+        return {
+            "v": self.v,
+            "type": TYPE_MSG,
+            "correlation_id": self.correlation_id,
+            "sender": self.sender,
+            "recipients": list(self.recipients),
+            "payload": self.payload,
+            "expires_at": self.expires_at,
+        }
+
+    def to_wire(self) -> bytes:
+        """Canonical CBOR bytes of this envelope."""
+        return cbor2.dumps(self.to_map(), canonical=True)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A receiver's answer to one envelope.
+
+    ``reason`` is None when accepted, else ``"duplicate"`` or ``"rejected:<code>"``.
+    """
+
+    correlation_id: str
+    recipient: str
+    accepted: bool
+    reason: str | None
+
+    def __post_init__(self) -> None:
+        cid = check_correlation_id(self.correlation_id)
+        _check_agent_id("recipient", self.recipient, cid)
+        if not isinstance(self.accepted, bool):
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD, f"accepted must be a boolean, got {_short(self.accepted)}", correlation_id=cid
+            )
+        reason = self.reason
+        if self.accepted:
+            if reason is not None:
+                raise ProtocolError(
+                    ErrorCode.BAD_FIELD, f"reason must be null when accepted, got {_short(reason)}",
+                    correlation_id=cid,
+                )
+            return
+        if reason == REASON_DUPLICATE:
+            return
+        if isinstance(reason, str) and reason.startswith(REASON_REJECTED_PREFIX):
+            code = reason[len(REASON_REJECTED_PREFIX):]
+            if len(code) <= MAX_REASON_CODE_CHARS and _CODE_RE.fullmatch(code):
+                return
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"reason must be 'duplicate' or 'rejected:<snake_case_code>' when not accepted, got {_short(reason)}",
+            correlation_id=cid,
+        )
+
+    @classmethod
+    def ok(cls, correlation_id: str, recipient: str) -> Ack:
+        """The message was applied and durably stored."""
+        return cls(correlation_id, recipient, True, None)
+
+    @classmethod
+    def duplicate(cls, correlation_id: str, recipient: str) -> Ack:
+        """The message was already applied earlier; nothing was done."""
+        return cls(correlation_id, recipient, False, REASON_DUPLICATE)
+
+    @classmethod
+    def rejected(cls, correlation_id: str, recipient: str, code: str) -> Ack:
+        """The message will never be accepted; ``code`` is a snake_case reason such as ``sender_mismatch``."""
+        return cls(correlation_id, recipient, False, REASON_REJECTED_PREFIX + str(code))
+
+    @property
+    def is_duplicate(self) -> bool:
+        return self.reason == REASON_DUPLICATE
+
+    @property
+    def permanent(self) -> bool:
+        """True for a rejection: the sender must not retry (it dead-letters instead)."""
+        return self.reason is not None and self.reason.startswith(REASON_REJECTED_PREFIX)
+
+    @property
+    def reject_code(self) -> str | None:
+        """The ``<code>`` of ``rejected:<code>``, else None."""
+        return self.reason[len(REASON_REJECTED_PREFIX):] if self.permanent else None  # type: ignore[index]
+
+    def to_map(self) -> dict[str, Any]:
+        return {
+            "v": VERSION,
+            "type": TYPE_ACK,
+            "correlation_id": self.correlation_id,
+            "recipient": self.recipient,
+            "accepted": self.accepted,
+            "reason": self.reason,
+        }
+
+    def to_wire(self) -> bytes:
+        """Canonical CBOR bytes of this ACK."""
+        return cbor2.dumps(self.to_map(), canonical=True)
+
+
+def new_envelope(
+    sender: str, recipients: Iterable[str], payload: Mapping[str, Any], now_ms: int, ttl_ms: int
+) -> Envelope:
+    """A fresh envelope with a new UUIDv4 correlation_id, expiring at ``now_ms + ttl_ms`` (unix ms)."""
+    if not is_int(now_ms) or not is_int(ttl_ms) or ttl_ms <= 0:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"now_ms and ttl_ms must be integers with ttl_ms > 0, got {now_ms!r}, {ttl_ms!r}"
+        )
+    return Envelope(
+        correlation_id=str(uuid.uuid4()),
+        sender=sender,
+        recipients=tuple(recipients),
+        payload=payload,
+        expires_at=now_ms + ttl_ms,
+    )
+
+
+class _DenyAllTags(Mapping[int, Any]):
+    """semantic_decoders that refuses every CBOR tag before cbor2 builds datetimes, regexes, bignums…"""
+
+    def __getitem__(self, tag: int) -> Any:
+        def refuse(decoder: Any) -> Any:
+            raise cbor2.CBORDecodeError(f"CBOR tag {tag} is not allowed")
+
+        return refuse
+
+    def __contains__(self, tag: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+_DENY_ALL_TAGS = _DenyAllTags()
+
+
+def _refuse_tag(decoder: Any, tag: Any) -> Any:
+    raise cbor2.CBORDecodeError(f"CBOR tag {getattr(tag, 'tag', '?')} is not allowed")
+
+
+def _loads_one(data: bytes) -> Any:
+    """Decode exactly one CBOR item spanning all of ``data``; any failure is ``malformed``."""
+    try:
+        fp = io.BytesIO(data)
+        decoder = cbor2.CBORDecoder(
+            fp,
+            tag_hook=_refuse_tag,
+            semantic_decoders=_DENY_ALL_TAGS,
+            max_depth=MAX_PAYLOAD_DEPTH + 4,
+            allow_indefinite=False,
+            allow_duplicate_keys=False,
+            strict_hashable_types=True,
+        )
+        obj = decoder.decode()
+        trailing = len(data) - fp.tell()
+    except Exception as exc:  # cbor2 raises several types (and RecursionError/MemoryError in odd builds)
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame is not valid CBOR: {_short(str(exc))}") from None
+    if trailing:
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame has {trailing} trailing bytes after the CBOR item")
+    return obj
+
+
+def _check_keys(obj: Mapping[Any, Any], expected: frozenset[str], what: str, cid: str | None) -> None:
+    keys = set(obj)
+    missing = expected - keys
+    if missing:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"{what} is missing field(s) {sorted(missing)}", correlation_id=cid
+        )
+    extra = keys - expected
+    if extra:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"{what} has unknown field(s) {_short(sorted(map(str, extra)))}", correlation_id=cid
+        )
+
+
+def decode_frame(data: bytes, max_bytes: int) -> Envelope | Ack:
+    """Parse one binary frame into an Envelope or Ack.
+
+    Raises ProtocolError (and nothing else) for any bad input; the size limit (bytes) is checked
+    before decoding.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"frame is {len(data)} bytes, more than the limit of {max_bytes}")
+    obj = _loads_one(data)
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame must be a CBOR map, got {type(obj).__name__}")
+    v = obj.get("v")
+    if not is_int(v) or v != VERSION:
+        raise ProtocolError(ErrorCode.BAD_VERSION, f"v must be {VERSION}, got {_short(v)}")
+    ftype = obj.get("type")
+    if ftype == TYPE_MSG:
+        expected = _ENVELOPE_KEYS
+    elif ftype == TYPE_ACK:
+        expected = _ACK_KEYS
+    else:
+        raise ProtocolError(ErrorCode.BAD_TYPE, f"type must be 'msg' or 'ack', got {_short(ftype)}")
+    cid = check_correlation_id(obj.get("correlation_id"))
+    _check_keys(obj, expected, "envelope" if ftype == TYPE_MSG else "ack", cid)
+    try:
+        if ftype == TYPE_MSG:
+            recipients = obj["recipients"]
+            if not isinstance(recipients, list):
+                raise ProtocolError(
+                    ErrorCode.BAD_FIELD, f"recipients must be an array, got {_short(recipients)}", correlation_id=cid
+                )
+            return Envelope(
+                correlation_id=cid,
+                sender=obj["sender"],
+                recipients=tuple(recipients),
+                payload=obj["payload"],
+                expires_at=obj["expires_at"],
+            )
+        return Ack(
+            correlation_id=cid, recipient=obj["recipient"], accepted=obj["accepted"], reason=obj["reason"]
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # defence in depth: validation bugs must still surface as protocol errors
+        raise ProtocolError(
+            ErrorCode.MALFORMED, f"frame could not be validated: {_short(str(exc))}", correlation_id=cid
+        ) from None
+
+
+__all__ = [
+    "Ack",
+    "Envelope",
+    "MAX_AGENT_ID_CHARS",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_RECIPIENTS",
+    "decode_frame",
+    "is_int",
+    "is_uuid4",
+    "new_envelope",
+]

@@ -1,0 +1,188 @@
+"""Per-kind payload schemas, checked at the edge before a payload reaches the node.
+
+Table-driven: a new kind is one more entry in SCHEMAS (a map of field name -> Field),
+plus, if it needs one, a cross-field check in CROSS_CHECKS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.envelope import is_int, is_uuid4
+from a2a.errors import ErrorCode, ProtocolError
+
+# A check gets the field's path (for the message) and its value; it raises ProtocolError or returns.
+Check = Callable[[str, Any], None]
+
+SIGNATURE_BYTES = 64  # Ed25519
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bad(path: str, wanted: str, value: Any) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_PAYLOAD, f"{path} must be {wanted}, got {_short(value)}")
+
+
+@dataclass(frozen=True)
+class Field:
+    check: Check
+    required: bool = True
+
+
+def string(*, nonempty: bool = False) -> Check:
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, str) or (nonempty and not value):
+            raise _bad(path, "a non-empty string" if nonempty else "a string", value)
+
+    return check
+
+
+def integer(*, minimum: int | None = None) -> Check:
+    def check(path: str, value: Any) -> None:
+        if not is_int(value) or (minimum is not None and value < minimum):
+            raise _bad(path, "an integer" if minimum is None else f"an integer >= {minimum}", value)
+
+    return check
+
+
+def number() -> Check:
+    """int or finite float (bool excluded)."""
+
+    def check(path: str, value: Any) -> None:
+        if not (is_int(value) or (isinstance(value, float) and math.isfinite(value))):
+            raise _bad(path, "a finite number", value)
+
+    return check
+
+
+def uuid4() -> Check:
+    def check(path: str, value: Any) -> None:
+        if not is_uuid4(value):
+            raise _bad(path, "a lowercase UUIDv4 string", value)
+
+    return check
+
+
+def byte_string(*, length: int) -> Check:
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, bytes) or len(value) != length:
+            raise _bad(path, f"a byte string of exactly {length} bytes", value)
+
+    return check
+
+
+def nullable(inner: Check) -> Check:
+    def check(path: str, value: Any) -> None:
+        if value is not None:
+            inner(path, value)
+
+    return check
+
+
+def list_of(inner: Check) -> Check:
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(path, "an array", value)
+        for i, item in enumerate(value):
+            inner(f"{path}[{i}]", item)
+
+    return check
+
+
+def record(schema: Mapping[str, Field]) -> Check:
+    """A map with exactly the schema's fields (optional ones may be absent); unknown fields are refused."""
+
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, Mapping):
+            raise _bad(path, "a map", value)
+        for key in value:
+            if key not in schema:
+                raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"{path} has an unknown field {_short(key)}")
+        for name, spec in schema.items():
+            if name in value:
+                spec.check(f"{path}.{name}", value[name])
+            elif spec.required:
+                raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"{path}.{name} is missing")
+
+    return check
+
+
+MEMORY = {
+    "id": Field(uuid4()),
+    "namespace": Field(string(nonempty=True)),
+    "title": Field(string()),
+    "content": Field(string()),
+    "tags": Field(list_of(string())),
+    "priority": Field(integer()),
+    "confidence": Field(number()),
+    "source": Field(string()),
+    "origin": Field(string(nonempty=True)),
+    "version": Field(integer(minimum=1)),
+    "created_at": Field(integer(minimum=0)),
+    "updated_at": Field(integer(minimum=0)),
+}
+
+LINK = {
+    "src_id": Field(string(nonempty=True)),
+    "dst_id": Field(string(nonempty=True)),
+    "relation": Field(string(nonempty=True)),
+    "observed_by": Field(string(nonempty=True)),
+    "valid_from": Field(integer(minimum=0)),
+    "valid_until": Field(nullable(integer(minimum=0))),
+    "confidence": Field(nullable(number()), required=False),
+}
+
+# kind -> fields of the payload other than "kind" itself.
+SCHEMAS: dict[str, Mapping[str, Field]] = {
+    "ping": {"sent_at": Field(integer(minimum=0), required=False)},
+    "memory.put": {"memory": Field(record(MEMORY))},
+    "link.put": {
+        "link": Field(record(LINK)),
+        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+        "signed_by": Field(nullable(string(nonempty=True))),
+    },
+}
+
+
+def _signature_pairs_with_signer(payload: Mapping[str, Any]) -> None:
+    if (payload["signature"] is None) != (payload["signed_by"] is None):
+        raise ProtocolError(
+            ErrorCode.BAD_PAYLOAD, "payload.signature and payload.signed_by must be both set or both null"
+        )
+
+
+# kind -> checks across fields, run after every field passed.
+CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
+    "link.put": (_signature_pairs_with_signer,),
+}
+
+KNOWN_KINDS = frozenset(SCHEMAS)
+
+
+def validate_payload(payload: Any) -> Mapping[str, Any]:
+    """Check a payload against its kind's schema and return it unchanged.
+
+    Raises ProtocolError ``unknown_kind`` for a kind without a schema, ``bad_payload`` (naming the
+    field) for anything else.
+    """
+    if not isinstance(payload, Mapping):
+        raise _bad("payload", "a map", payload)
+    kind = payload.get("kind")
+    if not isinstance(kind, str):
+        raise _bad("payload.kind", "a string", kind)
+    schema = SCHEMAS.get(kind)
+    if schema is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"payload.kind {_short(kind)} is not a known kind")
+    record({"kind": Field(string()), **schema})("payload", payload)
+    for cross in CROSS_CHECKS.get(kind, ()):
+        cross(payload)
+    return payload
+
+
+__all__ = ["Field", "KNOWN_KINDS", "SCHEMAS", "validate_payload"]
