@@ -1,0 +1,82 @@
+"""change_log (the pageable feed a returning peer syncs from), peer_state and counters."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Literal
+
+ChangeKind = Literal["memory", "link"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChangeRow:
+    seq: int
+    kind: str          # 'memory' | 'link'
+    ref_id: str        # memory id or link_id
+    version: int
+    created_at: int    # unix ms
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerState:
+    peer: str
+    last_sync_seq: int
+    last_ack_at: int | None   # unix ms
+
+
+def append(conn: sqlite3.Connection, kind: ChangeKind, ref_id: str, version: int, created_at: int) -> int:
+    """Record a local or applied change; returns its seq (strictly increasing, never reused)."""
+    cur = conn.execute("INSERT INTO change_log (kind, ref_id, version, created_at) VALUES (?,?,?,?)",
+                       (kind, ref_id, version, created_at))
+    return cur.lastrowid
+
+
+def page(conn: sqlite3.Connection, since_seq: int, limit: int) -> list[ChangeRow]:
+    """Changes with seq > ``since_seq``, oldest first, at most ``limit``."""
+    rows = conn.execute("SELECT seq, kind, ref_id, version, created_at FROM change_log WHERE seq > ? "
+                        "ORDER BY seq LIMIT ?", (since_seq, limit))
+    return [ChangeRow(seq=r[0], kind=r[1], ref_id=r[2], version=r[3], created_at=r[4]) for r in rows]
+
+
+def last_seq(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchone()[0]
+
+
+def get_peer_state(conn: sqlite3.Connection, peer: str) -> PeerState | None:
+    r = conn.execute("SELECT peer, last_sync_seq, last_ack_at FROM peer_state WHERE peer = ?", (peer,)).fetchone()
+    return PeerState(peer=r[0], last_sync_seq=r[1], last_ack_at=r[2]) if r else None
+
+
+def set_peer_state(conn: sqlite3.Connection, peer: str, *, last_sync_seq: int | None = None,
+                   last_ack_at: int | None = None) -> PeerState:
+    """Upsert the given fields of ``peer``'s state (None leaves a field as it is); returns the new state."""
+    conn.execute(
+        "INSERT INTO peer_state (peer, last_sync_seq, last_ack_at) VALUES (?, coalesce(?, 0), ?) "
+        "ON CONFLICT (peer) DO UPDATE SET last_sync_seq = coalesce(?, last_sync_seq), "
+        "last_ack_at = coalesce(?, last_ack_at)",
+        (peer, last_sync_seq, last_ack_at, last_sync_seq, last_ack_at))
+    state = get_peer_state(conn, peer)
+    assert state is not None
+    return state
+
+
+def list_peer_states(conn: sqlite3.Connection) -> list[PeerState]:
+    return [PeerState(peer=r[0], last_sync_seq=r[1], last_ack_at=r[2])
+            for r in conn.execute("SELECT peer, last_sync_seq, last_ack_at FROM peer_state ORDER BY peer")]
+
+
+def incr(conn: sqlite3.Connection, name: str, by: int = 1) -> int:
+    """Add ``by`` to counter ``name`` (created at 0); returns the new value."""
+    return conn.execute("INSERT INTO counters (name, value) VALUES (?, ?) "
+                        "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
+                        (name, by)).fetchone()[0]
+
+
+def get_counter(conn: sqlite3.Connection, name: str) -> int:
+    r = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+    return r[0] if r else 0
+
+
+def all_counters(conn: sqlite3.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT name, value FROM counters ORDER BY name"))

@@ -1,0 +1,311 @@
+"""The database handle: one writer thread with group commit, a small pool of read-only readers.
+
+Not aiosqlite for the writer: it hops threads once per statement, which would defeat group commit.
+
+Writes: ``await db.write(fn, *args)`` queues a SYNC ``fn(conn, *args)``. The writer thread takes
+up to ``batch_max`` queued jobs, opens ONE transaction (BEGIN IMMEDIATE), runs each job inside its
+own SAVEPOINT (a job that raises is rolled back alone and only its caller sees the exception),
+COMMITs, and only then resolves the callers' futures: a resolved write is durable (WAL,
+synchronous=NORMAL: durable against process crash; an OS crash may lose the last commits).
+Jobs must not BEGIN/COMMIT themselves. A cancelled ``write`` may still commit.
+
+Reads: ``await db.read(fn, *args)`` runs ``fn(conn, *args)`` on a thread of a small pool, each with
+its own read-only connection, inside one read transaction (one consistent snapshot per call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from storage import migrations
+from storage.errors import StorageError, translate
+
+T = TypeVar("T")
+
+# How long a connection waits on a lock held by another process (e.g. the CLI) before 'busy'.
+BUSY_TIMEOUT_MS = 5_000
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+    per_commit: bool = False
+    # Filled by the writer thread; delivered once the batch's fate is known.
+    result: Any = None
+    error: BaseException | None = field(default=None)
+
+
+_STOP = object()
+
+
+class Database:
+    """An open attested-mesh database. Create with ``await Database.open(path)``."""
+
+    def __init__(self, path: Path, batch_max: int, readers: int) -> None:
+        if batch_max < 1 or readers < 1:
+            raise ValueError("batch_max and readers must be >= 1")
+        self.path = path
+        self._batch_max = batch_max
+        self._readers_n = readers
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._writer_done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._reader_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_local = threading.local()
+        self._reader_lock = threading.Lock()
+        self._schema_version = 0
+        self._closed = False
+        self._close_task: asyncio.Future[None] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: Path, *, batch_max: int = 512, readers: int = 2) -> Database:
+        """Open (creating it and its parent directory if needed) and migrate the database at ``path``.
+
+        Raises StorageError not_a_database / foreign_database / schema_too_new, leaving the file unchanged.
+        """
+        db = cls(Path(path), batch_max, readers)
+        db._loop = asyncio.get_running_loop()
+        opened: concurrent.futures.Future[int] = concurrent.futures.Future()
+        db._writer = threading.Thread(target=db._writer_main, args=(opened,),
+                                      name=f"storage-writer:{db.path.name}", daemon=True)
+        db._writer.start()
+        db._schema_version = await asyncio.wrap_future(opened)
+        db._reader_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=readers, thread_name_prefix=f"storage-reader:{db.path.name}")
+        return db
+
+    @property
+    def schema_version(self) -> int:
+        return self._schema_version
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        """Drain every queued write, then close all connections. Idempotent."""
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        self._queue.put(_STOP)
+        await asyncio.wrap_future(self._writer_done)
+        if self._reader_pool is not None:
+            pool = self._reader_pool
+            await asyncio.get_running_loop().run_in_executor(None, pool.shutdown, True)
+        with self._reader_lock:
+            for conn in self._reader_conns:
+                conn.close()
+            self._reader_conns.clear()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- writes ----------------------------------------------------------------------------
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run sync ``fn(conn, *args)`` on the writer thread inside a group-commit batch; return its result
+        once the batch has committed."""
+        return await self._submit(fn, args, per_commit=False)
+
+    async def write_per_commit(self, fn: Callable[..., T], *args: Any) -> T:
+        """Like ``write`` but in a transaction of its own. For the benchmark's commit-per-row baseline only."""
+        return await self._submit(fn, args, per_commit=True)
+
+    async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], per_commit: bool) -> T:
+        if self._closed:
+            raise StorageError("closed", "the database is closed; no further writes are accepted")
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._queue.put(_Job(fn, args, fut, per_commit))
+        return await fut
+
+    def _writer_main(self, opened: concurrent.futures.Future[int]) -> None:
+        try:
+            conn = _open_writer(self.path)
+        except BaseException as e:  # noqa: BLE001 - delivered to the opener
+            opened.set_exception(e)
+            self._writer_done.set_result(None)
+            return
+        opened.set_result(conn.execute("PRAGMA user_version").fetchone()[0])
+        pending: deque[Any] = deque()
+        try:
+            while True:
+                if not pending:
+                    pending.append(self._queue.get())
+                while len(pending) < self._batch_max:
+                    try:
+                        pending.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                head = pending[0]
+                if head is _STOP:
+                    break  # close() enqueues _STOP last, so everything before it has run
+                if head.per_commit:
+                    self._run_batch(conn, [pending.popleft()])
+                    continue
+                batch: list[_Job] = []
+                while pending and len(batch) < self._batch_max and pending[0] is not _STOP \
+                        and not pending[0].per_commit:
+                    batch.append(pending.popleft())
+                self._run_batch(conn, batch)
+        finally:
+            try:
+                conn.execute("PRAGMA optimize")
+            except sqlite3.Error:
+                pass  # best effort: statistics only
+            conn.close()
+            self._writer_done.set_result(None)
+
+    def _run_batch(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
+        """Run ``jobs`` in one transaction, one savepoint each; deliver results after COMMIT."""
+        done: list[_Job] = []      # jobs whose outcome is final (delivered after this batch)
+        uncommitted: list[_Job] = []  # jobs that succeeded inside the open transaction
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            err = translate(e, "starting a write transaction")
+            for j in jobs:
+                j.error = err
+            self._deliver(jobs)
+            return
+        for job in jobs:
+            try:
+                conn.execute("SAVEPOINT job")
+            except sqlite3.Error as e:
+                job.error = translate(e, "opening a savepoint")
+                done.append(job)
+                continue
+            try:
+                job.result = job.fn(conn, *job.args)
+                conn.execute("RELEASE job")
+                uncommitted.append(job)
+            except BaseException as e:  # noqa: BLE001 - delivered to this job's caller only
+                job.error = translate(e) if isinstance(e, sqlite3.Error) else e
+                done.append(job)
+                if not conn.in_transaction:
+                    # SQLite rolled the whole transaction back (e.g. disk full): earlier jobs are gone too.
+                    for lost in uncommitted:
+                        lost.error = StorageError("transaction_aborted",
+                                                  f"the batch transaction was rolled back by a later job's error: {e}")
+                    done.extend(uncommitted)
+                    uncommitted = []
+                    try:
+                        conn.execute("BEGIN IMMEDIATE")
+                    except sqlite3.Error:
+                        pass  # later jobs then fail on their savepoint, each with its own error
+                    continue
+                try:
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                except sqlite3.Error:
+                    pass  # the transaction state is re-checked at COMMIT
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            err = StorageError("commit_failed", f"the batch could not be committed: {e}")
+            for j in uncommitted:
+                j.error = err
+                j.result = None
+        self._deliver(done + uncommitted)
+
+    def _deliver(self, jobs: list[_Job]) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(_resolve_all, jobs)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run sync ``fn(conn, *args)`` on a read-only connection in a thread pool, in one snapshot."""
+        if self._closed or self._reader_pool is None:
+            raise StorageError("closed", "the database is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader_pool, self._run_read, fn, args)
+
+    def _run_read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)
+        try:
+            if conn is None:
+                conn = _open_reader(self.path)
+                self._reader_local.conn = conn
+                with self._reader_lock:
+                    self._reader_conns.append(conn)
+            conn.execute("BEGIN")
+            try:
+                return fn(conn, *args)
+            finally:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as e:
+            raise translate(e) from e
+
+
+def _resolve_all(jobs: list[_Job]) -> None:
+    for job in jobs:
+        if job.future.cancelled():
+            continue
+        if job.error is not None:
+            job.future.set_exception(job.error)
+        else:
+            job.future.set_result(job.result)
+
+
+def _open_writer(path: Path) -> sqlite3.Connection:
+    """Guard the file (read-only), then open it read-write, set the pragmas and migrate."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    migrations.guard(path)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as e:
+        raise translate(e, f"opening {path}") from e
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StorageError("sql_error", f"could not switch {path} to WAL (journal_mode is {mode})")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrations.migrate(conn)
+        return conn
+    except sqlite3.Error as e:
+        conn.close()
+        raise translate(e, f"preparing {path}") from e
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _open_reader(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                           isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
+    conn.execute("PRAGMA query_only = ON")
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn

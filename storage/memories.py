@@ -1,0 +1,200 @@
+"""The memories table and its FTS5 recall. Sync functions taking ``conn`` first; times are unix ms.
+
+Recall strategy: the user string never reaches FTS5 syntax. Word runs (letters and digits) are
+extracted, de-duplicated, and each is quoted as an FTS5 string literal (``"`` doubled), so operators,
+column filters, ``NEAR(``, ``*`` and stray quotes are plain text. All tokens are ANDed first (precise,
+and cheap: FTS5 intersects posting lists); only if that finds nothing are they ORed, so a query with one
+word the corpus lacks still finds something. Both rank by bm25 (title 2.0, content 1.0, tags 1.5)
+with ORDER BY rank LIMIT inside the FTS subquery, so only ``limit`` rows are joined to memories.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from storage.errors import StorageError
+
+_COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, origin, "
+            "version, created_at, updated_at")
+# Letters and digits only: '_' and punctuation are separators for FTS5's unicode61 tokenizer too.
+_WORD = re.compile(r"[^\W_]+")
+# Bounds the cost of a pasted paragraph: the first words carry the intent.
+MAX_QUERY_TOKENS = 32
+# SQLite's default bound on host parameters is 32766; stay far below it.
+_CHUNK = 500
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryRow:
+    id: str                     # uuid4, minted at the origin
+    namespace: str
+    title: str = ""
+    content: str
+    tags: tuple[str, ...] = ()
+    priority: int = 5
+    confidence: float = 1.0
+    source: str = ""
+    origin: str                 # agent_id of the writer of this version
+    version: int = 1
+    created_at: int             # unix ms
+    updated_at: int             # unix ms
+
+
+ApplyResult = Literal["inserted", "updated", "stale", "duplicate"]
+
+
+def _row(r: tuple) -> MemoryRow:
+    return MemoryRow(id=r[0], namespace=r[1], title=r[2], content=r[3], tags=tuple(json.loads(r[4])),
+                     priority=r[5], confidence=r[6], source=r[7], origin=r[8], version=r[9],
+                     created_at=r[10], updated_at=r[11])
+
+
+def _params(m: MemoryRow) -> tuple:
+    return (m.id, m.namespace, m.title, m.content, json.dumps(list(m.tags), ensure_ascii=False),
+            m.priority, m.confidence, m.source, m.origin, m.version, m.created_at, m.updated_at)
+
+
+def insert(conn: sqlite3.Connection, m: MemoryRow) -> None:
+    """Insert a new memory; an existing id raises StorageError('duplicate_memory')."""
+    try:
+        conn.execute(f"INSERT INTO memories ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", _params(m))
+    except sqlite3.IntegrityError as e:
+        if "memories.id" in str(e):
+            raise StorageError("duplicate_memory", f"a memory with id {m.id!r} already exists") from e
+        raise
+
+
+def get(conn: sqlite3.Connection, id: str) -> MemoryRow | None:
+    r = conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (id,)).fetchone()
+    return _row(r) if r else None
+
+
+def list_(conn: sqlite3.Connection, namespace: str | None = None, limit: int = 50,
+          offset: int = 0) -> list[MemoryRow]:
+    """Memories newest first (by created_at, then insertion order)."""
+    if namespace is None:
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at DESC, rowid DESC "
+                            "LIMIT ? OFFSET ?", (limit, offset))
+    else:
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE namespace = ? "
+                            "ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?", (namespace, limit, offset))
+    return [_row(r) for r in rows]
+
+
+def count(conn: sqlite3.Connection, namespace: str | None = None) -> int:
+    if namespace is None:
+        return conn.execute("SELECT count(*) FROM memories").fetchone()[0]
+    return conn.execute("SELECT count(*) FROM memories WHERE namespace = ?", (namespace,)).fetchone()[0]
+
+
+def exists(conn: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
+    """The subset of ``ids`` present in the table."""
+    ids = list(dict.fromkeys(ids))
+    found: set[str] = set()
+    for i in range(0, len(ids), _CHUNK):
+        chunk = ids[i:i + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        found.update(r[0] for r in conn.execute(f"SELECT id FROM memories WHERE id IN ({marks})", chunk))
+    return found
+
+
+def update(conn: sqlite3.Connection, id: str, *, origin: str, updated_at: int, title: str | None = None,
+           content: str | None = None, tags: Iterable[str] | None = None, priority: int | None = None,
+           confidence: float | None = None, source: str | None = None) -> MemoryRow:
+    """Change the given fields of a memory, bump its version and return the new row.
+
+    ``updated_at`` is raised to the old value + 1 ms when the clock is behind, so a local edit always
+    supersedes the version it edits under last-writer-wins. Missing id → StorageError('not_found').
+    """
+    old = get(conn, id)
+    if old is None:
+        raise StorageError("not_found", f"no memory with id {id!r}")
+    new = replace(
+        old,
+        title=old.title if title is None else title,
+        content=old.content if content is None else content,
+        tags=old.tags if tags is None else tuple(tags),
+        priority=old.priority if priority is None else priority,
+        confidence=old.confidence if confidence is None else confidence,
+        source=old.source if source is None else source,
+        origin=origin, version=old.version + 1, updated_at=max(updated_at, old.updated_at + 1),
+    )
+    _overwrite(conn, new)
+    return new
+
+
+def _overwrite(conn: sqlite3.Connection, m: MemoryRow) -> None:
+    p = _params(m)
+    conn.execute("UPDATE memories SET namespace=?, title=?, content=?, tags=?, priority=?, confidence=?, "
+                 "source=?, origin=?, version=?, created_at=?, updated_at=? WHERE id=?", p[1:] + p[:1])
+
+
+def apply_remote(conn: sqlite3.Connection, m: MemoryRow) -> ApplyResult:
+    """Apply a memory received from a peer, last-writer-wins on (updated_at, origin).
+
+    'inserted': unknown id. 'duplicate': the same write again (same version, updated_at and origin),
+    a no-op. 'updated': the incoming write is newer and replaced the row. 'stale': the stored write
+    is newer (or ties on (updated_at, origin) with a different version); nothing changed.
+    """
+    old = get(conn, m.id)
+    if old is None:
+        insert(conn, m)
+        return "inserted"
+    if (old.version, old.updated_at, old.origin) == (m.version, m.updated_at, m.origin):
+        return "duplicate"
+    if (m.updated_at, m.origin) > (old.updated_at, old.origin):
+        _overwrite(conn, m)
+        return "updated"
+    return "stale"
+
+
+def fts_tokens(query: str) -> list[str]:
+    """The words of ``query`` as FTS5 string literals, de-duplicated (case-insensitively), in order."""
+    seen: dict[str, str] = {}
+    for word in _WORD.findall(query):
+        key = word.casefold()
+        if key not in seen:
+            seen[key] = '"' + word.replace('"', '""') + '"'
+            if len(seen) >= MAX_QUERY_TOKENS:
+                break
+    return list(seen.values())
+
+
+def recall(conn: sqlite3.Connection, query: str, limit: int = 10,
+           namespace: str | None = None) -> list[tuple[MemoryRow, float]]:
+    """Best-matching memories for free text ``query``, best first, with a bm25 score (higher is better).
+
+    Never raises an SQL error for any user string; a query without words returns [].
+    """
+    tokens = fts_tokens(query)
+    if not tokens or limit <= 0:
+        return []
+    hits = _search(conn, " AND ".join(tokens), limit, namespace)
+    if not hits and len(tokens) > 1:
+        hits = _search(conn, " OR ".join(tokens), limit, namespace)
+    return hits
+
+
+def _search(conn: sqlite3.Connection, match: str, limit: int,
+            namespace: str | None) -> list[tuple[MemoryRow, float]]:
+    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+    if namespace is None:
+        sql = (f"SELECT {cols}, f.rank FROM (SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? "
+               "ORDER BY rank LIMIT ?) AS f JOIN memories AS m ON m.rowid = f.rowid ORDER BY f.rank")
+        rows = conn.execute(sql, (match, limit))
+    else:
+        # The namespace lives outside the index, so the filter joins before the LIMIT.
+        sql = (f"SELECT {cols}, f.rank FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+               "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rank LIMIT ?")
+        rows = conn.execute(sql, (match, namespace, limit))
+    return [(_row(r[:-1]), -r[-1]) for r in rows]
+
+
+def rebuild_fts(conn: sqlite3.Connection) -> None:
+    """Rebuild the FTS index from the memories table (needed after a VACUUM, which may renumber rowids)."""
+    conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")

@@ -1,0 +1,243 @@
+"""Numbered, idempotent schema migrations recorded in ``PRAGMA user_version``, and the open-time guard.
+
+Every statement is ``CREATE ... IF NOT EXISTS`` (or otherwise harmless to repeat), so running a
+migration twice is a no-op; each migration runs inside one transaction together with the
+``user_version`` bump, so a crash leaves either the old or the new schema, never half of one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import StorageError, translate
+
+# 'AMSH' in ASCII: marks the file as ours in the SQLite header (PRAGMA application_id).
+APPLICATION_ID = 0x414D5348
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+_M1_CORE = Migration(1, "core", (
+    f"PRAGMA application_id = {APPLICATION_ID}",
+    """CREATE TABLE IF NOT EXISTS memories (
+        id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        title TEXT NOT NULL DEFAULT '',
+        content TEXT NOT NULL,
+        tags TEXT NOT NULL DEFAULT '[]',
+        priority INTEGER NOT NULL DEFAULT 5,
+        confidence REAL NOT NULL DEFAULT 1.0,
+        source TEXT NOT NULL DEFAULT '',
+        origin TEXT NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at)",
+    "CREATE INDEX IF NOT EXISTS memories_ns_created ON memories(namespace, created_at)",
+    # External content: the text lives once, in memories; the FTS index refers to memories.rowid.
+    # memories has no INTEGER PRIMARY KEY, so a VACUUM may renumber rowids: run memories.rebuild_fts after one.
+    """CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+        title, content, tags, content='memories', content_rowid='rowid'
+    )""",
+    # Title hits weigh more than body hits (bm25 column weights: title, content, tags).
+    "INSERT INTO memories_fts(memories_fts, rank) VALUES('rank', 'bm25(2.0, 1.0, 1.5)')",
+    """CREATE TRIGGER IF NOT EXISTS memories_fts_ai AFTER INSERT ON memories BEGIN
+        INSERT INTO memories_fts(rowid, title, content, tags) VALUES (new.rowid, new.title, new.content, new.tags);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS memories_fts_ad AFTER DELETE ON memories BEGIN
+        INSERT INTO memories_fts(memories_fts, rowid, title, content, tags)
+            VALUES ('delete', old.rowid, old.title, old.content, old.tags);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS memories_fts_au AFTER UPDATE OF title, content, tags ON memories BEGIN
+        INSERT INTO memories_fts(memories_fts, rowid, title, content, tags)
+            VALUES ('delete', old.rowid, old.title, old.content, old.tags);
+        INSERT INTO memories_fts(rowid, title, content, tags) VALUES (new.rowid, new.title, new.content, new.tags);
+    END""",
+    """CREATE TABLE IF NOT EXISTS memory_links (
+        link_id TEXT PRIMARY KEY,
+        src_id TEXT NOT NULL,
+        dst_id TEXT NOT NULL,
+        relation TEXT NOT NULL,
+        observed_by TEXT NOT NULL,
+        valid_from INTEGER NOT NULL,
+        valid_until INTEGER NULL,
+        confidence REAL NULL,
+        signature BLOB NULL,
+        attest_level TEXT NOT NULL CHECK (attest_level IN ('unsigned','self_signed','peer_attested')),
+        signed_by TEXT NULL,
+        received_from TEXT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS memory_links_src ON memory_links(src_id)",
+    "CREATE INDEX IF NOT EXISTS memory_links_dst ON memory_links(dst_id)",
+    "CREATE INDEX IF NOT EXISTS memory_links_attest ON memory_links(attest_level)",
+    """CREATE TABLE IF NOT EXISTS signed_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_type TEXT NOT NULL,
+        link_id TEXT NULL,
+        agent_id TEXT NOT NULL,
+        payload_hash TEXT NOT NULL,
+        signature BLOB NULL,
+        prev_hash TEXT NOT NULL,
+        event_hash TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS signed_events_link_once ON signed_events(link_id) WHERE event_type = 'link'",
+    """CREATE TRIGGER IF NOT EXISTS signed_events_no_update BEFORE UPDATE ON signed_events BEGIN
+        SELECT RAISE(ABORT, 'signed_events is append-only');
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS signed_events_no_delete BEFORE DELETE ON signed_events BEGIN
+        SELECT RAISE(ABORT, 'signed_events is append-only');
+    END""",
+))
+
+_M2_FEDERATION = Migration(2, "federation", (
+    """CREATE TABLE IF NOT EXISTS a2a_outbox (
+        id INTEGER PRIMARY KEY,
+        correlation_id TEXT NOT NULL,
+        peer TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        envelope BLOB NOT NULL,
+        expires_at INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER NOT NULL,
+        last_error TEXT NULL,
+        created_at INTEGER NOT NULL,
+        UNIQUE (correlation_id, peer)
+    )""",
+    "CREATE INDEX IF NOT EXISTS a2a_outbox_due ON a2a_outbox(next_attempt_at)",
+    "CREATE INDEX IF NOT EXISTS a2a_outbox_peer ON a2a_outbox(peer, id)",
+    """CREATE TABLE IF NOT EXISTS a2a_dead_letters (
+        id INTEGER PRIMARY KEY,
+        correlation_id TEXT NOT NULL,
+        peer TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        envelope BLOB NOT NULL,
+        expires_at INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        last_error TEXT NULL,
+        created_at INTEGER NOT NULL,
+        dead_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS a2a_dead_letters_peer ON a2a_dead_letters(peer, id)",
+    """CREATE TABLE IF NOT EXISTS change_log (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL CHECK (kind IN ('memory','link')),
+        ref_id TEXT NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1,
+        created_at INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS peer_state (
+        peer TEXT PRIMARY KEY,
+        last_sync_seq INTEGER NOT NULL DEFAULT 0,
+        last_ack_at INTEGER NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS counters (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    )""",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION)
+MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
+
+# Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
+OUR_TABLES = frozenset({
+    "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
+    "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
+    "change_log", "peer_state", "counters", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+})
+
+
+def run_statements(conn: sqlite3.Connection, migration: Migration) -> None:
+    """Execute one migration's statements on ``conn`` (no transaction, no version bump).
+
+    Idempotent by construction; exposed so tests can prove that repeating a migration changes nothing.
+    """
+    for sql in migration.statements:
+        conn.execute(sql)
+
+
+def apply(conn: sqlite3.Connection, migration: Migration) -> bool:
+    """Apply ``migration`` in its own IMMEDIATE transaction if the file is below its version.
+
+    ``conn`` must be in autocommit mode (isolation_level=None). Returns True when it ran.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > MAX_SUPPORTED_SCHEMA:
+            raise _too_new(current)
+        if current >= migration.version:
+            conn.execute("ROLLBACK")
+            return False
+        run_statements(conn, migration)
+        conn.execute(f"PRAGMA user_version = {migration.version:d}")
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring ``conn``'s database up to MAX_SUPPORTED_SCHEMA; returns the resulting schema version."""
+    try:
+        for m in MIGRATIONS:
+            apply(conn, m)
+        return conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error as e:
+        raise translate(e, "running schema migrations") from e
+
+
+def _too_new(found: int) -> StorageError:
+    return StorageError(
+        "schema_too_new",
+        f"the database was written by schema {found}, this build supports up to {MAX_SUPPORTED_SCHEMA}; "
+        "upgrade attested-mesh to open it (the file was left unchanged)",
+    )
+
+
+def guard(path: Path) -> None:
+    """Refuse, without changing a byte of the file, a database this build must not touch.
+
+    Opens the file read-only and checks: it is SQLite (else ``not_a_database``), its schema is not
+    newer than ours (``schema_too_new``), and it is ours or empty (``foreign_database``).
+    A missing or zero-length file passes: it becomes a new database.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as e:
+        raise translate(e, f"opening {path} read-only") from e
+    try:
+        user_version = conn.execute("PRAGMA user_version").fetchone()[0]
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e) or getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
+            raise StorageError("not_a_database",
+                               f"{path} is not an SQLite database; refusing to touch it (left unchanged)") from e
+        raise translate(e, f"reading the header of {path}") from e
+    finally:
+        conn.close()
+    if user_version > MAX_SUPPORTED_SCHEMA:
+        raise _too_new(user_version)
+    if app_id not in (0, APPLICATION_ID):
+        raise StorageError("foreign_database",
+                           f"{path} belongs to another application (application_id {app_id:#x}); left unchanged")
+    foreign = sorted(n for n in names if n not in OUR_TABLES)
+    if foreign or (user_version > 0 and app_id != APPLICATION_ID):
+        shown = ", ".join(foreign[:5]) or f"user_version {user_version} without our application_id"
+        raise StorageError("foreign_database",
+                           f"{path} is an SQLite database of another application ({shown}); left unchanged")

@@ -1,0 +1,164 @@
+"""a2a_outbox and a2a_dead_letters: messages waiting for a peer's ACK, and those that gave up.
+
+One row per (correlation_id, peer). The mesh sender reads ``due``/``pending_for_peer``, records
+each attempt with ``mark_attempt``, deletes on ACK with ``remove``, and moves exhausted rows with
+``to_dead_letter``. All times are unix ms.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from storage.errors import StorageError
+
+_OUT = ("id, correlation_id, peer, kind, envelope, expires_at, attempts, next_attempt_at, last_error, "
+        "created_at")
+_DEAD = "id, correlation_id, peer, kind, envelope, expires_at, attempts, last_error, created_at, dead_at"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxRow:
+    id: int
+    correlation_id: str
+    peer: str
+    kind: str
+    envelope: bytes
+    expires_at: int
+    attempts: int
+    next_attempt_at: int
+    last_error: str | None
+    created_at: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeadLetterRow:
+    id: int
+    correlation_id: str
+    peer: str
+    kind: str
+    envelope: bytes
+    expires_at: int
+    attempts: int
+    last_error: str | None
+    created_at: int
+    dead_at: int
+
+
+def _out(r: tuple) -> OutboxRow:
+    return OutboxRow(id=r[0], correlation_id=r[1], peer=r[2], kind=r[3], envelope=bytes(r[4]), expires_at=r[5],
+                     attempts=r[6], next_attempt_at=r[7], last_error=r[8], created_at=r[9])
+
+
+def _dead(r: tuple) -> DeadLetterRow:
+    return DeadLetterRow(id=r[0], correlation_id=r[1], peer=r[2], kind=r[3], envelope=bytes(r[4]),
+                         expires_at=r[5], attempts=r[6], last_error=r[7], created_at=r[8], dead_at=r[9])
+
+
+def enqueue(conn: sqlite3.Connection, correlation_id: str, peer: str, kind: str, envelope: bytes,
+            expires_at: int, next_attempt_at: int, created_at: int) -> int:
+    """Queue ``envelope`` for ``peer``; returns the outbox id. Re-queuing the same (correlation_id, peer)
+    is a no-op returning the existing id (the first envelope is kept)."""
+    conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?) "
+                 "ON CONFLICT (correlation_id, peer) DO NOTHING",
+                 (correlation_id, peer, kind, envelope, expires_at, next_attempt_at, created_at))
+    return conn.execute("SELECT id FROM a2a_outbox WHERE correlation_id = ? AND peer = ?",
+                        (correlation_id, peer)).fetchone()[0]
+
+
+def get(conn: sqlite3.Connection, id: int) -> OutboxRow | None:
+    r = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE id = ?", (id,)).fetchone()
+    return _out(r) if r else None
+
+
+def due(conn: sqlite3.Connection, now_ms: int, limit: int = 100) -> list[OutboxRow]:
+    """Rows whose next attempt is at or before ``now_ms``, soonest first (expired ones included:
+    the sender decides to dead-letter them)."""
+    rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE next_attempt_at <= ? "
+                        "ORDER BY next_attempt_at, id LIMIT ?", (now_ms, limit))
+    return [_out(r) for r in rows]
+
+
+def pending_for_peer(conn: sqlite3.Connection, peer: str, limit: int = 100) -> list[OutboxRow]:
+    """Everything queued for ``peer``, oldest first (e.g. to flush on reconnect)."""
+    rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? ORDER BY id LIMIT ?", (peer, limit))
+    return [_out(r) for r in rows]
+
+
+def mark_attempt(conn: sqlite3.Connection, id: int, attempts: int, next_attempt_at: int,
+                 last_error: str | None) -> bool:
+    """Record a failed attempt; False when the row is gone (ACKed meanwhile)."""
+    cur = conn.execute("UPDATE a2a_outbox SET attempts = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
+                       (attempts, next_attempt_at, last_error, id))
+    return cur.rowcount > 0
+
+
+def remove(conn: sqlite3.Connection, correlation_id: str, peer: str) -> bool:
+    """Delete the row on ACK; False when there was none (a duplicate or late ACK)."""
+    cur = conn.execute("DELETE FROM a2a_outbox WHERE correlation_id = ? AND peer = ?", (correlation_id, peer))
+    return cur.rowcount > 0
+
+
+def to_dead_letter(conn: sqlite3.Connection, id: int, last_error: str | None, dead_at: int) -> int | None:
+    """Move outbox row ``id`` to the dead letters; returns the dead-letter id, None if the row is gone."""
+    cur = conn.execute(
+        "INSERT INTO a2a_dead_letters (correlation_id, peer, kind, envelope, expires_at, attempts, last_error, "
+        "created_at, dead_at) SELECT correlation_id, peer, kind, envelope, expires_at, attempts, ?, created_at, ? "
+        "FROM a2a_outbox WHERE id = ?", (last_error, dead_at, id))
+    if cur.rowcount == 0:
+        return None
+    dead_id = cur.lastrowid
+    conn.execute("DELETE FROM a2a_outbox WHERE id = ?", (id,))
+    return dead_id
+
+
+def depth(conn: sqlite3.Connection, peer: str | None = None) -> int:
+    if peer is None:
+        return conn.execute("SELECT count(*) FROM a2a_outbox").fetchone()[0]
+    return conn.execute("SELECT count(*) FROM a2a_outbox WHERE peer = ?", (peer,)).fetchone()[0]
+
+
+def dead_letters(conn: sqlite3.Connection, peer: str | None = None, limit: int = 100,
+                 offset: int = 0) -> list[DeadLetterRow]:
+    """Dead letters oldest first, optionally for one peer."""
+    if peer is None:
+        rows = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters ORDER BY id LIMIT ? OFFSET ?", (limit, offset))
+    else:
+        rows = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters WHERE peer = ? ORDER BY id LIMIT ? OFFSET ?",
+                            (peer, limit, offset))
+    return [_dead(r) for r in rows]
+
+
+def dead_letter_count(conn: sqlite3.Connection, peer: str | None = None) -> int:
+    if peer is None:
+        return conn.execute("SELECT count(*) FROM a2a_dead_letters").fetchone()[0]
+    return conn.execute("SELECT count(*) FROM a2a_dead_letters WHERE peer = ?", (peer,)).fetchone()[0]
+
+
+def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expires_at: int, *,
+                       envelope: bytes | None = None, correlation_id: str | None = None) -> int:
+    """Move dead letter ``id`` back to the outbox, due at ``now_ms`` with attempts reset; returns the
+    outbox id. The caller may supply a fresh envelope and correlation id (a resent message normally
+    needs both, since ``expires_at`` is inside the envelope). Raises 'not_found', or 'already_queued'
+    when the outbox already holds that (correlation_id, peer)."""
+    r = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters WHERE id = ?", (id,)).fetchone()
+    if r is None:
+        raise StorageError("not_found", f"no dead letter with id {id}")
+    d = _dead(r)
+    cid = correlation_id or d.correlation_id
+    try:
+        cur = conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?)",
+                           (cid, d.peer, d.kind, d.envelope if envelope is None else envelope,
+                            new_expires_at, now_ms, now_ms))
+    except sqlite3.IntegrityError as e:
+        raise StorageError("already_queued",
+                           f"message {cid} for {d.peer} is already in the outbox; not replayed") from e
+    conn.execute("DELETE FROM a2a_dead_letters WHERE id = ?", (id,))
+    return cur.lastrowid
+
+
+def clear_dead_letters(conn: sqlite3.Connection, peer: str | None = None) -> int:
+    """Delete dead letters (all, or one peer's); returns how many."""
+    if peer is None:
+        return conn.execute("DELETE FROM a2a_dead_letters").rowcount
+    return conn.execute("DELETE FROM a2a_dead_letters WHERE peer = ?", (peer,)).rowcount
