@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import pytest
+from a2a_strategies import link, memory, plain_values
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from a2a import KNOWN_KINDS, ProtocolError, validate_payload
+
+
+def code_of(payload: object) -> tuple[str, str]:
+    with pytest.raises(ProtocolError) as info:
+        validate_payload(payload)
+    return info.value.code, info.value.message
+
+
+def test_first_kinds_are_known() -> None:
+    assert KNOWN_KINDS == {"ping", "memory.put", "link.put"}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"kind": "ping"},
+        {"kind": "ping", "sent_at": 1_700_000_000_000},
+        {"kind": "memory.put", "memory": memory()},
+        {"kind": "memory.put", "memory": memory(confidence=1)},
+        {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
+        {"kind": "link.put", "link": link(valid_until=2_000_000_000_000, confidence=0.5), "signature": b"s" * 64, "signed_by": "ai:node-1@lab"},
+        {"kind": "link.put", "link": link(confidence=None), "signature": None, "signed_by": None},
+    ],
+)
+def test_valid_payloads_pass_unchanged(payload: dict) -> None:
+    assert validate_payload(payload) is payload
+
+
+def test_unknown_kind_is_refused_by_name() -> None:
+    code, message = code_of({"kind": "memory.delete"})
+    assert code == "unknown_kind" and "memory.delete" in message
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"kind": "ping", "sent_at": True}, "payload.sent_at"),
+        ({"kind": "ping", "sent_at": -1}, "payload.sent_at"),
+        ({"kind": "ping", "extra": 1}, "extra"),
+        ({"kind": "memory.put"}, "payload.memory"),
+        ({"kind": "memory.put", "memory": memory(id="not-a-uuid")}, "payload.memory.id"),
+        ({"kind": "memory.put", "memory": memory(tags=["a", 3])}, "payload.memory.tags[1]"),
+        ({"kind": "memory.put", "memory": memory(tags="a")}, "payload.memory.tags"),
+        ({"kind": "memory.put", "memory": memory(priority=True)}, "payload.memory.priority"),
+        ({"kind": "memory.put", "memory": memory(confidence=float("nan"))}, "payload.memory.confidence"),
+        ({"kind": "memory.put", "memory": memory(confidence="high")}, "payload.memory.confidence"),
+        ({"kind": "memory.put", "memory": memory(version=0)}, "payload.memory.version"),
+        ({"kind": "memory.put", "memory": memory(created_at=1.5)}, "payload.memory.created_at"),
+        ({"kind": "memory.put", "memory": {k: v for k, v in memory().items() if k != "origin"}}, "payload.memory.origin"),
+        ({"kind": "link.put", "link": link(), "signature": b"s" * 63, "signed_by": "ai:x"}, "payload.signature"),
+        ({"kind": "link.put", "link": link(), "signature": "s" * 64, "signed_by": "ai:x"}, "payload.signature"),
+        ({"kind": "link.put", "link": link(), "signature": b"s" * 64, "signed_by": None}, "signed_by"),
+        ({"kind": "link.put", "link": link(), "signature": None}, "payload.signed_by"),
+        ({"kind": "link.put", "link": link(valid_until="never"), "signature": None, "signed_by": None}, "payload.link.valid_until"),
+        ({"kind": "link.put", "link": link(valid_from=None), "signature": None, "signed_by": None}, "payload.link.valid_from"),
+        ({"kind": "link.put", "link": link(relation=""), "signature": None, "signed_by": None}, "payload.link.relation"),
+    ],
+)
+def test_bad_payload_names_the_field(payload: dict, field: str) -> None:
+    code, message = code_of(payload)
+    assert code == "bad_payload"
+    assert field in message
+
+
+@pytest.mark.parametrize("payload", [None, [], "ping", {"kind": None}, {}])
+def test_non_map_or_kindless_payload_is_bad_payload(payload: object) -> None:
+    assert code_of(payload)[0] == "bad_payload"
+
+
+@settings(max_examples=1000)
+@given(st.one_of(plain_values, st.dictionaries(st.text(max_size=10), plain_values, max_size=5).map(lambda d: d | {"kind": "ping"})))
+def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
+    try:
+        validate_payload(payload)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=1000)
+@given(
+    st.sampled_from(sorted(KNOWN_KINDS)),
+    st.sampled_from(["memory", "link", "signature", "signed_by", "sent_at"]),
+    st.sampled_from(list(memory()) + list(link())),
+    plain_values,
+)
+def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str, value: object) -> None:
+    payload: dict = {
+        "ping": {"kind": "ping", "sent_at": 1},
+        "memory.put": {"kind": "memory.put", "memory": memory()},
+        "link.put": {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
+    }[kind]
+    target = payload.get(top)
+    if isinstance(target, dict):
+        target[inner] = value
+    else:
+        payload[top] = value
+    try:
+        validate_payload(payload)
+    except ProtocolError:
+        pass

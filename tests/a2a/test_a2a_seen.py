@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from a2a import SeenCache
+
+
+class FakeClock:
+    """Unix ms under test control."""
+
+    def __init__(self, now_ms: float = 1_000_000.0) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> float:
+        return self.now_ms
+
+
+def cid() -> str:
+    return str(uuid.uuid4())
+
+
+def test_remembered_id_is_seen_until_its_expiry() -> None:
+    clock = FakeClock()
+    seen = SeenCache(maxsize=10, clock=clock)
+    a = cid()
+    seen.remember(a, expires_at_ms=clock.now_ms + 60_000)
+    assert a in seen and seen.seen(a) and len(seen) == 1
+    clock.now_ms += 59_999
+    assert a in seen
+    clock.now_ms += 1
+    assert a not in seen
+    assert len(seen) == 0
+    assert seen.expired_dropped == 1
+    assert seen.evictions_live == 0
+
+
+def test_unknown_id_is_not_seen() -> None:
+    assert not SeenCache(clock=FakeClock()).seen(cid())
+
+
+def test_already_expired_message_is_not_stored() -> None:
+    clock = FakeClock()
+    seen = SeenCache(maxsize=10, clock=clock)
+    a = cid()
+    seen.remember(a, expires_at_ms=clock.now_ms)
+    assert a not in seen and len(seen) == 0
+
+
+def test_entries_expire_each_at_their_own_time() -> None:
+    clock = FakeClock(0)
+    seen = SeenCache(maxsize=10, clock=clock)
+    early, late = cid(), cid()
+    seen.remember(late, 2_000)
+    seen.remember(early, 1_000)
+    clock.now_ms = 1_500
+    assert early not in seen and late in seen
+
+
+def test_size_bound_evicts_live_entries_and_counts_them() -> None:
+    clock = FakeClock(0)
+    seen = SeenCache(maxsize=3, clock=clock)
+    ids = [cid() for _ in range(5)]
+    for i in ids:
+        seen.remember(i, 60_000)
+    assert len(seen) == 3
+    assert seen.evictions_live == 2
+    assert ids[0] not in seen and ids[1] not in seen  # least recently used go first
+    assert all(i in seen for i in ids[2:])
+
+
+def test_expired_entries_make_room_without_counting_as_live_evictions() -> None:
+    clock = FakeClock(0)
+    seen = SeenCache(maxsize=2, clock=clock)
+    seen.remember(cid(), 100)
+    seen.remember(cid(), 100)
+    clock.now_ms = 200
+    seen.remember(cid(), 1_000)
+    seen.remember(cid(), 1_000)
+    assert seen.evictions_live == 0
+    assert seen.expired_dropped == 2
+    assert len(seen) == 2
+
+
+def test_remembering_again_never_shortens_an_entry() -> None:
+    clock = FakeClock(0)
+    seen = SeenCache(maxsize=10, clock=clock)
+    a = cid()
+    seen.remember(a, 10_000)
+    seen.remember(a, 500)
+    clock.now_ms = 1_000
+    assert a in seen and len(seen) == 1
+
+
+def test_membership_test_does_not_insert() -> None:
+    seen = SeenCache(maxsize=10, clock=FakeClock())
+    a = cid()
+    assert not seen.seen(a)
+    assert a not in seen
+    assert len(seen) == 0
+
+
+@settings(max_examples=200)
+@given(
+    st.integers(min_value=1, max_value=20),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=500)), max_size=200),
+)
+def test_size_bound_always_holds(maxsize: int, ops: list[tuple[int, int]]) -> None:
+    clock = FakeClock(0)
+    seen = SeenCache(maxsize=maxsize, clock=clock)
+    ids = [cid() for _ in range(31)]
+    for index, ttl in ops:
+        seen.remember(ids[index], int(clock.now_ms) + ttl)
+        clock.now_ms += 7
+        assert len(seen) <= maxsize
