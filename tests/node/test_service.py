@@ -1,0 +1,155 @@
+"""The service layer end to end on a real SQLite file: store, recall, link, verify, audit, bad input."""
+
+import sqlite3
+
+import pytest
+
+from node.config import NodeConfig
+from node.errors import ServiceError
+from node.service import Service
+from tests.node.conftest import AGENT, make_config
+
+
+async def _two(svc: Service) -> tuple[dict, dict]:
+    a = await svc.memory_store("alpha signing notes", title="a", tags=["x"])
+    b = await svc.memory_store("beta verification notes", title="b")
+    return a, b
+
+
+def _dump(cfg: NodeConfig) -> list:
+    conn = sqlite3.connect(cfg.db_path)
+    try:
+        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
+                for t in ("memories", "memory_links", "signed_events")]
+    finally:
+        conn.close()
+
+
+async def test_store_get_list_recall_round_trip(svc: Service) -> None:
+    a, b = await _two(svc)
+    assert (await svc.memory_get(a["id"]))["content"] == "alpha signing notes"
+    assert a["origin"] == AGENT and a["version"] == 1
+    assert {m["id"] for m in await svc.memory_list()} == {a["id"], b["id"]}
+    hits = await svc.memory_recall("verification")
+    assert [h["id"] for h in hits] == [b["id"]]
+
+
+async def test_link_is_self_signed_and_verifies(svc: Service) -> None:
+    a, b = await _two(svc)
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    assert link["attest_level"] == "self_signed"
+    assert link["signed_by"] == AGENT
+    v = await svc.memory_verify(link["link_id"])
+    assert v["signature_verified"] is True
+    assert v["attest_level"] == "self_signed"
+    assert (await svc.audit_verify())["ok"] is True
+
+
+async def test_link_without_key_is_unsigned(tmp_path) -> None:
+    svc = await Service.open(make_config(tmp_path / "nokey"))
+    try:
+        a, b = await _two(svc)
+        link = await svc.memory_link(a["id"], b["id"], "related_to")
+        assert link["attest_level"] == "unsigned"
+        v = await svc.memory_verify(link["link_id"])
+        assert v["signature_verified"] is False and v["reason"] == "link is unsigned"
+    finally:
+        await svc.close()
+
+
+async def test_link_to_unknown_memory_is_refused_and_stores_nothing(svc: Service, cfg: NodeConfig) -> None:
+    a, _ = await _two(svc)
+    before = _dump(cfg)
+    with pytest.raises(ServiceError) as err:
+        await svc.memory_link(a["id"], "00000000-0000-4000-8000-000000000000", "related_to")
+    assert err.value.code == "unknown_memory"
+    assert _dump(cfg) == before
+
+
+async def test_tampered_link_row_fails_verification(svc: Service, cfg: NodeConfig) -> None:
+    a, b = await _two(svc)
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    conn = sqlite3.connect(cfg.db_path)
+    conn.execute("UPDATE memory_links SET relation = 'contradicts' WHERE link_id = ?", (link["link_id"],))
+    conn.commit()
+    conn.close()
+    v = await svc.memory_verify(link["link_id"])
+    assert v["signature_verified"] is False
+    assert "row altered" in v["reason"]
+
+
+async def test_tampered_signature_fails_verification(svc: Service, cfg: NodeConfig) -> None:
+    a, b = await _two(svc)
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    conn = sqlite3.connect(cfg.db_path)
+    conn.execute("UPDATE memory_links SET signature = ? WHERE link_id = ?", (b"\x01" * 64, link["link_id"]))
+    conn.commit()
+    conn.close()
+    assert (await svc.memory_verify(link["link_id"]))["signature_verified"] is False
+
+
+async def test_broken_chain_names_first_bad_seq(svc: Service, cfg: NodeConfig) -> None:
+    a, b = await _two(svc)
+    for rel in ("r1", "r2", "r3"):
+        await svc.memory_link(a["id"], b["id"], rel)
+    conn = sqlite3.connect(cfg.db_path)
+    conn.execute("DROP TRIGGER signed_events_no_update")
+    conn.execute("UPDATE signed_events SET payload_hash = 'x' WHERE seq = 2")
+    conn.commit()
+    conn.close()
+    r = await svc.audit_verify()
+    assert r["ok"] is False and r["first_bad_seq"] == 2
+
+
+@pytest.mark.parametrize("kwargs,code", [
+    ({"content": ""}, "content_empty"),
+    ({"content": "   "}, "content_empty"),
+    ({"content": "x" * 70_000}, "too_large"),
+    ({"content": "ok", "title": "t" * 600}, "too_large"),
+    ({"content": "ok", "namespace": ""}, "bad_input"),
+    ({"content": "ok", "tags": "notalist"}, "bad_input"),
+    ({"content": "ok", "tags": ["t"] * 40}, "too_large"),
+    ({"content": "ok", "priority": 11}, "bad_input"),
+    ({"content": "ok", "confidence": 1.5}, "bad_input"),
+    ({"content": "ok", "title": "bad\x00title"}, "bad_input"),
+])
+async def test_bad_memory_input_is_refused_and_stores_nothing(svc: Service, cfg: NodeConfig, kwargs, code) -> None:
+    before = _dump(cfg)
+    content = kwargs.pop("content")
+    with pytest.raises(ServiceError) as err:
+        await svc.memory_store(content, **kwargs)
+    assert err.value.code == code
+    assert _dump(cfg) == before
+
+
+async def test_unknown_ids_are_not_found(svc: Service) -> None:
+    for call in (svc.memory_get("nope"), svc.memory_verify("00" * 32)):
+        with pytest.raises(ServiceError) as err:
+            await call
+        assert err.value.code == "not_found"
+
+
+@pytest.mark.parametrize("query", ['"', "*", "AND OR NOT", "NEAR(", "title:x", "a\"b'c", "ünïcödé ✓", "-", "()"])
+async def test_hostile_recall_queries_never_raise_sql_errors(svc: Service, query: str) -> None:
+    await _two(svc)
+    assert isinstance(await svc.memory_recall(query), list)
+
+
+async def test_data_survives_restart(cfg: NodeConfig) -> None:
+    svc = await Service.open(cfg, require_identity=True)
+    a, b = await _two(svc)
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    await svc.close()
+    svc = await Service.open(cfg, require_identity=True)
+    try:
+        assert (await svc.memory_get(a["id"]))["id"] == a["id"]
+        assert (await svc.memory_verify(link["link_id"]))["signature_verified"] is True
+    finally:
+        await svc.close()
+
+
+async def test_concurrent_stores_all_commit(svc: Service) -> None:
+    import asyncio
+    ids = await asyncio.gather(*(svc.memory_store(f"note {i}") for i in range(200)))
+    assert len({m["id"] for m in ids}) == 200
+    assert len(await svc.memory_list(limit=100)) == 100
