@@ -67,6 +67,8 @@ class Database:
         self._reader_local = threading.local()
         self._reader_lock = threading.Lock()
         self._schema_version = 0
+        self._commits = 0
+        self._committed_jobs = 0
         self._closed = False
         self._close_task: asyncio.Future[None] | None = None
 
@@ -96,6 +98,11 @@ class Database:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def commit_stats(self) -> tuple[int, int]:
+        """(write transactions committed, jobs committed in them) since open: their ratio is the mean batch."""
+        return self._commits, self._committed_jobs
 
     async def close(self) -> None:
         """Drain every queued write, then close all connections. Idempotent."""
@@ -232,6 +239,9 @@ class Database:
             for j in uncommitted:
                 j.error = err
                 j.result = None
+        else:
+            self._commits += 1
+            self._committed_jobs += len(uncommitted)
         self._deliver(done + uncommitted)
 
     def _deliver(self, jobs: list[_Job]) -> None:

@@ -1,0 +1,158 @@
+"""The concurrency contract: group commit, per-job savepoints, drain on close, durability across reopen."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from storage import Database, StorageError
+from storage import memories
+
+from storage_helpers import make_memory
+
+
+async def test_200_concurrent_writes_are_all_committed(db: Database):
+    rows = [make_memory(content=f"row {i}") for i in range(200)]
+    await asyncio.gather(*(db.write(memories.insert, r) for r in rows))
+    assert await db.read(memories.count) == 200
+    assert await db.read(memories.exists, [r.id for r in rows]) == {r.id for r in rows}
+
+
+async def test_writes_queued_behind_a_busy_writer_commit_as_one_batch(db: Database):
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+    await asyncio.sleep(0)
+    commits_before, _ = db.commit_stats
+    queued = [asyncio.ensure_future(db.write(memories.insert, make_memory())) for _ in range(100)]
+    await asyncio.sleep(0)  # every write is now in the queue, behind the blocked job
+    gate.set()
+    await asyncio.gather(blocker, *queued)
+    commits_after, _ = db.commit_stats
+    # The blocker's own batch, then (at most) one batch holding all 100 queued writes.
+    assert commits_after - commits_before <= 2
+    assert await db.read(memories.count) == 100
+
+
+async def test_batch_max_bounds_the_jobs_per_transaction(db_path: Path):
+    db = await Database.open(db_path, batch_max=10)
+    try:
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(db.write(lambda conn: gate.wait(5)))
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(db.write(memories.insert, make_memory())) for _ in range(100)]
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(blocker, *queued)
+        commits, jobs = db.commit_stats
+        assert jobs == 101
+        assert commits >= 11
+    finally:
+        await db.close()
+
+
+async def test_one_failing_job_does_not_lose_the_others_in_its_batch(db: Database):
+    good = [make_memory(content=f"good {i}") for i in range(50)]
+
+    def failing(conn: sqlite3.Connection) -> None:
+        memories.insert(conn, make_memory(content="this row must be rolled back"))
+        raise ValueError("boom")
+
+    results = await asyncio.gather(
+        *(db.write(memories.insert, r) for r in good[:25]),
+        db.write(failing),
+        *(db.write(memories.insert, r) for r in good[25:]),
+        return_exceptions=True,
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], ValueError)
+    assert await db.read(memories.count) == 50
+    assert await db.read(memories.recall, "rolled back") == []
+
+
+async def test_sql_error_in_a_job_becomes_storage_error_for_that_caller_only(db: Database):
+    row = make_memory()
+    await db.write(memories.insert, row)
+    other = make_memory()
+    dup, ok = await asyncio.gather(db.write(memories.insert, row), db.write(memories.insert, other),
+                                   return_exceptions=True)
+    assert isinstance(dup, StorageError) and dup.code == "duplicate_memory"
+    assert ok is None
+    assert await db.read(memories.count) == 2
+
+    def bad_sql(conn: sqlite3.Connection) -> None:
+        conn.execute("SELECT * FROM no_such_table")
+
+    with pytest.raises(StorageError) as err:
+        await db.write(bad_sql)
+    assert err.value.code == "sql_error"
+
+
+async def test_write_returns_the_job_result(db: Database):
+    assert await db.write(lambda conn, a, b: a + b, 2, 3) == 5
+
+
+async def test_reads_are_read_only(db: Database):
+    def sneaky(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM memories")
+
+    with pytest.raises(StorageError) as err:
+        await db.read(sneaky)
+    assert err.value.code in ("read_only", "sql_error")
+
+
+async def test_close_drains_pending_writes(db_path: Path):
+    db = await Database.open(db_path)
+    rows = [make_memory() for _ in range(300)]
+    pending = [asyncio.ensure_future(db.write(memories.insert, r)) for r in rows]
+    await asyncio.sleep(0)  # let every write enqueue
+    await db.close()
+    await asyncio.gather(*pending)
+    db2 = await Database.open(db_path)
+    try:
+        assert await db2.read(memories.count) == 300
+    finally:
+        await db2.close()
+
+
+async def test_close_is_idempotent_and_refuses_later_writes(db: Database):
+    await db.close()
+    await db.close()
+    with pytest.raises(StorageError) as err:
+        await db.write(memories.insert, make_memory())
+    assert err.value.code == "closed"
+    with pytest.raises(StorageError):
+        await db.read(memories.count)
+
+
+async def test_data_survives_reopen(db_path: Path):
+    row = make_memory(title="durable", content="survives a restart", tags=("x", "y"))
+    db = await Database.open(db_path)
+    await db.write(memories.insert, row)
+    await db.close()
+    db = await Database.open(db_path)
+    try:
+        assert await db.read(memories.get, row.id) == row
+        assert [m for m, _ in await db.read(memories.recall, "restart")] == [row]
+    finally:
+        await db.close()
+
+
+async def test_write_per_commit_commits_each_job(db: Database):
+    rows = [make_memory() for _ in range(20)]
+    await asyncio.gather(*(db.write_per_commit(memories.insert, r) for r in rows),
+                         *(db.write(memories.insert, make_memory()) for _ in range(20)))
+    assert await db.read(memories.count) == 40
+
+
+async def test_failing_per_commit_job_rolls_back_alone(db: Database):
+    def failing(conn: sqlite3.Connection) -> None:
+        memories.insert(conn, make_memory())
+        raise RuntimeError("nope")
+
+    with pytest.raises(RuntimeError):
+        await db.write_per_commit(failing)
+    assert await db.read(memories.count) == 0

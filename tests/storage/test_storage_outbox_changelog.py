@@ -1,0 +1,134 @@
+"""Outbox and dead letters; change log, peer state and counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import Database, StorageError
+from storage import changelog, outbox
+
+
+async def _enqueue(db: Database, cid: str, peer: str, next_at: int = 1000) -> int:
+    return await db.write(outbox.enqueue, cid, peer, "memory.put", b"\xa1env-" + cid.encode(), 60_000, next_at, 500)
+
+
+async def test_enqueue_due_and_pending_for_peer(db: Database):
+    a = await _enqueue(db, "c1", "ai:b", next_at=1000)
+    b = await _enqueue(db, "c1", "ai:c", next_at=3000)
+    c = await _enqueue(db, "c2", "ai:b", next_at=2000)
+    assert [r.id for r in await db.read(outbox.due, 2000, 10)] == [a, c]
+    assert [r.id for r in await db.read(outbox.due, 5000, 1)] == [a]
+    assert [r.id for r in await db.read(outbox.pending_for_peer, "ai:b", 10)] == [a, c]
+    assert await db.read(outbox.depth) == 3
+    assert await db.read(outbox.depth, "ai:c") == 1
+    row = await db.read(outbox.get, b)
+    assert (row.correlation_id, row.peer, row.envelope, row.attempts, row.last_error) == \
+        ("c1", "ai:c", b"\xa1env-c1", 0, None)
+
+
+async def test_enqueue_same_correlation_and_peer_is_idempotent(db: Database):
+    first = await _enqueue(db, "c1", "ai:b")
+    assert await _enqueue(db, "c1", "ai:b") == first
+    assert await db.read(outbox.depth) == 1
+
+
+async def test_mark_attempt_then_remove_on_ack(db: Database):
+    i = await _enqueue(db, "c1", "ai:b")
+    assert await db.write(outbox.mark_attempt, i, 1, 6000, "timeout")
+    row = await db.read(outbox.get, i)
+    assert (row.attempts, row.next_attempt_at, row.last_error) == (1, 6000, "timeout")
+    assert await db.read(outbox.due, 5999, 10) == []
+    assert await db.write(outbox.remove, "c1", "ai:b") is True
+    assert await db.write(outbox.remove, "c1", "ai:b") is False
+    assert await db.write(outbox.mark_attempt, i, 2, 7000, "x") is False
+    assert await db.read(outbox.depth) == 0
+
+
+async def test_exhausted_message_moves_to_dead_letters_and_back(db: Database):
+    i = await _enqueue(db, "c1", "ai:b")
+    await db.write(outbox.mark_attempt, i, 3, 9000, "connection refused")
+    dead_id = await db.write(outbox.to_dead_letter, i, "gave up after 3 attempts", 40_000)
+    assert dead_id is not None
+    assert await db.read(outbox.depth) == 0
+    [dead] = await db.read(outbox.dead_letters)
+    assert (dead.correlation_id, dead.peer, dead.attempts, dead.last_error, dead.dead_at, dead.envelope) == \
+        ("c1", "ai:b", 3, "gave up after 3 attempts", 40_000, b"\xa1env-c1")
+    assert await db.read(outbox.dead_letter_count, "ai:b") == 1
+
+    new_id = await db.write(outbox.replay_dead_letter, dead.id, 50_000, 110_000)
+    replayed = await db.read(outbox.get, new_id)
+    assert (replayed.correlation_id, replayed.attempts, replayed.next_attempt_at, replayed.expires_at) == \
+        ("c1", 0, 50_000, 110_000)
+    assert await db.read(outbox.dead_letters) == []
+
+
+async def test_replay_with_a_fresh_envelope_and_correlation_id(db: Database):
+    i = await _enqueue(db, "c1", "ai:b")
+    dead_id = await db.write(outbox.to_dead_letter, i, "x", 1)
+    new_id = await db.write(lambda c: outbox.replay_dead_letter(c, dead_id, 10, 70, envelope=b"new",
+                                                                correlation_id="c9"))
+    row = await db.read(outbox.get, new_id)
+    assert (row.correlation_id, row.envelope) == ("c9", b"new")
+
+
+async def test_replay_refuses_when_already_queued_and_keeps_the_dead_letter(db: Database):
+    i = await _enqueue(db, "c1", "ai:b")
+    dead_id = await db.write(outbox.to_dead_letter, i, "x", 1)
+    await _enqueue(db, "c1", "ai:b")
+    with pytest.raises(StorageError) as err:
+        await db.write(outbox.replay_dead_letter, dead_id, 10, 70)
+    assert err.value.code == "already_queued"
+    assert await db.read(outbox.dead_letter_count) == 1
+
+
+async def test_replay_of_a_missing_dead_letter_is_not_found(db: Database):
+    with pytest.raises(StorageError) as err:
+        await db.write(outbox.replay_dead_letter, 42, 10, 70)
+    assert err.value.code == "not_found"
+
+
+async def test_to_dead_letter_of_a_missing_row_returns_none(db: Database):
+    assert await db.write(outbox.to_dead_letter, 42, "x", 1) is None
+
+
+async def test_clear_dead_letters_per_peer(db: Database):
+    for cid, peer in [("c1", "ai:b"), ("c2", "ai:b"), ("c3", "ai:c")]:
+        await db.write(outbox.to_dead_letter, await _enqueue(db, cid, peer), "x", 1)
+    assert await db.write(outbox.clear_dead_letters, "ai:b") == 2
+    assert [d.peer for d in await db.read(outbox.dead_letters)] == ["ai:c"]
+    assert await db.write(outbox.clear_dead_letters) == 1
+
+
+async def test_change_log_pages_in_seq_order(db: Database):
+    seqs = [await db.write(changelog.append, "memory" if i % 2 else "link", f"ref{i}", 1, 100 + i)
+            for i in range(7)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 7
+    first = await db.read(changelog.page, 0, 3)
+    assert [c.ref_id for c in first] == ["ref0", "ref1", "ref2"]
+    rest = await db.read(changelog.page, first[-1].seq, 100)
+    assert [c.ref_id for c in rest] == ["ref3", "ref4", "ref5", "ref6"]
+    assert await db.read(changelog.last_seq) == seqs[-1]
+
+
+async def test_change_log_rejects_an_unknown_kind(db: Database):
+    with pytest.raises(StorageError) as err:
+        await db.write(changelog.append, "transcript", "x", 1, 1)
+    assert err.value.code == "constraint"
+
+
+async def test_peer_state_upsert_keeps_unset_fields(db: Database):
+    assert await db.read(changelog.get_peer_state, "ai:b") is None
+    s = await db.write(lambda c: changelog.set_peer_state(c, "ai:b", last_sync_seq=10))
+    assert (s.last_sync_seq, s.last_ack_at) == (10, None)
+    s = await db.write(lambda c: changelog.set_peer_state(c, "ai:b", last_ack_at=555))
+    assert (s.last_sync_seq, s.last_ack_at) == (10, 555)
+    s = await db.write(lambda c: changelog.set_peer_state(c, "ai:b", last_sync_seq=12))
+    assert (s.last_sync_seq, s.last_ack_at) == (12, 555)
+    assert [p.peer for p in await db.read(changelog.list_peer_states)] == ["ai:b"]
+
+
+async def test_counters_increment_from_zero(db: Database):
+    assert await db.read(changelog.get_counter, "bad_signature") == 0
+    assert await db.write(changelog.incr, "bad_signature") == 1
+    assert await db.write(changelog.incr, "bad_signature", 4) == 5
+    assert await db.read(changelog.all_counters) == {"bad_signature": 5}
