@@ -1,0 +1,317 @@
+"""The node's MCP surface on the official ``mcp`` SDK (low-level ``Server``), and its three doors:
+
+- stdio (``run_stdio``): joins the running node over its local socket, else runs a Service embedded;
+- streamable HTTP (``start_http``): loopback only, endpoint ``/mcp``, embedded in the node's event loop;
+- local socket (``start_local_socket``): length-prefixed JSON RPC the node serves for ``run_stdio``.
+
+Every tool failure becomes an MCP tool error (``isError: true``, text ``[code] message``), never a
+protocol error: the client's model sees the reason and the session keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import orjson
+import uvicorn
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from node.config import LimitsConfig, NodeConfig
+from node.errors import describe
+from node.tools import (CONNECT_TIMEOUT_S, MAX_FRAME_BYTES, JSON, ServiceBackend, SocketClientBackend,
+                        ToolBackend, encode_frame, error_reply, read_frame, tool_specs)
+
+log = logging.getLogger("node.mcp")
+
+SERVER_NAME = "ai-memory"
+HTTP_PATH = "/mcp"
+# Bounds on the embedded HTTP server's start and stop; a loopback bind is instant.
+HTTP_START_TIMEOUT_S = 5.0
+HTTP_GRACEFUL_S = 2.0
+HTTP_STOP_TIMEOUT_S = 5.0
+# How long stop() waits for in-flight local-socket calls before cancelling them.
+SOCKET_DRAIN_S = 2.0
+
+
+# ---- the MCP server over a backend ----------------------------------------------------------
+
+def build_server(backend: ToolBackend, *, limits: LimitsConfig, session: dict[str, Any]) -> Server:
+    """An SDK ``Server`` exposing the tool table; ``session`` describes this door (transport, mode)."""
+    tools = [types.Tool(name=s.name, description=s.description, input_schema=s.input_schema)
+             for s in tool_specs(limits)]
+
+    async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        return await call_tool(backend, params.name, params.arguments, session)
+
+    return Server(SERVER_NAME, version=_version(), on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+async def call_tool(backend: ToolBackend, name: str, arguments: dict[str, Any] | None,
+                    session: dict[str, Any]) -> types.CallToolResult:
+    """One tool call as an MCP result; any exception becomes an ``isError`` result."""
+    try:
+        result = await backend.call(name, dict(arguments or {}))
+    except Exception as exc:  # the MCP edge: every failure is reported to the caller, none crashes the session
+        d = describe(exc)
+        if d.code == "internal":
+            log.exception("tool %s failed unexpectedly", name)
+        return types.CallToolResult(content=[types.TextContent(text=f"[{d.code}] {d.message}")],
+                                    structured_content={"error": {"code": d.code, "message": d.message}},
+                                    is_error=True)
+    if name == "memory_capabilities" and isinstance(result, dict):
+        result = {**result, "mcp": session}
+    # Structured content must be an object through protocol 2025-11-25, so lists travel as {"results": [...]}.
+    structured = result if isinstance(result, dict) else {"results": result}
+    return types.CallToolResult(content=[types.TextContent(text=render(name, result))],
+                                structured_content=structured)
+
+
+def render(name: str, result: JSON) -> str:
+    """A one-line summary, then the result as JSON (for clients that read only text)."""
+    if isinstance(result, list):
+        head = f"{len(result)} result(s)"
+    elif name == "memory_store" or name == "memory_get":
+        head = f"memory {result.get('id')}"
+    elif name == "memory_link":
+        head = f"link {result.get('link_id')} ({result.get('attest_level')})"
+    elif name == "memory_verify":
+        head = f"link {result.get('link_id')}: " + ("verified" if result.get("signature_verified")
+                                                   else f"NOT verified ({result.get('reason')})")
+    else:
+        head = name
+    return head + "\n" + orjson.dumps(result).decode()
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("attested-mesh")
+    except Exception:  # not installed as a distribution (running from a checkout)
+        return ""
+
+
+# ---- stdio ----------------------------------------------------------------------------------
+
+async def open_backend(cfg: NodeConfig) -> tuple[ToolBackend, dict[str, Any], Any]:
+    """Join the running node over ``cfg.socket_path`` if it answers, else open a Service here.
+
+    Returns (backend, session description, async close function).
+    """
+    try:
+        client = await SocketClientBackend.connect(cfg.socket_path, limits=cfg.limits)
+    except (OSError, TimeoutError) as e:
+        log.info("no node on %s (%s); running the service embedded", cfg.socket_path, type(e).__name__)
+    else:
+        return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path)}, client.close
+
+    from node.service import Service
+
+    service = await Service.open(cfg)
+    return ServiceBackend(service), {"transport": "stdio", "mode": "embedded"}, service.close
+
+
+async def run_stdio(cfg: NodeConfig) -> None:
+    """Serve MCP on this process's stdin/stdout until the client closes it."""
+    backend, session, close = await open_backend(cfg)
+    try:
+        server = build_server(backend, limits=cfg.limits, session=session)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        await close()
+
+
+# ---- streamable HTTP ------------------------------------------------------------------------
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The node owns SIGINT/SIGTERM; the embedded server is stopped through its handle.
+        yield
+
+
+@dataclass
+class HttpHandle:
+    host: str
+    port: int
+    _server: _EmbeddedUvicorn
+    _task: asyncio.Task[None]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{HTTP_PATH}"
+
+    async def stop(self) -> None:
+        """Stop accepting, close sessions, and end the server task; bounded by HTTP_STOP_TIMEOUT_S."""
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), HTTP_STOP_TIMEOUT_S)
+        except TimeoutError:
+            self._server.force_exit = True
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        except Exception:  # the server task's own failure was logged by uvicorn; stop still completes
+            pass
+
+
+def check_loopback(host: str) -> None:
+    try:
+        ok = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        from node.errors import ServiceError
+        raise ServiceError("bad_input",
+                           f"MCP over HTTP binds to loopback only (127.0.0.1 or ::1), refusing host {host!r}")
+
+
+async def start_http(backend: ToolBackend, host: str, port: int) -> HttpHandle:
+    """Serve streamable HTTP MCP at http://host:port/mcp; port 0 picks a free port (see handle.port)."""
+    check_loopback(host)
+    limits = getattr(backend, "limits", LimitsConfig())
+    server = build_server(backend, limits=limits, session={"transport": "streamable_http"})
+    app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=HTTP_GRACEFUL_S)
+    userver = _EmbeddedUvicorn(config)
+    task = asyncio.create_task(userver.serve(sockets=[sock]), name="mcp-http")
+    bound_host, bound_port = sock.getsockname()[:2]
+    handle = HttpHandle(bound_host, bound_port, userver, task)
+    try:
+        async with asyncio.timeout(HTTP_START_TIMEOUT_S):
+            while not userver.started:
+                if task.done():
+                    break
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        await handle.stop()
+        sock.close()
+        raise
+    if not userver.started:
+        await handle.stop()
+        sock.close()
+        exc = task.exception() if not task.cancelled() else None
+        raise RuntimeError(f"MCP HTTP server failed to start on {host}:{port}: {exc!r}")
+    return handle
+
+
+# ---- local socket ---------------------------------------------------------------------------
+
+@dataclass
+class SocketHandle:
+    path: Path
+    _server: asyncio.base_events.Server
+    _conns: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight calls finish (bounded), close connections, remove the file."""
+        self._server.close()
+        conns = list(self._conns)
+        if conns:
+            _, pending = await asyncio.wait(conns, timeout=SOCKET_DRAIN_S)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=SOCKET_DRAIN_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), SOCKET_DRAIN_S)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+async def _remove_stale_socket(path: Path) -> None:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    from node.errors import ServiceError
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ServiceError("socket_path_taken", f"{path} exists and is not a socket; refusing to replace it")
+    try:
+        _, w = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        path.unlink(missing_ok=True)  # nobody listens: a leftover from a node that died
+        return
+    w.close()
+    raise ServiceError("socket_in_use", f"another process is serving {path}; is a node already running?")
+
+
+async def start_local_socket(backend: ToolBackend, path: Path) -> SocketHandle:
+    """Serve tool calls on a Unix socket at ``path`` (mode 0600): frames ``{tool, args}`` ->
+    ``{ok: result}`` | ``{error: {code, message}}``, each a 4-byte big-endian length then JSON."""
+    path = Path(path)
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)  # a private directory closes the bind-to-chmod window
+    await _remove_stale_socket(path)
+    conns: set[asyncio.Task[Any]] = set()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        conns.add(task)
+        try:
+            await _serve_connection(backend, reader, writer)
+        finally:
+            conns.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), SOCKET_DRAIN_S)
+
+    server = await asyncio.start_unix_server(on_connect, str(path), limit=MAX_FRAME_BYTES)
+    os.chmod(path, 0o600)
+    return SocketHandle(path, server, conns)
+
+
+async def _serve_connection(backend: ToolBackend, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+    while True:
+        try:
+            request = await read_frame(reader)
+        except Exception as exc:  # a garbled frame: say why, then drop the connection (framing is lost)
+            writer.write(encode_frame(error_reply(exc)))
+            await writer.drain()
+            return
+        if request is None:
+            return
+        if (not isinstance(request, dict) or not isinstance(request.get("tool"), str)
+                or not isinstance(request.get("args", {}), dict)):
+            reply = {"error": {"code": "bad_request",
+                               "message": "request must be an object {tool: string, args: object}"}}
+        else:
+            try:
+                reply = {"ok": await backend.call(request["tool"], request.get("args") or {})}
+            except Exception as exc:  # reported to the caller; the connection keeps serving
+                reply = error_reply(exc)
+                if reply["error"]["code"] == "internal":
+                    log.exception("local-socket call %s failed unexpectedly", request["tool"])
+        try:
+            writer.write(encode_frame(reply))
+            await writer.drain()
+        except OSError:
+            return

@@ -1,0 +1,319 @@
+"""The MCP tool table, free of any transport: names, JSON Schemas, argument validation, dispatch.
+
+``tool_specs(limits)`` is what ``tools/list`` shows; a ``ToolBackend`` runs a call. Two backends:
+``ServiceBackend`` calls a ``Service`` in this process; ``SocketClientBackend`` forwards the call to a
+running node over its local Unix socket (``node.mcp_server.start_local_socket`` is the other end).
+Arguments are checked against the schema before dispatch, so a bad call never reaches the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from node.config import LimitsConfig
+from node.errors import ServiceError, describe
+
+JSON = dict[str, Any] | list[Any]
+
+# Local-socket framing: 4-byte big-endian length, then one JSON document.
+_HEADER = struct.Struct(">I")
+# Frame cap: a full recall page (100 hits of 64 KiB) fits with room to spare; bigger is a bug or abuse.
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+# Bound on connecting to the node's socket; a live node accepts at once.
+CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class ToolBackend(Protocol):
+    async def call(self, name: str, args: dict[str, Any]) -> JSON:
+        """Run tool ``name``; raises an error with ``.code``/``.message`` (ServiceError) on failure."""
+        ...
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+def _obj(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+def _text(desc: str, max_chars: int, *, min_chars: int = 0) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "string", "description": desc, "maxLength": max_chars}
+    if min_chars:
+        s["minLength"] = min_chars
+    return s
+
+
+def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
+    """The first tool set, with bounds taken from the limits in force."""
+    lim = limits
+    memory_id = _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)
+    namespace = _text("namespace (default 'default')", lim.max_namespace_chars, min_chars=1)
+    limit = lambda default: {"type": "integer", "minimum": 1, "maximum": lim.max_recall_limit,  # noqa: E731
+                             "default": default, "description": f"max results, 1..{lim.max_recall_limit}"}
+    confidence = {"type": "number", "minimum": 0, "maximum": 1, "description": "confidence 0..1"}
+    return (
+        ToolSpec("memory_store",
+                 "Store a new memory; returns it with its new id and created_at/updated_at in unix ms.",
+                 _obj({"content": _text(f"memory text, at most {lim.max_content_bytes} UTF-8 bytes",
+                                        lim.max_content_bytes, min_chars=1),
+                       "title": _text("short title", lim.max_title_chars),
+                       "namespace": namespace,
+                       "tags": {"type": "array", "maxItems": lim.max_tags, "description": "tags",
+                                "items": _text("tag", lim.max_tag_chars, min_chars=1)},
+                       "priority": {"type": "integer", "minimum": 1, "maximum": 10, "default": 5,
+                                    "description": "priority 1..10"},
+                       "confidence": {**confidence, "default": 1},
+                       "source": _text("where the memory came from", lim.max_source_chars)},
+                      ("content",))),
+        ToolSpec("memory_get", "Fetch one memory by id (times in unix ms).", _obj({"id": memory_id}, ("id",))),
+        ToolSpec("memory_list", "List memories, newest first, optionally in one namespace (times in unix ms).",
+                 _obj({"namespace": namespace, "limit": limit(50),
+                       "offset": {"type": "integer", "minimum": 0, "default": 0, "description": "rows to skip"}})),
+        ToolSpec("memory_recall", "Full-text recall ranked by BM25, best first; any text is a safe query.",
+                 _obj({"query": _text("search text", lim.max_query_chars, min_chars=1), "limit": limit(10),
+                       "namespace": namespace}, ("query",))),
+        ToolSpec("memory_link",
+                 "Link two stored memories with a relation; signed with the node key (self_signed) when it has one.",
+                 _obj({"src_id": memory_id, "dst_id": memory_id,
+                       "relation": _text("relation, e.g. related_to, contradicts", lim.max_relation_chars,
+                                         min_chars=1),
+                       "valid_until": {"type": ["integer", "null"], "minimum": 0,
+                                       "description": "end of validity, unix ms (null = open-ended)"},
+                       "confidence": confidence},
+                      ("src_id", "dst_id", "relation"))),
+        ToolSpec("memory_verify",
+                 "Re-derive a stored link's signed payload and check its signature; signed_at is unix ms.",
+                 _obj({"link_id": _text("link id (hex SHA-256)", lim.max_id_chars, min_chars=1)}, ("link_id",))),
+        ToolSpec("memory_peers", "List the peers this node trusts, with what it knows of each right now.", _obj({})),
+        ToolSpec("memory_capabilities",
+                 "Report this node's live state: schema version, key, attest counts, limits in force.", _obj({})),
+    )
+
+
+TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
+
+class ArgValidator:
+    """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
+
+    def __init__(self, specs: tuple[ToolSpec, ...]) -> None:
+        self.specs = {s.name: s for s in specs}
+        self._validators = {s.name: Draft202012Validator(s.input_schema) for s in specs}
+
+    def check(self, name: str, args: Any) -> dict[str, Any]:
+        if name not in self._validators:
+            raise ServiceError("unknown_tool", f"no tool named {name!r}; tools: {', '.join(self.specs)}")
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise ServiceError("bad_input", f"{name}: arguments must be a JSON object, got {type(args).__name__}")
+        error = best_match(self._validators[name].iter_errors(args))
+        if error is not None:
+            raise _arg_error(name, error)
+        return dict(args)
+
+
+def _arg_error(tool: str, e: ValidationError) -> ServiceError:
+    """bad_input naming the argument; size bounds give too_large, as the service's own checks do."""
+    arg = ".".join(str(p) for p in e.absolute_path)
+    if e.validator == "required":
+        missing = e.message.split("'")[1] if "'" in e.message else e.message
+        return ServiceError("bad_input", f"{tool}: missing required argument {missing!r}")
+    if e.validator == "additionalProperties":
+        return ServiceError("bad_input", f"{tool}: unknown argument(s): {e.message.split('(')[-1].rstrip(')')}")
+    where = f"argument {arg!r}" if arg else "arguments"
+    if e.validator == "maxLength":
+        return ServiceError("too_large", f"{tool}: {where} is {len(e.instance)} chars, the limit is {e.validator_value}")
+    if e.validator == "maxItems":
+        return ServiceError("too_large", f"{tool}: {where} has {len(e.instance)} items, the limit is {e.validator_value}")
+    value = repr(e.instance)
+    if len(value) > 60:
+        value = value[:57] + "..."
+    return ServiceError("bad_input", f"{tool}: {where} {value} is invalid: {_schema_rule(e)}")
+
+
+def _schema_rule(e: ValidationError) -> str:
+    v, val = e.validator, e.validator_value
+    if v == "type":
+        return f"must be of type {' or '.join(val) if isinstance(val, list) else val}"
+    if v == "minimum":
+        return f"must be >= {val}"
+    if v == "maximum":
+        return f"must be <= {val}"
+    if v == "minLength":
+        return "must not be empty" if val == 1 else f"must be at least {val} characters"
+    return e.message
+
+
+# ---- in-process backend ---------------------------------------------------------------------
+
+class ServiceBackend:
+    """Runs tool calls on a ``node.service.Service`` in this process."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.limits: LimitsConfig = service.cfg.limits
+        self.validator = ArgValidator(tool_specs(self.limits))
+
+    async def call(self, name: str, args: dict[str, Any]) -> JSON:
+        args = self.validator.check(name, args)
+        s = self.service
+        match name:
+            case "memory_store":
+                return await s.memory_store(**args)
+            case "memory_get":
+                return await s.memory_get(args["id"])
+            case "memory_list":
+                return await s.memory_list(**args)
+            case "memory_recall":
+                return await s.memory_recall(args.pop("query"), **args)
+            case "memory_link":
+                return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
+            case "memory_verify":
+                return await s.memory_verify(args["link_id"])
+            case "memory_peers":
+                if callable(getattr(s, "peers", None)):
+                    return await s.peers()
+                return _peers_now(s)
+            case "memory_capabilities":
+                if callable(getattr(s, "capabilities", None)):
+                    return await s.capabilities()
+                return await _capabilities_now(s)
+        raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
+
+
+def _peers_now(s: Any) -> list[dict[str, Any]]:
+    """Trusted peers as this process knows them: pinned .pub keys and configured URLs (no link state)."""
+    from mesh.keys import fingerprint
+
+    urls = {p.agent_id: p.url for p in s.cfg.mesh.peers}
+    ids = sorted(set(s.peer_keys) | set(urls))
+    return [{"agent_id": a,
+             "fingerprint": fingerprint(s.peer_keys[a]) if a in s.peer_keys else None,
+             "key_pinned": a in s.peer_keys,
+             "url": urls.get(a)} for a in ids]
+
+
+async def _capabilities_now(s: Any) -> dict[str, Any]:
+    """Live facts the service can state today; nothing it cannot measure is reported."""
+    from storage.links import counts_by_attest_level
+
+    ident = s.identity
+    return {
+        "agent_id": s.agent_id,
+        "schema_version": s.db.schema_version,
+        "key": {"present": ident is not None, "fingerprint": ident.fingerprint if ident else None},
+        "signing": ident is not None,
+        "attest_counts": await s.db.read(counts_by_attest_level),
+        "trusted_peers": len(s.peer_keys),
+        "replication_attached": s.replicate is not None,
+        "limits": dataclasses.asdict(s.cfg.limits),
+        "tools": list(TOOL_NAMES),
+    }
+
+
+# ---- local-socket framing and client backend ------------------------------------------------
+
+def encode_frame(obj: Any) -> bytes:
+    body = orjson.dumps(obj)
+    return _HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Any | None:
+    """One framed JSON document, or None at a clean EOF; ServiceError('bad_frame') on garbage."""
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as e:
+        if not e.partial:
+            return None
+        raise ServiceError("bad_frame", "connection closed inside a frame header") from None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME_BYTES:
+        raise ServiceError("bad_frame", f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte cap")
+    try:
+        body = await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise ServiceError("bad_frame", "connection closed inside a frame") from None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ServiceError("bad_frame", f"frame is not JSON: {e}") from None
+
+
+class SocketClientBackend:
+    """Forwards tool calls to a running node over its local socket; one connection, one call at a time."""
+
+    def __init__(self, path: Path, *, limits: LimitsConfig, call_timeout_s: float) -> None:
+        self.path = Path(path)
+        # Used only for the tool list shown to clients; the node checks arguments against its own.
+        self.limits = limits
+        self.call_timeout_s = call_timeout_s
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, path: Path, *, limits: LimitsConfig,
+                      call_timeout_s: float = 30.0) -> SocketClientBackend:
+        """Connect or raise OSError/TimeoutError (no node listening). ``call_timeout_s`` bounds each call."""
+        self = cls(path, limits=limits, call_timeout_s=call_timeout_s)
+        self._reader, self._writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(str(path), limit=MAX_FRAME_BYTES), CONNECT_TIMEOUT_S)
+        return self
+
+    async def call(self, name: str, args: dict[str, Any]) -> JSON:
+        async with self._lock:
+            if self._writer is None or self._writer.is_closing():
+                raise ServiceError("node_unavailable", f"not connected to the node at {self.path}")
+            try:
+                self._writer.write(encode_frame({"tool": name, "args": args}))
+                await self._writer.drain()
+                reply = await asyncio.wait_for(read_frame(self._reader), self.call_timeout_s)
+            except (OSError, TimeoutError) as e:
+                await self._drop()
+                raise ServiceError("node_unavailable",
+                                   f"lost the node at {self.path}: {type(e).__name__} {e}".rstrip()) from None
+            except ServiceError:
+                await self._drop()
+                raise
+        if reply is None:
+            await self._drop()
+            raise ServiceError("node_unavailable", f"the node at {self.path} closed the connection")
+        if isinstance(reply, dict) and "ok" in reply:
+            return reply["ok"]
+        err = reply.get("error") if isinstance(reply, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("code"), str) and isinstance(err.get("message"), str):
+            raise ServiceError(err["code"], err["message"])
+        raise ServiceError("bad_frame", f"unexpected reply from the node: {str(reply)[:80]}")
+
+    async def _drop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await asyncio.wait_for(self._writer.wait_closed(), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                pass
+            self._writer = None
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
+def error_reply(exc: BaseException) -> dict[str, Any]:
+    d = describe(exc)
+    return {"error": {"code": d.code, "message": d.message}}
