@@ -6,6 +6,12 @@ column filters, ``NEAR(``, ``*`` and stray quotes are plain text. All tokens are
 and cheap: FTS5 intersects posting lists); only if that finds nothing are they ORed, so a query with one
 word the corpus lacks still finds something. Both rank by bm25 (title 2.0, content 1.0, tags 1.5)
 with ORDER BY rank LIMIT inside the FTS subquery, so only ``limit`` rows are joined to memories.
+
+bm25 scores every matching row, so a broad query (a word in most memories) would cost O(matches):
+~100 ms at 100k. When more than RANK_WINDOW rows match, only the RANK_WINDOW most recently inserted
+matches are ranked (found by a cheap unscored walk in rowid order): recency is a fair tie-breaker for
+memories, and the cost is bounded. What remains is FTS5's own IDF pass over each term's posting list
+(~3-4 ms for a word present in 99% of 100k rows).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ _COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, 
 _WORD = re.compile(r"[^\W_]+")
 # Bounds the cost of a pasted paragraph: the first words carry the intent.
 MAX_QUERY_TOKENS = 32
+# bm25 scores every match, so a word found in most of 100k memories costs ~100 ms; ranking only the most
+# recent RANK_WINDOW matches bounds that (see recall()).
+RANK_WINDOW = 500
 # SQLite's default bound on host parameters is 32766; stay far below it.
 _CHUNK = 500
 
@@ -165,33 +174,40 @@ def fts_tokens(query: str) -> list[str]:
     return list(seen.values())
 
 
-def recall(conn: sqlite3.Connection, query: str, limit: int = 10,
-           namespace: str | None = None) -> list[tuple[MemoryRow, float]]:
+def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str | None = None, *,
+           rank_window: int = RANK_WINDOW) -> list[tuple[MemoryRow, float]]:
     """Best-matching memories for free text ``query``, best first, with a bm25 score (higher is better).
 
-    Never raises an SQL error for any user string; a query without words returns [].
+    Never raises an SQL error for any user string; a query without words returns []. When more than
+    ``rank_window`` memories match, only the ``rank_window`` most recently inserted matches are ranked.
     """
     tokens = fts_tokens(query)
     if not tokens or limit <= 0:
         return []
-    hits = _search(conn, " AND ".join(tokens), limit, namespace)
+    hits = _search(conn, " AND ".join(tokens), limit, namespace, rank_window)
     if not hits and len(tokens) > 1:
-        hits = _search(conn, " OR ".join(tokens), limit, namespace)
+        hits = _search(conn, " OR ".join(tokens), limit, namespace, rank_window)
     return hits
 
 
-def _search(conn: sqlite3.Connection, match: str, limit: int,
-            namespace: str | None) -> list[tuple[MemoryRow, float]]:
+def _search(conn: sqlite3.Connection, match: str, limit: int, namespace: str | None,
+            rank_window: int) -> list[tuple[MemoryRow, float]]:
     cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+    ns_join, ns_where, ns_args = ("", "", ()) if namespace is None else \
+        ("JOIN memories AS m ON m.rowid = f.rowid", "AND m.namespace = ?", (namespace,))
+    # Walking matches in rowid order costs no scoring; it finds where the ranking window starts.
+    start = conn.execute(f"SELECT f.rowid FROM memories_fts AS f {ns_join} WHERE memories_fts MATCH ? {ns_where} "
+                         "ORDER BY f.rowid DESC LIMIT 1 OFFSET ?", (match, *ns_args, rank_window - 1)).fetchone()
+    floor = start[0] if start else -(2 ** 63)
     if namespace is None:
         sql = (f"SELECT {cols}, f.rank FROM (SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? "
-               "ORDER BY rank LIMIT ?) AS f JOIN memories AS m ON m.rowid = f.rowid ORDER BY f.rank")
-        rows = conn.execute(sql, (match, limit))
+               "AND rowid >= ? ORDER BY rank LIMIT ?) AS f JOIN memories AS m ON m.rowid = f.rowid ORDER BY f.rank")
+        rows = conn.execute(sql, (match, floor, limit))
     else:
         # The namespace lives outside the index, so the filter joins before the LIMIT.
         sql = (f"SELECT {cols}, f.rank FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
-               "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rank LIMIT ?")
-        rows = conn.execute(sql, (match, namespace, limit))
+               "WHERE memories_fts MATCH ? AND f.rowid >= ? AND m.namespace = ? ORDER BY f.rank LIMIT ?")
+        rows = conn.execute(sql, (match, floor, namespace, limit))
     return [(_row(r[:-1]), -r[-1]) for r in rows]
 
 

@@ -141,6 +141,19 @@ async def test_recall_ands_tokens_then_falls_back_to_or(db: Database):
     assert {m.id for m, _ in await db.read(memories.recall, "red banana")} == {both.id, red.id}
 
 
+async def test_broad_queries_rank_only_the_most_recent_matches(db: Database):
+    oldest_but_best = make_memory(title="heron heron", content="heron heron heron")
+    await db.write(memories.insert, oldest_but_best)
+    newer = [make_memory(content=f"heron number {i}") for i in range(4)]
+    for r in newer:
+        await db.write(memories.insert, r)
+    assert (await db.read(memories.recall, "heron", 1))[0][0] == oldest_but_best
+    windowed = await db.read(lambda c: memories.recall(c, "heron", 10, rank_window=2))
+    assert {m.id for m, _ in windowed} == {newer[2].id, newer[3].id}
+    in_ns = await db.read(lambda c: memories.recall(c, "heron", 10, "default", rank_window=3))
+    assert {m.id for m, _ in in_ns} == {r.id for r in newer[1:]}
+
+
 async def test_recall_matches_tags_and_filters_namespace(db: Database):
     a = make_memory(namespace="a", content="x", tags=("kiwi",))
     b = make_memory(namespace="b", content="kiwi")

@@ -1,0 +1,245 @@
+"""Storage benchmark: group commit vs commit-per-row, and FTS recall latency at 10k and 100k memories.
+
+    .venv/bin/python bench/storage_bench.py [--quick] [--out bench/out/storage.json]
+
+Writes go through ``Database.write`` (group commit) or ``Database.write_per_commit`` (one transaction per
+row) from N concurrent writers, each on a fresh database file in a temp dir. Recall runs 1-3 word
+queries drawn from the same Zipf-ish vocabulary as the corpus. Prints a markdown table, writes JSON.
+
+The write path is a ``Target`` (an async ``store(row)``): a ``--through-service`` variant only needs
+another Target that calls the node service (signing, outbox) instead of storage directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import platform
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from storage import Database  # noqa: E402
+from storage import memories  # noqa: E402
+from storage.memories import MemoryRow  # noqa: E402
+
+SEED = 20240611
+
+
+@dataclass(frozen=True)
+class Sizes:
+    write_rows: int
+    writers: int
+    recall_sizes: tuple[int, ...]
+    queries: int
+
+
+FULL = Sizes(write_rows=10_000, writers=50, recall_sizes=(10_000, 100_000), queries=1_000)
+QUICK = Sizes(write_rows=2_000, writers=50, recall_sizes=(2_000, 10_000), queries=200)
+
+
+# ---- synthetic corpus ------------------------------------------------------------------------
+
+class Corpus:
+    """A fixed-seed vocabulary of a few thousand pseudo-words drawn with Zipf-like (1/rank^s) weights."""
+
+    def __init__(self, seed: int = SEED, vocab_size: int = 4_000, s: float = 1.05) -> None:
+        self.rng = random.Random(seed)
+        syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["an", "er", "is", "on", "ul"]
+        words: set[str] = set()
+        while len(words) < vocab_size:
+            words.add("".join(self.rng.choice(syllables) for _ in range(self.rng.randint(1, 4))))
+        self.vocab = sorted(words)  # sorted first: set order varies with PYTHONHASHSEED
+        self.rng.shuffle(self.vocab)
+        weights = [1.0 / (rank + 1) ** s for rank in range(vocab_size)]
+        self.cum = list(itertools.accumulate(weights))
+
+    def words(self, k: int) -> list[str]:
+        return self.rng.choices(self.vocab, cum_weights=self.cum, k=k)
+
+    def memory(self, now_ms: int, origin: str = "ai:bench@local") -> MemoryRow:
+        r = self.rng
+        return MemoryRow(id=str(uuid.UUID(int=r.getrandbits(128), version=4)), namespace=r.choice(("work", "home", "lab")),
+                         title=" ".join(self.words(r.randint(3, 6))), content=" ".join(self.words(r.randint(15, 50))),
+                         tags=tuple(self.words(r.randint(0, 3))), priority=r.randint(1, 9), origin=origin,
+                         created_at=now_ms, updated_at=now_ms)
+
+    def query(self) -> str:
+        return " ".join(self.words(self.rng.randint(1, 3)))
+
+
+# ---- write targets ---------------------------------------------------------------------------
+
+class Target(Protocol):
+    name: str
+
+    async def store(self, row: MemoryRow) -> None: ...
+
+
+class GroupCommitTarget:
+    name = "group commit (db.write)"
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def store(self, row: MemoryRow) -> None:
+        await self.db.write(memories.insert, row)
+
+
+class PerCommitTarget:
+    name = "commit per row (db.write_per_commit)"
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def store(self, row: MemoryRow) -> None:
+        await self.db.write_per_commit(memories.insert, row)
+
+
+async def run_writers(target: Target, rows: list[MemoryRow], writers: int) -> float:
+    """Store ``rows`` from ``writers`` concurrent tasks; returns elapsed seconds."""
+    chunks = [rows[i::writers] for i in range(writers)]
+
+    async def writer(chunk: list[MemoryRow]) -> None:
+        for row in chunk:
+            await target.store(row)
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for chunk in chunks:
+            tg.create_task(writer(chunk))
+    return time.perf_counter() - t0
+
+
+def _bulk_insert(conn: sqlite3.Connection, rows: list[MemoryRow]) -> None:
+    for row in rows:
+        memories.insert(conn, row)
+
+
+async def fill(db: Database, corpus: Corpus, n: int, now_ms: int) -> None:
+    """Top the database up to ``n`` memories quickly (500 rows per job); setup, not measured."""
+    have = await db.read(memories.count)
+    while have < n:
+        k = min(500, n - have)
+        await db.write(_bulk_insert, [corpus.memory(now_ms + have + i) for i in range(k)])
+        have += k
+
+
+# ---- measurements ----------------------------------------------------------------------------
+
+def pct(samples: list[float], p: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, max(0, round(p / 100 * len(s)) - 1))]
+
+
+def summarize(samples_s: list[float]) -> dict[str, float]:
+    ms = [x * 1000 for x in samples_s]
+    return {"p50_ms": round(pct(ms, 50), 3), "p95_ms": round(pct(ms, 95), 3), "p99_ms": round(pct(ms, 99), 3),
+            "mean_ms": round(statistics.fmean(ms), 3), "max_ms": round(max(ms), 3)}
+
+
+async def bench_writes(tmp: Path, corpus: Corpus, sizes: Sizes) -> tuple[dict, Database]:
+    now = int(time.time() * 1000)
+    rows = [corpus.memory(now + i) for i in range(sizes.write_rows)]
+    result = {}
+    per_db = await Database.open(tmp / "per_commit.db")
+    try:
+        secs = await run_writers(PerCommitTarget(per_db), rows, sizes.writers)
+        result["per_commit"] = {"rows": len(rows), "seconds": round(secs, 3), "inserts_per_s": round(len(rows) / secs),
+                                "commits": per_db.commit_stats[0]}
+    finally:
+        await per_db.close()
+    group_db = await Database.open(tmp / "group_commit.db")
+    secs = await run_writers(GroupCommitTarget(group_db), rows, sizes.writers)
+    commits, jobs = group_db.commit_stats
+    result["group_commit"] = {"rows": len(rows), "seconds": round(secs, 3), "inserts_per_s": round(len(rows) / secs),
+                              "commits": commits, "mean_batch": round(jobs / max(commits, 1), 1)}
+    result["ratio"] = round(result["group_commit"]["inserts_per_s"] / result["per_commit"]["inserts_per_s"], 2)
+    result["writers"] = sizes.writers
+    return result, group_db
+
+
+async def bench_recall(db: Database, corpus: Corpus, queries: list[str], limit: int = 10) -> dict:
+    for q in queries[:50]:  # warm the page cache and the reader connections
+        await db.read(memories.recall, q, limit)
+    through_read, hits = [], 0
+    for q in queries:
+        t0 = time.perf_counter()
+        res = await db.read(memories.recall, q, limit)
+        through_read.append(time.perf_counter() - t0)
+        hits += bool(res)
+    # The same queries on a plain connection in this thread: the SQL cost without the thread hop.
+    conn = sqlite3.connect(f"{db.path.resolve().as_uri()}?mode=ro", uri=True)
+    direct = []
+    for q in queries:
+        t0 = time.perf_counter()
+        memories.recall(conn, q, limit)
+        direct.append(time.perf_counter() - t0)
+    conn.close()
+    return {"memories": await db.read(memories.count), "queries": len(queries), "limit": limit,
+            "queries_with_hits": hits, "db_read": summarize(through_read), "direct_sql": summarize(direct)}
+
+
+async def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "storage.json")
+    args = ap.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    corpus = Corpus()
+    queries = [corpus.query() for _ in range(sizes.queries)]
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="storage-bench-") as d:
+        tmp = Path(d)
+        writes, db = await bench_writes(tmp, corpus, sizes)
+        recall = []
+        try:
+            now = int(time.time() * 1000)
+            for n in sizes.recall_sizes:
+                await fill(db, corpus, n, now)
+                recall.append(await bench_recall(db, corpus, queries))
+        finally:
+            await db.close()
+    report = {"bench": "storage", "quick": args.quick, "sizes": asdict(sizes), "writes": writes, "recall": recall,
+              "sqlite": sqlite3.sqlite_version, "python": platform.python_version(), "machine": platform.machine(),
+              "total_seconds": round(time.perf_counter() - t_start, 1)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(markdown(report))
+    print(f"\nJSON: {args.out}")
+    return report
+
+
+def markdown(r: dict) -> str:
+    w = r["writes"]
+    lines = [f"### storage bench ({'quick' if r['quick'] else 'full'}, SQLite {r['sqlite']}, "
+             f"{r['total_seconds']} s)", "",
+             f"| writes ({w['writers']} concurrent writers) | rows | inserts/s | commits |",
+             "|---|---:|---:|---:|",
+             f"| commit per row | {w['per_commit']['rows']} | {w['per_commit']['inserts_per_s']} | "
+             f"{w['per_commit']['commits']} |",
+             f"| group commit (mean batch {w['group_commit']['mean_batch']}) | {w['group_commit']['rows']} | "
+             f"{w['group_commit']['inserts_per_s']} | {w['group_commit']['commits']} |",
+             f"| **ratio** | | **{w['ratio']}x** | |", "",
+             "| recall (limit 10) | memories | queries | with hits | p50 ms | p95 ms | p99 ms | direct-SQL p95 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in r["recall"]:
+        s = x["db_read"]
+        lines.append(f"| db.read | {x['memories']} | {x['queries']} | {x['queries_with_hits']} | {s['p50_ms']} | "
+                     f"{s['p95_ms']} | {s['p99_ms']} | {x['direct_sql']['p95_ms']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
