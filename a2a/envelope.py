@@ -33,6 +33,9 @@ _INT_MAX = 2**64 - 1
 
 REASON_DUPLICATE = "duplicate"
 REASON_REJECTED_PREFIX = "rejected:"
+# Rejections that a later attempt can cure (the receiver lacks something that is on its way),
+# so the sender keeps its retry schedule instead of dead-lettering.
+RETRYABLE_REJECT_CODES = frozenset({"unknown_memory"})
 
 _ENVELOPE_KEYS = frozenset({"v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"})
 _ACK_KEYS = frozenset({"v", "type", "correlation_id", "recipient", "accepted", "reason"})
@@ -262,14 +265,17 @@ class Ack:
         return self.reason == REASON_DUPLICATE
 
     @property
-    def permanent(self) -> bool:
-        """True for a rejection: the sender must not retry (it dead-letters instead)."""
-        return self.reason is not None and self.reason.startswith(REASON_REJECTED_PREFIX)
-
-    @property
     def reject_code(self) -> str | None:
         """The ``<code>`` of ``rejected:<code>``, else None."""
-        return self.reason[len(REASON_REJECTED_PREFIX):] if self.permanent else None  # type: ignore[index]
+        if self.reason is None or not self.reason.startswith(REASON_REJECTED_PREFIX):
+            return None
+        return self.reason[len(REASON_REJECTED_PREFIX):]
+
+    @property
+    def permanent(self) -> bool:
+        """True for a rejection the sender must not retry (it dead-letters instead)."""
+        code = self.reject_code
+        return code is not None and code not in RETRYABLE_REJECT_CODES
 
     def to_map(self) -> dict[str, Any]:
         return {

@@ -79,6 +79,13 @@ def due(conn: sqlite3.Connection, now_ms: int, limit: int = 100) -> list[OutboxR
     return [_out(r) for r in rows]
 
 
+def due_for_peer(conn: sqlite3.Connection, peer: str, now_ms: int, limit: int = 100) -> list[OutboxRow]:
+    """``peer``'s rows whose next attempt is at or before ``now_ms``, soonest first."""
+    rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? AND next_attempt_at <= ? "
+                        "ORDER BY next_attempt_at, id LIMIT ?", (peer, now_ms, limit))
+    return [_out(r) for r in rows]
+
+
 def pending_for_peer(conn: sqlite3.Connection, peer: str, limit: int = 100) -> list[OutboxRow]:
     """Everything queued for ``peer``, oldest first (e.g. to flush on reconnect)."""
     rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? ORDER BY id LIMIT ?", (peer, limit))
@@ -127,6 +134,21 @@ def dead_letters(conn: sqlite3.Connection, peer: str | None = None, limit: int =
         rows = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters WHERE peer = ? ORDER BY id LIMIT ? OFFSET ?",
                             (peer, limit, offset))
     return [_dead(r) for r in rows]
+
+
+def undelivered_count(conn: sqlite3.Connection, correlation_ids: list[str]) -> int:
+    """How many of ``correlation_ids`` are still in the outbox or dead letters (i.e. not ACKed)."""
+    if not correlation_ids:
+        return 0
+    marks = ",".join("?" * len(correlation_ids))
+    q = (f"SELECT (SELECT count(*) FROM a2a_outbox WHERE correlation_id IN ({marks})) + "
+         f"(SELECT count(*) FROM a2a_dead_letters WHERE correlation_id IN ({marks}))")
+    return conn.execute(q, (*correlation_ids, *correlation_ids)).fetchone()[0]
+
+
+def get_dead_letter(conn: sqlite3.Connection, id: int) -> DeadLetterRow | None:
+    r = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters WHERE id = ?", (id,)).fetchone()
+    return _dead(r) if r else None
 
 
 def dead_letter_count(conn: sqlite3.Connection, peer: str | None = None) -> int:
