@@ -1,0 +1,234 @@
+"""One persistent outbound WebSocket to one peer: connect, verify, send, match ACKs, reconnect.
+
+Each node dials each peer it sends to; the dialer sends envelopes and the peer answers ACKs on the
+same socket, many in flight at once, matched by correlation_id. On loss the link reconnects with
+jittered exponential backoff; sends in flight fail with ``link_down`` and the outbox retries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+
+import aiohttp
+import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from a2a import Ack, Backoff, Envelope, ProtocolError, decode_frame
+from mesh.errors import MeshError
+from mesh.tls import verify_peer
+
+log = logging.getLogger("mesh.link")
+
+WS_PATH = "/a2a/v1/ws"
+MESSAGES_PATH = "/a2a/v1/messages"
+
+
+class PinnedConnector(aiohttp.TCPConnector):
+    """A TCP connector that checks every new TLS connection's peer before any byte is sent on it:
+    the agent_id in its certificate must be ``expected_agent_id`` and its key the pinned .pub (if any).
+
+    aiohttp may release a small response's connection before the caller sees it, so checking per
+    response is unreliable; checking at connection creation covers WebSocket, GET and POST alike.
+    """
+
+    def __init__(self, *, expected_agent_id: str, pinned: Callable[[], Mapping[str, Ed25519PublicKey]],
+                 ssl_context: ssl.SSLContext, **kwargs) -> None:
+        super().__init__(ssl=ssl_context, **kwargs)
+        self.expected_agent_id = expected_agent_id
+        self.pinned = pinned
+
+    async def _wrap_create_connection(self, *args, **kwargs):  # type: ignore[override]
+        transport, proto = await super()._wrap_create_connection(*args, **kwargs)
+        try:
+            verify_peer(transport, expected_agent_id=self.expected_agent_id, pinned=self.pinned())
+        except MeshError as e:
+            log.warning(e.code, extra={"ev": {"peer": self.expected_agent_id, "detail": e.message}})
+            transport.close()
+            raise
+        return transport, proto
+
+
+class LinkState(enum.StrEnum):
+    CONNECTING = "connecting"
+    UP = "up"
+    DOWN = "down"
+    CLOSED = "closed"
+
+
+class PeerLink:
+    def __init__(self, agent_id: str, url: str, ssl_context: ssl.SSLContext, *,
+                 pinned: Callable[[], Mapping[str, Ed25519PublicKey]], backoff: Backoff,
+                 ack_timeout_s: float, max_bytes: int) -> None:
+        self.agent_id = agent_id
+        self.url = url
+        self.ssl_context = ssl_context
+        self.pinned = pinned
+        self.backoff = backoff
+        self.ack_timeout_s = ack_timeout_s
+        self.max_bytes = max_bytes
+        self.state = LinkState.CONNECTING
+        self.last_error: str | None = None
+        self.last_ack_at: float | None = None  # unix seconds
+        self.connected_at: float | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._up = asyncio.Event()
+        self._pending: dict[str, asyncio.Future[Ack]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._on_up: list[Callable[[], None]] = []
+
+    def on_up(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the link (re)connects (used to wake the outbox and run catch-up)."""
+        self._on_up.append(callback)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def run(self) -> None:
+        """Keep the link up until ``close()``; owned by the node's task group."""
+        connector = PinnedConnector(expected_agent_id=self.agent_id, pinned=self.pinned,
+                                    ssl_context=self.ssl_context, limit=0)
+        self._session = aiohttp.ClientSession(connector=connector)
+        failures = 0
+        try:
+            while self.state is not LinkState.CLOSED:
+                try:
+                    await self._connect_and_read()
+                    failures = 0
+                except (aiohttp.ClientError, OSError, MeshError, asyncio.TimeoutError) as e:
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    if failures == 0:
+                        log.info("link_down", extra={"ev": {"peer": self.agent_id, "error": self.last_error}})
+                    failures += 1
+                finally:
+                    self._mark_down()
+                if self.state is LinkState.CLOSED:
+                    break
+                self.state = LinkState.DOWN
+                await asyncio.sleep(self.backoff.next_delay(failures))
+                if self.state is not LinkState.CLOSED:
+                    self.state = LinkState.CONNECTING
+        finally:
+            await self._session.close()
+
+    async def _connect_and_read(self) -> None:
+        assert self._session is not None
+        ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
+                                            max_msg_size=self.max_bytes * 4, heartbeat=15.0, autoping=True)
+        self._ws = ws
+        self.state = LinkState.UP
+        self.connected_at = time.time()
+        self.last_error = None
+        self._up.set()
+        log.info("link_up", extra={"ev": {"peer": self.agent_id, "url": self.url}})
+        for cb in self._on_up:
+            cb()
+        async for msg in ws:
+            if msg.type is aiohttp.WSMsgType.BINARY:
+                self._on_frame(msg.data)
+            elif msg.type is aiohttp.WSMsgType.ERROR:
+                raise MeshError("ws_error", str(ws.exception()))
+        raise MeshError("link_closed", f"peer closed the socket (code {ws.close_code})")
+
+    def _on_frame(self, data: bytes) -> None:
+        try:
+            msg = decode_frame(data, self.max_bytes)
+        except ProtocolError as e:
+            log.warning("protocol_error", extra={"ev": {"peer": self.agent_id, "code": e.code, "detail": e.message}})
+            return
+        if not isinstance(msg, Ack):
+            log.warning("unexpected_envelope", extra={"ev": {"peer": self.agent_id,
+                                                             "correlation_id": msg.correlation_id}})
+            return
+        fut = self._pending.pop(msg.correlation_id, None)
+        if fut is not None and not fut.done():
+            self.last_ack_at = time.time()
+            fut.set_result(msg)
+
+    def _mark_down(self) -> None:
+        self._up.clear()
+        self._ws = None
+        for cid, fut in list(self._pending.items()):
+            if not fut.done():
+                fut.set_exception(MeshError("link_down", f"link to {self.agent_id} went down before the ACK"))
+        self._pending.clear()
+
+    async def send(self, env: Envelope, *, timeout_s: float | None = None) -> Ack:
+        """Send one envelope and wait for its ACK (at most ``timeout_s``, default the ACK timeout).
+
+        Raises MeshError ``link_down`` (no connection within the timeout or lost while waiting)
+        or ``ack_timeout``. The caller (the outbox) decides about retries.
+        """
+        return await self.send_wire(env.correlation_id, env.to_wire(), timeout_s=timeout_s)
+
+    async def send_wire(self, correlation_id: str, frame: bytes, *, timeout_s: float | None = None) -> Ack:
+        timeout = self.ack_timeout_s if timeout_s is None else timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout
+        if not self._up.is_set():
+            try:
+                await asyncio.wait_for(self._up.wait(), timeout)
+            except TimeoutError:
+                raise MeshError("link_down", f"no connection to {self.agent_id} ({self.last_error})") from None
+        ws = self._ws
+        if ws is None or ws.closed:
+            raise MeshError("link_down", f"no connection to {self.agent_id}")
+        fut = self._pending.get(correlation_id)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._pending[correlation_id] = fut
+        try:
+            await ws.send_bytes(frame)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
+            self._pending.pop(correlation_id, None)
+            raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), remaining)
+        except TimeoutError:
+            self._pending.pop(correlation_id, None)
+            raise MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s") from None
+
+    async def fetch(self, path: str, params: Mapping[str, int | str], *, timeout_s: float) -> bytes:
+        """GET ``path`` on the peer over the link's mTLS session (identity verified); returns the body.
+
+        Raises MeshError ``link_down`` when no session runs, ``http_error`` on a non-200 answer.
+        """
+        if self._session is None or self._session.closed:
+            raise MeshError("link_down", f"no session to {self.agent_id}")
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self._session.get(self.url + path, params=dict(params), timeout=timeout) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise MeshError("http_error", f"GET {path} on {self.agent_id}: HTTP {resp.status}: {body[:200]!r}")
+            return body
+
+    async def close(self) -> None:
+        self.state = LinkState.CLOSED
+        ws = self._ws
+        if ws is not None:
+            await ws.close()
+        self._up.set()  # wake senders waiting for a connection; they find it closed
+
+
+async def post_envelope(url: str, env: Envelope, ssl_context: ssl.SSLContext, *, expected_agent_id: str,
+                        pinned: Mapping[str, Ed25519PublicKey], timeout_s: float,
+                        max_bytes: int) -> tuple[int, Ack | None, dict | None]:
+    """POST one envelope to ``/a2a/v1/messages``: returns (HTTP status, ACK or None, JSON error or None)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = PinnedConnector(expected_agent_id=expected_agent_id, pinned=lambda: pinned, ssl_context=ssl_context)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
+        async with s.post(url + MESSAGES_PATH, data=env.to_wire(),
+                          headers={"Content-Type": "application/cbor"}) as resp:
+            body = await resp.read()
+            if resp.content_type == "application/cbor":
+                ack = decode_frame(body, max_bytes)
+                return resp.status, ack if isinstance(ack, Ack) else None, None
+            try:
+                return resp.status, None, orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return resp.status, None, {"error": {"code": "http", "message": body[:200].decode(errors="replace")}}

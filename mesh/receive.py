@@ -1,0 +1,98 @@
+"""The one receive function shared by the WebSocket and the HTTP routes.
+
+decode -> decide (a2a, pure) -> apply (the node's callback, which commits) -> remember -> ACK.
+An ACK with ``accepted=true`` is only produced after the apply committed: it means "durably stored".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from a2a import Ack, Envelope, Outcome, ProtocolError, SeenCache, decide, decode_frame
+from a2a.decide import Decision, ack_for
+
+log = logging.getLogger("mesh.receive")
+
+# The node's apply: validates the payload, commits it, and answers Ack.ok or Ack.rejected(code).
+# Raising means "could not store now": no ACK is sent, so the sender retries.
+Apply = Callable[[Envelope, str], Awaitable[Ack]]
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What one frame came to: the ACK to send (or None), the decision, or the protocol error."""
+
+    ack: Ack | None
+    decision: Decision | None = None
+    error: ProtocolError | None = None
+    envelope: Envelope | None = None
+
+
+class Receiver:
+    def __init__(self, local_agent_id: str, seen: SeenCache, apply: Apply, *, max_bytes: int,
+                 clock_ms: Callable[[], int]) -> None:
+        self.local_agent_id = local_agent_id
+        self.seen = seen
+        self.apply = apply
+        self.max_bytes = max_bytes
+        self.clock_ms = clock_ms
+        self.counters: Counter[str] = Counter()
+        # Same correlation_id arriving twice at once: the second waits for the first's outcome,
+        # so a failed first apply never turns the retry into a false "duplicate".
+        self._inflight: dict[str, asyncio.Future[bool]] = {}
+
+    async def receive(self, frame: bytes, tls_identity: str) -> Received:
+        try:
+            msg = decode_frame(frame, self.max_bytes)
+        except ProtocolError as e:
+            self.counters[f"protocol_error:{e.code}"] += 1
+            log.warning("protocol_error", extra={"ev": {"peer": tls_identity, "code": e.code, "detail": e.message,
+                                                        "correlation_id": e.correlation_id}})
+            ack = Ack.rejected(e.correlation_id, self.local_agent_id, e.code) if e.correlation_id else None
+            return Received(ack=ack, error=e)
+        if isinstance(msg, Ack):
+            self.counters["unexpected_ack"] += 1
+            log.warning("unexpected_ack", extra={"ev": {"peer": tls_identity, "correlation_id": msg.correlation_id}})
+            return Received(ack=None)
+        return await self.receive_envelope(msg, tls_identity)
+
+    async def receive_envelope(self, env: Envelope, tls_identity: str) -> Received:
+        cid = env.correlation_id
+        while (pending := self._inflight.get(cid)) is not None:
+            await asyncio.shield(pending)
+        decision = decide(env, tls_identity, self.local_agent_id, self.clock_ms(), self.seen)
+        self.counters[decision.outcome.value if decision.code is None else f"rejected:{decision.code}"] += 1
+        if decision.outcome is not Outcome.ACCEPT:
+            level = logging.INFO if decision.outcome is Outcome.DUPLICATE else logging.WARNING
+            log.log(level, decision.outcome.value, extra={"ev": {
+                "peer": tls_identity, "correlation_id": cid, "sender": env.sender, "kind": env.kind,
+                "code": decision.code, "expires_at": env.expires_at}})
+            return Received(ack=ack_for(decision, env, self.local_agent_id), decision=decision, envelope=env)
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._inflight[cid] = done
+        stored = False
+        try:
+            ack = await self.apply(env, tls_identity)
+            stored = ack.accepted
+            if stored:
+                self.seen.remember(cid, env.expires_at)
+            else:
+                self.counters[ack.reason or "rejected"] += 1
+            return Received(ack=ack, decision=decision, envelope=env)
+        except ProtocolError as e:
+            self.counters[f"rejected:{e.code}"] += 1
+            log.warning("bad_payload", extra={"ev": {"peer": tls_identity, "correlation_id": cid,
+                                                     "code": e.code, "detail": e.message}})
+            return Received(ack=Ack.rejected(cid, self.local_agent_id, e.code), decision=decision, envelope=env)
+        except Exception as e:  # storage trouble: no ACK, the sender's retry schedule takes over
+            self.counters["apply_failed"] += 1
+            log.error("apply_failed", extra={"ev": {"peer": tls_identity, "correlation_id": cid,
+                                                    "error": f"{type(e).__name__}: {e}"}})
+            return Received(ack=None, decision=decision, envelope=env)
+        finally:
+            del self._inflight[cid]
+            done.set_result(stored)

@@ -1,0 +1,217 @@
+"""The inbound mTLS server: /a2a/v1/ws, /a2a/v1/messages, /a2a/v1/sync and /healthz.
+
+Every route first establishes the peer's agent_id from its client certificate (and its pinned
+.pub where one is known); both message routes then go through the one ``Receiver``.
+Errors are HTTP statuses with a JSON body ``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import cbor2
+import orjson
+from aiohttp import WSCloseCode, WSMsgType, web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from a2a import Outcome
+from mesh.errors import MeshError
+from mesh.receive import Receiver
+from mesh.tls import verify_peer
+
+log = logging.getLogger("mesh.server")
+
+CBOR = "application/cbor"
+PEER_KEY = "peer_agent_id"
+SOCKETS_KEY = web.AppKey("sockets", set)
+# Frames up to this multiple of the message limit are read and refused with a protocol error while
+# the socket stays open; anything larger makes aiohttp close the socket (1009).
+WS_READ_SLACK = 4
+# Messages handled at once per WebSocket; more wait, which pushes back on the sender over TCP.
+WS_INFLIGHT = 512
+
+SyncHandler = Callable[[str, int, int], Awaitable[Mapping[str, Any]]]
+HealthHandler = Callable[[], Mapping[str, Any]]
+
+
+def json_error(status: int, code: str, message: str) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": {"code": code, "message": message}}),
+                        content_type="application/json")
+
+
+@dataclass
+class ServerHooks:
+    receiver: Receiver
+    pinned: Callable[[], Mapping[str, Ed25519PublicKey]]
+    health: HealthHandler
+    sync: SyncHandler | None = None
+
+
+def build_app(hooks: ServerHooks) -> web.Application:
+    max_bytes = hooks.receiver.max_bytes
+    app = web.Application(middlewares=[_peer_identity(hooks)], client_max_size=max_bytes + 1)
+    app.router.add_post("/a2a/v1/messages", _messages(hooks))
+    app.router.add_get("/a2a/v1/ws", _websocket(hooks))
+    app.router.add_get("/a2a/v1/sync", _sync(hooks))
+    app.router.add_get("/healthz", _health(hooks))
+    app[SOCKETS_KEY] = set()
+    app.on_shutdown.append(_close_sockets)
+    return app
+
+
+async def _close_sockets(app: web.Application) -> None:
+    for ws in list(app[SOCKETS_KEY]):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"node shutting down")
+
+
+def build_health_app(hooks: ServerHooks) -> web.Application:
+    """Plain-HTTP /healthz for a separate loopback port (no client certificate needed)."""
+    app = web.Application()
+    app.router.add_get("/healthz", _health(hooks))
+    return app
+
+
+def _peer_identity(hooks: ServerHooks):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
+        der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
+        if der is None:
+            return json_error(401, "no_client_certificate", "this endpoint requires a mesh client certificate")
+        try:
+            request[PEER_KEY] = verify_peer(der, expected_agent_id=None, pinned=hooks.pinned())
+        except MeshError as e:
+            log.warning(e.code, extra={"ev": {"remote": request.remote, "detail": e.message}})
+            return json_error(403, e.code, e.message)
+        return await handler(request)
+    return middleware
+
+
+def _messages(hooks: ServerHooks):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return json_error(413, "too_large", f"message is larger than {hooks.receiver.max_bytes} bytes")
+        result = await hooks.receiver.receive(body, request[PEER_KEY])
+        if result.error is not None:
+            status = 413 if result.error.code == "too_large" else 400
+            return json_error(status, result.error.code, result.error.message)
+        decision = result.decision
+        if decision is not None and decision.code == "sender_mismatch":
+            return json_error(403, "sender_mismatch",
+                              f"sender does not match the TLS identity {request[PEER_KEY]!r}")
+        if decision is not None and decision.outcome is Outcome.EXPIRED:
+            return json_error(410, "expired", "message expired before it arrived; dropped without an ACK")
+        if result.ack is None:
+            return json_error(503, "not_stored", "the message could not be stored now; retry later")
+        return web.Response(body=result.ack.to_wire(), content_type=CBOR)
+    return handler
+
+
+def _websocket(hooks: ServerHooks):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=hooks.receiver.max_bytes * WS_READ_SLACK, heartbeat=15.0)
+        await ws.prepare(request)
+        peer = request[PEER_KEY]
+        sockets = request.app[SOCKETS_KEY]
+        sockets.add(ws)
+        log.info("ws_accepted", extra={"ev": {"peer": peer}})
+        slots = asyncio.Semaphore(WS_INFLIGHT)
+
+        async def one(frame: bytes) -> None:
+            try:
+                result = await hooks.receiver.receive(frame, peer)
+                if result.ack is not None and not ws.closed:
+                    await ws.send_bytes(result.ack.to_wire())
+            finally:
+                slots.release()
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                async for msg in ws:
+                    if msg.type is WSMsgType.BINARY:
+                        await slots.acquire()
+                        tg.create_task(one(msg.data))
+                    elif msg.type is WSMsgType.TEXT:
+                        log.warning("protocol_error", extra={"ev": {"peer": peer, "code": "text_frame"}})
+                    elif msg.type is WSMsgType.ERROR:
+                        log.warning("ws_error", extra={"ev": {"peer": peer, "error": str(ws.exception())}})
+        except (ConnectionResetError, ConnectionError) as e:
+            log.info("ws_reset", extra={"ev": {"peer": peer, "error": str(e)}})
+        finally:
+            sockets.discard(ws)
+        log.info("ws_closed", extra={"ev": {"peer": peer, "code": ws.close_code}})
+        return ws
+    return handler
+
+
+def _sync(hooks: ServerHooks):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if hooks.sync is None:
+            return json_error(404, "not_found", "this node does not serve a change log")
+        try:
+            since = int(request.query.get("since", "0"))
+            limit = int(request.query.get("limit", "100"))
+        except ValueError:
+            return json_error(400, "bad_input", "since and limit must be integers")
+        if since < 0 or limit < 1:
+            return json_error(400, "bad_input", "since must be >= 0 and limit >= 1")
+        try:
+            page = await hooks.sync(request[PEER_KEY], since, limit)
+        except Exception as e:
+            code = getattr(e, "code", "internal")
+            return json_error(400 if hasattr(e, "code") else 500, code, getattr(e, "message", str(e)))
+        return web.Response(body=cbor2.dumps(dict(page)), content_type=CBOR)
+    return handler
+
+
+def _health(hooks: ServerHooks):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=orjson.dumps(dict(hooks.health())), content_type="application/json")
+    return handler
+
+
+class MeshServer:
+    """Runs the app on host:port with the mTLS context (and optionally a plain health port)."""
+
+    def __init__(self, hooks: ServerHooks, ssl_context: ssl.SSLContext, host: str, port: int,
+                 health_port: int = 0) -> None:
+        self.hooks = hooks
+        self.ssl_context = ssl_context
+        self.host = host
+        self.port = port
+        self.health_port = health_port
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self) -> int:
+        """Start listening; returns the bound port (useful with port 0)."""
+        runner = web.AppRunner(build_app(self.hooks), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context, backlog=512)
+        await site.start()
+        self._runners.append(runner)
+        self.port = runner.addresses[0][1]
+        if self.health_port:
+            health = web.AppRunner(build_health_app(self.hooks), access_log=None, handle_signals=False)
+            await health.setup()
+            await web.TCPSite(health, "127.0.0.1", self.health_port).start()
+            self._runners.append(health)
+        return self.port
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting, give in-flight requests ``timeout_s`` seconds, close sockets."""
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()
+        for runner in self._runners:
+            try:
+                await asyncio.wait_for(runner.cleanup(), timeout_s)
+            except TimeoutError:
+                log.warning("drain_timeout", extra={"ev": {"timeout_s": timeout_s}})
+        self._runners.clear()
