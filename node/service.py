@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -20,7 +20,7 @@ from node import attest
 from node.attest import AttestLevel, LinkPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
-from storage import changelog, events, links, memories
+from storage import changelog, events, links, memories, outbox
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -43,16 +43,28 @@ class Service:
         self.clock = clock
         self.peer_keys: dict[str, Ed25519PublicKey] = {}
         self.reload_peer_keys()
-        # Set by the node when federation runs: called inside each write transaction.
+        # Set by the node when federation runs: ``replicate`` is called inside each write transaction,
+        # ``outbox_wake`` after its commit, ``await_quorum`` to wait for peer ACKs.
         self.replicate: Callable[..., list[tuple[str, str]]] | None = None
+        self.outbox_wake: Callable[[], None] | None = None
+        self.await_quorum: Callable[[list[tuple[str, str]], str], Awaitable[int]] | None = None
+        self.federation: Any = None
+        # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
+        self.runtime: Any = None
 
     @classmethod
     async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
         identity = load_node_identity(cfg, required=require_identity)
         db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers)
-        return cls(cfg, db, identity, clock=clock)
+        svc = cls(cfg, db, identity, clock=clock)
+        # Writes replicate whichever process makes them (node or CLI): the outbox is in the database.
+        from node.federation import Federation
+        svc.federation = Federation(svc)
+        return svc
 
     async def close(self) -> None:
+        if self.federation is not None:
+            self.federation.close()
         await self.db.close()
 
     @property
@@ -88,8 +100,8 @@ class Service:
             changelog.append(conn, "memory", row.id, row.version, ts)
             return self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, namespace, ts)
 
-        await self.db.write(write)
-        return memory_dict(row)
+        queued = await self.db.write(write)
+        return {**memory_dict(row), **await self._after_write(queued, namespace)}
 
     async def memory_get(self, memory_id: str) -> dict[str, Any]:
         self._check_id("id", memory_id)
@@ -156,10 +168,10 @@ class Service:
             events.append(conn, "link", row.link_id, self.agent_id, row.link_id, signature, ts)
             changelog.append(conn, "link", row.link_id, 1, ts)
             namespace = memories.get(conn, src_id).namespace
-            return self._replicate(conn, "link.put", link_wire(row), namespace, ts)
+            return namespace, self._replicate(conn, "link.put", link_wire(row), namespace, ts)
 
-        await self.db.write(write)
-        return link_dict(row)
+        namespace, queued = await self.db.write(write)
+        return {**link_dict(row), **await self._after_write(queued, namespace)}
 
     async def memory_verify(self, link_id: str) -> dict[str, Any]:
         """Re-derive the signed payload from the stored row and check link_id and signature."""
@@ -203,6 +215,44 @@ class Service:
         return {"ok": report.ok, "checked": report.checked, "first_bad_seq": report.first_bad_seq,
                 "reason": report.reason}
 
+    # ---- live state -----------------------------------------------------------------------
+
+    async def peers(self) -> list[dict[str, Any]]:
+        """One row per configured or trusted peer (link state is live only inside a running node)."""
+        if self.runtime is not None:
+            return await self.runtime.peers()
+        from node.peers import peer_rows
+        return await peer_rows(self)
+
+    async def capabilities(self) -> dict[str, Any]:
+        """Honest live state: only what this process actually does and holds right now."""
+        def read(conn) -> dict[str, Any]:
+            return {"links": links.counts_by_attest_level(conn), "memories": memories.count(conn),
+                    "outbox_depth": outbox.depth(conn), "dead_letters": outbox.dead_letter_count(conn),
+                    "change_log_seq": changelog.last_seq(conn)}
+
+        stored = await self.db.read(read)
+        peers = await self.peers()
+        caps: dict[str, Any] = {
+            "schema_version": self.db.schema_version,
+            "agent_id": self.agent_id,
+            "key_fingerprint": self.identity.fingerprint if self.identity else None,
+            "signing": self.identity is not None,
+            "memories": stored["memories"],
+            "links_by_attest_level": stored["links"],
+            "outbox_depth": stored["outbox_depth"],
+            "dead_letters": stored["dead_letters"],
+            "change_log_seq": stored["change_log_seq"],
+            "peers": [{k: p[k] for k in ("agent_id", "link_state", "last_ack_age_s", "trusted_key")} for p in peers],
+            "write_quorum": self.cfg.federation.write_quorum,
+            "limits": asdict(self.cfg.limits),
+            "node_running": self.runtime is not None,
+        }
+        if self.runtime is not None:
+            caps["a2a"] = self.runtime.a2a_stats()
+            caps["transports"] = self.runtime.transports()
+        return caps
+
     # ---- replication hook -----------------------------------------------------------------
 
     def _replicate(self, conn, kind: str, body: dict[str, Any], namespace: str, ts: int) -> list[tuple[str, str]]:
@@ -210,6 +260,17 @@ class Service:
         if self.replicate is None:
             return []
         return self.replicate(conn, {"kind": kind, **body}, namespace, ts)
+
+    async def _after_write(self, queued: list[tuple[str, str]], namespace: str) -> dict[str, Any]:
+        """Wake the sender; with a write quorum above 1, wait for it. Returns fields for the result."""
+        if not queued:
+            return {}
+        if self.outbox_wake is not None:
+            self.outbox_wake()
+        result: dict[str, Any] = {"replicating_to": sorted(p for p, _ in queued)}
+        if self.await_quorum is not None and self.cfg.federation.write_quorum != 1:
+            result["acked_nodes"] = await self.await_quorum(queued, namespace)
+        return result
 
     # ---- validation -----------------------------------------------------------------------
 

@@ -1,0 +1,229 @@
+"""The node process: service + mesh server + peer links + outbox sender + catch-up, with one lifecycle.
+
+``serve(cfg)`` runs until SIGTERM/SIGINT, then drains: stop accepting, stop the sender, give ACK
+waits ``drain_timeout_s``, close sockets and the database. Every task is owned by one TaskGroup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import cbor2
+import orjson
+
+from a2a import Backoff, RetrySchedule, SeenCache
+from mesh import tls
+from mesh.errors import MeshError
+from mesh.link import PeerLink
+from mesh.receive import Receiver
+from mesh.server import MeshServer, ServerHooks
+from node.config import NodeConfig
+from node.outbox import OutboxSender
+from node.peers import peer_rows
+from node.service import Service
+from storage import changelog, outbox
+
+log = logging.getLogger("node")
+
+SYNC_PATH = "/a2a/v1/sync"
+# Pages pulled per catch-up run; a longer backlog continues on the next reconnect or poll.
+SYNC_MAX_PAGES = 10_000
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, service: Service) -> None:
+        self.cfg = cfg
+        self.svc = service
+        self.started_at = time.time()
+        self.fed = service.federation
+        self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size)
+        ident = service.identity
+        assert ident is not None
+        self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
+                                 clock_ms=service.clock)
+        key_path = ident.priv_path
+        self.server_ssl = tls.server_context(cfg.cert_path, key_path, cfg.ca_cert_path)
+        self.client_ssl = tls.client_context(cfg.cert_path, key_path, cfg.ca_cert_path)
+        backoff = Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s)
+        self.links = {
+            p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=lambda: self.svc.peer_keys,
+                                 backoff=backoff, ack_timeout_s=cfg.a2a.ack_timeout_s,
+                                 max_bytes=cfg.a2a.max_message_bytes)
+            for p in cfg.mesh.peers
+        }
+        self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
+                                   self.fed.record_ack)
+        service.outbox_wake = self.sender.wake
+        service.runtime = self
+        self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=lambda: self.svc.peer_keys,
+                                             health=self.health, sync=self.fed.sync_page),
+                                 self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
+        self._sync_wanted = {peer: asyncio.Event() for peer in self.links}
+        self.sync_stats: Counter[str] = Counter()
+        self.extra_services: list[Any] = []
+
+    @classmethod
+    async def open(cls, cfg: NodeConfig) -> Node:
+        svc = await Service.open(cfg, require_identity=True)
+        try:
+            return cls(cfg, svc)
+        except BaseException:
+            await svc.close()
+            raise
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        port = await self.server.start()
+        for peer, link in self.links.items():
+            link.on_up(lambda peer=peer: (self.sender.wake(peer), self._sync_wanted[peer].set()))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for peer, link in self.links.items():
+                    tg.create_task(link.run(), name=f"link:{peer}")
+                    tg.create_task(self._sync_loop(peer), name=f"sync:{peer}")
+                sender = tg.create_task(self.sender.run(), name="outbox")
+                await self._start_extras()
+                self._write_status(port)
+                log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
+                await stop.wait()
+                log.info("node_draining", extra={"ev": {"timeout_s": self.cfg.mesh.drain_timeout_s}})
+                await self._drain(sender)
+        finally:
+            await self._stop_extras()
+            await self.server.stop(self.cfg.mesh.drain_timeout_s)
+            await self.svc.close()
+            self._status_path.unlink(missing_ok=True)
+            log.info("node_stopped", extra={"ev": {}})
+
+    async def _drain(self, sender: asyncio.Task) -> None:
+        self.sender.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(sender), self.cfg.mesh.drain_timeout_s)
+        sender.cancel()
+        for link in self.links.values():
+            await link.close()
+        for ev in self._sync_wanted.values():
+            ev.set()
+        self._closing = True
+
+    async def _start_extras(self) -> None:
+        """Local MCP transports (stdio joins over the socket; HTTP when configured)."""
+        try:
+            from node import mcp_server
+        except ImportError:
+            return
+        from node.tools import ServiceBackend
+        backend = ServiceBackend(self.svc)
+        self.extra_services.append(await mcp_server.start_local_socket(backend, self.cfg.socket_path))
+        if self.cfg.mcp.http_port:
+            self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
+                                                                   self.cfg.mcp.http_port))
+
+    async def _stop_extras(self) -> None:
+        for handle in reversed(self.extra_services):
+            with contextlib.suppress(Exception):
+                await handle.stop()
+        self.extra_services.clear()
+
+    @property
+    def _status_path(self):
+        return self.cfg.home / "run" / "node.json"
+
+    def _write_status(self, port: int) -> None:
+        self._status_path.parent.mkdir(parents=True, exist_ok=True)
+        status = {"agent_id": self.svc.agent_id, "pid": os.getpid(), "port": port, "started_at": self.started_at,
+                  "mcp_http_port": self.cfg.mcp.http_port or None, "socket": str(self.cfg.socket_path)}
+        tmp = self._status_path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(status))
+        os.replace(tmp, self._status_path)
+
+    # ---- catch-up -------------------------------------------------------------------------
+
+    _closing = False
+
+    async def _sync_loop(self, peer: str) -> None:
+        """Pull the peer's change log after each (re)connect, from the last seq applied from it."""
+        wanted = self._sync_wanted[peer]
+        while not self._closing:
+            await wanted.wait()
+            wanted.clear()
+            if self._closing:
+                return
+            try:
+                await self.pull(peer)
+            except (MeshError, OSError, asyncio.TimeoutError, ValueError) as e:
+                self.sync_stats["sync_failed"] += 1
+                log.warning("sync_failed", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
+
+    async def pull(self, peer: str) -> int:
+        """Apply the peer's changes since our last sync seq; returns how many items were applied."""
+        link = self.links[peer]
+        state = await self.svc.db.read(changelog.get_peer_state, peer)
+        since = state.last_sync_seq if state else 0
+        applied = 0
+        for _ in range(SYNC_MAX_PAGES):
+            body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit},
+                                    timeout_s=max(self.cfg.a2a.ack_timeout_s, 10.0))
+            page = cbor2.loads(body)
+            outcome = await self.fed.apply_sync_items(peer, page["items"])
+            applied += sum(outcome.values())
+            self.sync_stats.update(outcome)
+            since = int(page["next"])
+            await self.svc.db.write(lambda conn: changelog.set_peer_state(conn, peer, last_sync_seq=since))
+            if not page["more"]:
+                break
+        log.info("synced", extra={"ev": {"peer": peer, "items": applied, "last_sync_seq": since}})
+        return applied
+
+    # ---- live state -----------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "agent_id": self.svc.agent_id,
+                "peers": {p: link.state.value for p, link in self.links.items()}}
+
+    async def peers(self) -> list[dict[str, Any]]:
+        return await peer_rows(self.svc, self.links, self.sender)
+
+    def transports(self) -> list[str]:
+        out = [f"mesh:mtls:{self.cfg.mesh.listen_host}:{self.server.port}", f"mcp:socket:{self.cfg.socket_path}"]
+        if self.cfg.mcp.http_port:
+            out.append(f"mcp:http:http://{self.cfg.mcp.http_host}:{self.cfg.mcp.http_port}/mcp")
+        return out
+
+    def a2a_stats(self) -> dict[str, Any]:
+        return {"seen_cache_size": len(self.seen), "seen_cache_max": self.seen.maxsize,
+                "seen_cache_live_evictions": self.seen.evictions_live, "received": dict(self.receiver.counters),
+                "federation": dict(self.fed.counters), "delivered": self.sender.delivered,
+                "dead_lettered": self.sender.dead_lettered, "sync": dict(self.sync_stats),
+                "signature_batches": self.fed.verifier.batches}
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def serve(cfg: NodeConfig) -> int:
+    node = await Node.open(cfg)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    await node.run(stop)
+    return 0
+
+
+def run_serve(cfg: NodeConfig) -> int:
+    """Run the node until a stop signal, under uvloop when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(cfg))
+    return uvloop.run(serve(cfg))

@@ -1,0 +1,127 @@
+"""The outbox sender: delivers a2a_outbox rows over the peer links, retries on the schedule, dead-letters.
+
+One worker per peer. A row leaves the outbox only on an ACK (accepted or duplicate: both mean the
+peer holds it), or to the dead letters after a permanent rejection, an exhausted retry schedule,
+or expiry. Rows survive crashes, so a restarted node resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from a2a import RetrySchedule
+from mesh.errors import MeshError
+from mesh.link import PeerLink
+from storage import changelog, outbox
+from storage.db import Database
+from storage.outbox import OutboxRow
+
+log = logging.getLogger("node.outbox")
+
+# Rows sent to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
+SEND_WINDOW = 256
+# Poll interval: picks up rows written by other processes (the CLI) and retries coming due.
+POLL_S = 0.5
+
+OnAck = Callable[[str, str], Awaitable[None]]
+
+
+class OutboxSender:
+    def __init__(self, db: Database, links: dict[str, PeerLink], schedule: RetrySchedule,
+                 clock_ms: Callable[[], int], on_ack: OnAck) -> None:
+        self.db = db
+        self.links = links
+        self.schedule = schedule
+        self.clock_ms = clock_ms
+        self.on_ack = on_ack
+        self._wake = {peer: asyncio.Event() for peer in links}
+        self._inflight: dict[str, set[int]] = {peer: set() for peer in links}
+        self._stopping = False
+        self.delivered = 0
+        self.dead_lettered = 0
+
+    def wake(self, peer: str | None = None) -> None:
+        for p, ev in self._wake.items():
+            if peer is None or p == peer:
+                ev.set()
+
+    def inflight(self, peer: str) -> int:
+        return len(self._inflight.get(peer, ()))
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for peer in self.links:
+                tg.create_task(self._worker(peer), name=f"outbox:{peer}")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake()
+
+    async def _worker(self, peer: str) -> None:
+        wake = self._wake[peer]
+        inflight = self._inflight[peer]
+        async with asyncio.TaskGroup() as tg:
+            while not self._stopping:
+                wake.clear()
+                room = SEND_WINDOW - len(inflight)
+                rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room + len(inflight)) if room else []
+                for row in rows:
+                    if row.id in inflight:
+                        continue
+                    inflight.add(row.id)
+                    tg.create_task(self._attempt(row, inflight))
+                try:
+                    await asyncio.wait_for(wake.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+
+    async def _attempt(self, row: OutboxRow, inflight: set[int]) -> None:
+        try:
+            now = self.clock_ms()
+            if row.expires_at <= now:
+                await self._dead_letter(row, row.last_error or "expired before it could be delivered")
+                return
+            link = self.links[row.peer]
+            try:
+                ack = await link.send_wire(row.correlation_id, row.envelope)
+            except MeshError as e:
+                await self._failed(row, f"{e.code}: {e.message}")
+                return
+            if ack.accepted or ack.is_duplicate:
+                await self.db.write(_acked, row, self.clock_ms())
+                self.delivered += 1
+                await self.on_ack(row.peer, row.correlation_id)
+            elif ack.permanent:
+                await self._dead_letter(row, ack.reason)
+            else:
+                await self._failed(row, ack.reason or "not accepted")
+        finally:
+            inflight.discard(row.id)
+            # A freed window slot may let the worker pick up more rows.
+            self._wake[row.peer].set()
+
+    async def _failed(self, row: OutboxRow, error: str) -> None:
+        attempts = row.attempts + 1
+        nxt = self.schedule.next_attempt_at(attempts, self.clock_ms(), row.expires_at)
+        if nxt is None:
+            await self._dead_letter(row, error, attempts)
+            return
+        await self.db.write(outbox.mark_attempt, row.id, attempts, nxt, error)
+        log.info("retry_scheduled", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
+                                                  "attempt": attempts, "next_attempt_at": nxt, "error": error}})
+
+    async def _dead_letter(self, row: OutboxRow, error: str | None, attempts: int | None = None) -> None:
+        if attempts is not None:
+            await self.db.write(outbox.mark_attempt, row.id, attempts, row.next_attempt_at, error)
+        await self.db.write(outbox.to_dead_letter, row.id, error, self.clock_ms())
+        self.dead_lettered += 1
+        log.warning("dead_letter", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
+                                                 "kind": row.kind, "attempts": attempts or row.attempts,
+                                                 "error": error}})
+
+
+def _acked(conn, row: OutboxRow, now_ms: int) -> None:
+    outbox.remove(conn, row.correlation_id, row.peer)
+    changelog.set_peer_state(conn, row.peer, last_ack_at=now_ms)

@@ -1,0 +1,46 @@
+"""The peer table shown by `ai-memory peers` and the memory_peers tool: one row per configured or trusted peer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mesh.keys import fingerprint
+from storage import changelog, outbox
+
+
+async def peer_rows(svc: Any, links: dict[str, Any] | None = None,
+                    sender: Any = None) -> list[dict[str, Any]]:
+    """Every configured or trusted peer: key, link state, last ACK, outbox depth, dead letters, sync seq.
+
+    Without ``links`` (no node running in this process) the link state reads ``not_running``.
+    """
+    configured = {p.agent_id: p.url for p in svc.cfg.mesh.peers}
+    names = sorted(set(configured) | set(svc.peer_keys))
+
+    def read(conn) -> dict[str, Any]:
+        return {"states": {s.peer: s for s in changelog.list_peer_states(conn)},
+                "depth": {p: outbox.depth(conn, p) for p in names},
+                "dead": {p: outbox.dead_letter_count(conn, p) for p in names}}
+
+    data = await svc.db.read(read)
+    now = time.time()
+    out = []
+    for p in names:
+        link = (links or {}).get(p)
+        key = svc.peer_keys.get(p)
+        state = data["states"].get(p)
+        last_ack = link.last_ack_at if link and link.last_ack_at else (
+            state.last_ack_at / 1000 if state and state.last_ack_at else None)
+        if link is not None:
+            link_state = link.state.value
+        else:
+            link_state = "not_running" if links is None and p in configured else "not_configured"
+        out.append({
+            "agent_id": p, "fingerprint": fingerprint(key) if key else None, "trusted_key": key is not None,
+            "url": configured.get(p), "link_state": link_state, "last_error": link.last_error if link else None,
+            "last_ack_age_s": round(now - last_ack, 3) if last_ack else None,
+            "outbox_depth": data["depth"][p], "in_flight": sender.inflight(p) if sender else 0,
+            "dead_letters": data["dead"][p], "last_sync_seq": state.last_sync_seq if state else 0,
+        })
+    return out
