@@ -63,8 +63,11 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
     lim = limits
     memory_id = _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)
     namespace = _text("namespace (default 'default')", lim.max_namespace_chars, min_chars=1)
-    limit = lambda default: {"type": "integer", "minimum": 1, "maximum": lim.max_recall_limit,  # noqa: E731
-                             "default": default, "description": f"max results, 1..{lim.max_recall_limit}"}
+
+    def limit(default: int) -> dict[str, Any]:
+        return {"type": "integer", "minimum": 1, "maximum": lim.max_recall_limit, "default": default,
+                "description": f"max results, 1..{lim.max_recall_limit}"}
+
     confidence = {"type": "number", "minimum": 0, "maximum": 1, "description": "confidence 0..1"}
     return (
         ToolSpec("memory_store",
@@ -197,32 +200,25 @@ class ServiceBackend:
 
 
 def _peers_now(s: Any) -> list[dict[str, Any]]:
-    """Trusted peers as this process knows them: pinned .pub keys and configured URLs (no link state)."""
+    """Fallback for a service without peers(): configured and pinned peers, no link state (none is known)."""
     from mesh.keys import fingerprint
 
     urls = {p.agent_id: p.url for p in s.cfg.mesh.peers}
-    ids = sorted(set(s.peer_keys) | set(urls))
-    return [{"agent_id": a,
-             "fingerprint": fingerprint(s.peer_keys[a]) if a in s.peer_keys else None,
-             "key_pinned": a in s.peer_keys,
-             "url": urls.get(a)} for a in ids]
+    return [{"agent_id": a, "fingerprint": fingerprint(s.peer_keys[a]) if a in s.peer_keys else None,
+             "trusted_key": a in s.peer_keys, "url": urls.get(a)} for a in sorted(set(s.peer_keys) | set(urls))]
 
 
 async def _capabilities_now(s: Any) -> dict[str, Any]:
-    """Live facts the service can state today; nothing it cannot measure is reported."""
+    """Fallback for a service without capabilities(): the same field names, only what it can measure."""
     from storage.links import counts_by_attest_level
 
-    ident = s.identity
     return {
-        "agent_id": s.agent_id,
         "schema_version": s.db.schema_version,
-        "key": {"present": ident is not None, "fingerprint": ident.fingerprint if ident else None},
-        "signing": ident is not None,
-        "attest_counts": await s.db.read(counts_by_attest_level),
-        "trusted_peers": len(s.peer_keys),
-        "replication_attached": s.replicate is not None,
+        "agent_id": s.agent_id,
+        "key_fingerprint": s.identity.fingerprint if s.identity else None,
+        "signing": s.identity is not None,
+        "links_by_attest_level": await s.db.read(counts_by_attest_level),
         "limits": dataclasses.asdict(s.cfg.limits),
-        "tools": list(TOOL_NAMES),
     }
 
 
@@ -271,14 +267,22 @@ class SocketClientBackend:
                       call_timeout_s: float = 30.0) -> SocketClientBackend:
         """Connect or raise OSError/TimeoutError (no node listening). ``call_timeout_s`` bounds each call."""
         self = cls(path, limits=limits, call_timeout_s=call_timeout_s)
-        self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_unix_connection(str(path), limit=MAX_FRAME_BYTES), CONNECT_TIMEOUT_S)
+        await self._connect()
         return self
+
+    async def _connect(self) -> None:
+        self._reader, self._writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(str(self.path), limit=MAX_FRAME_BYTES), CONNECT_TIMEOUT_S)
 
     async def call(self, name: str, args: dict[str, Any]) -> JSON:
         async with self._lock:
             if self._writer is None or self._writer.is_closing():
-                raise ServiceError("node_unavailable", f"not connected to the node at {self.path}")
+                # The node restarted or dropped us: one reconnect attempt per call, then report it.
+                try:
+                    await self._connect()
+                except (OSError, TimeoutError) as e:
+                    raise ServiceError("node_unavailable",
+                                       f"the node at {self.path} is not answering ({type(e).__name__})") from None
             try:
                 self._writer.write(encode_frame({"tool": name, "args": args}))
                 await self._writer.drain()

@@ -32,8 +32,9 @@ async def walk_through(session: ClientSession) -> dict:
 
     caps = await ok(session, "memory_capabilities")
     assert caps["agent_id"] == AGENT
-    assert caps["key"]["present"] is True and caps["signing"] is True
-    assert caps["attest_counts"]["self_signed"] >= 1
+    assert caps["key_fingerprint"] and caps["signing"] is True
+    assert caps["links_by_attest_level"]["self_signed"] >= 1
+    assert caps["limits"]["max_content_bytes"] > 0
     assert caps["schema_version"] >= 1
     assert isinstance((await ok(session, "memory_peers"))["results"], list)
     return {"a": a, "b": b, "link": link, "caps": caps}

@@ -66,4 +66,4 @@ async def test_unsigned_links_without_identity(tmp_path) -> None:
             v = await ok(s, "memory_verify", {"link_id": link["link_id"]})
             assert v["signature_verified"] is False and v["reason"] == "link is unsigned"
             caps = await ok(s, "memory_capabilities")
-            assert caps["key"] == {"present": False, "fingerprint": None} and caps["signing"] is False
+            assert caps["key_fingerprint"] is None and caps["signing"] is False

@@ -1,0 +1,98 @@
+"""Every tool's input schema accepts the arguments the tests send and refuses wrong types."""
+
+from __future__ import annotations
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from node.config import LimitsConfig
+from node.errors import ServiceError
+from node.tools import TOOL_NAMES, ArgValidator, tool_specs
+
+UUID = "00000000-0000-4000-8000-000000000000"
+GOOD = {
+    "memory_store": [{"content": "alpha", "tags": ["ops"]}, {"content": "beta", "title": "sig"},
+                     {"content": "x", "namespace": "n", "priority": 10, "confidence": 0.5, "source": "s"}],
+    "memory_get": [{"id": UUID}],
+    "memory_list": [{}, {"limit": 10}, {"namespace": "n", "limit": 1, "offset": 3}],
+    "memory_recall": [{"query": "Ed25519 signatures"}, {"query": '"', "limit": 100}, {"query": "NEAR(", "namespace": "n"}],
+    "memory_link": [{"src_id": UUID, "dst_id": UUID, "relation": "related_to"},
+                    {"src_id": "a", "dst_id": "b", "relation": "r", "valid_until": None, "confidence": 1}],
+    "memory_verify": [{"link_id": "ab" * 32}],
+    "memory_peers": [{}],
+    "memory_capabilities": [{}],
+}
+WRONG_TYPE = {
+    "memory_store": {"content": 5},
+    "memory_get": {"id": ["x"]},
+    "memory_list": {"limit": "10"},
+    "memory_recall": {"query": "x", "limit": True},
+    "memory_link": {"src_id": "a", "dst_id": "b", "relation": "r", "valid_until": "tomorrow"},
+    "memory_verify": {"link_id": None},
+    "memory_peers": {"verbose": True},
+    "memory_capabilities": {"x": 1},
+}
+SPECS = {s.name: s for s in tool_specs(LimitsConfig())}
+
+
+def test_the_table_covers_exactly_the_first_tool_set() -> None:
+    assert set(TOOL_NAMES) == set(GOOD) == set(WRONG_TYPE)
+
+
+@pytest.mark.parametrize("name", TOOL_NAMES)
+def test_schema_is_valid_json_schema_and_closed(name: str) -> None:
+    schema = SPECS[name].input_schema
+    Draft202012Validator.check_schema(schema)
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+    for prop in schema["properties"].values():
+        assert prop.get("description")
+
+
+@pytest.mark.parametrize("name", TOOL_NAMES)
+def test_schema_accepts_what_the_tests_send(name: str) -> None:
+    v = ArgValidator(tuple(SPECS.values()))
+    for args in GOOD[name]:
+        assert v.check(name, args) == args
+
+
+@pytest.mark.parametrize("name", TOOL_NAMES)
+def test_schema_rejects_a_wrong_type_naming_the_argument(name: str) -> None:
+    v = ArgValidator(tuple(SPECS.values()))
+    with pytest.raises(ServiceError) as e:
+        v.check(name, WRONG_TYPE[name])
+    assert e.value.code == "bad_input"
+    assert any(arg in e.value.message for arg in WRONG_TYPE[name])
+
+
+def test_bounds_follow_the_limits_in_force() -> None:
+    lim = LimitsConfig(max_recall_limit=7, max_query_chars=5)
+    v = ArgValidator(tool_specs(lim))
+    with pytest.raises(ServiceError) as e:
+        v.check("memory_recall", {"query": "x", "limit": 8})
+    assert e.value.code == "bad_input" and "<= 7" in e.value.message
+    with pytest.raises(ServiceError) as e:
+        v.check("memory_recall", {"query": "toolong"})
+    assert e.value.code == "too_large"
+
+
+async def test_fallbacks_report_the_service_field_names_without_placeholders(tmp_path) -> None:
+    """A service without peers()/capabilities() still answers honestly, in the same field names."""
+    from node.service import Service
+    from node.tools import ServiceBackend
+    from tests.mcp.conftest import make_home
+
+    h = make_home(tmp_path)
+    svc = await Service.open(h.cfg, require_identity=True)
+    try:
+        class Bare:  # only what the fallbacks read
+            cfg, db, identity, agent_id, peer_keys = svc.cfg, svc.db, svc.identity, svc.agent_id, svc.peer_keys
+            memory_store = svc.memory_store
+
+        caps = await ServiceBackend(Bare()).call("memory_capabilities", {})
+        full = await svc.capabilities() if hasattr(svc, "capabilities") else caps
+        assert set(caps) <= set(full)
+        assert caps["key_fingerprint"] == svc.identity.fingerprint and caps["signing"] is True
+        assert all(v is not None for v in caps.values())
+        assert await ServiceBackend(Bare()).call("memory_peers", {}) == []
+    finally:
+        await svc.close()
