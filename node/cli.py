@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from node import mcp_cli
 from node.config import HOME_ENV, NodeConfig, load_config
 from node.errors import describe, is_project_error
 
@@ -138,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     g2.add_argument("--replay-all", action="store_true", help="re-queue every dead letter (of --peer)")
     dl.add_argument("--json", action="store_true")
 
+    mcp_cli.add_parser(sub)
+
     pe = sub.add_parser("peers", help="peers: key fingerprint, link state, last ACK, outbox, dead letters, sync")
     pe.add_argument("--json", action="store_true")
     return p
@@ -194,6 +197,9 @@ def with_service(fn: Callable[[Any], Awaitable[int]], cfg: NodeConfig, *, requir
             await svc.close()
 
     return run_async(go())
+
+
+command("mcp")(mcp_cli.handler)
 
 
 # ---- identity -----------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""Three real node processes: replication, peer attestation, forged links, catch-up, quorum writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from a2a import new_envelope
+from mesh import tls
+from mesh.link import post_envelope
+from node import attest
+from node.attest import LinkPayload
+from testbed.build import MeshLayout, NodeSpec, build_layout
+from testbed.local import LocalMesh
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 30.0
+
+
+def cli(spec: NodeSpec, *args: str) -> tuple[int, object, str]:
+    """Run ``ai-memory --config <node> ARGS --json``; returns (exit code, parsed JSON or text, stderr)."""
+    r = subprocess.run([sys.executable, "-m", "node.cli", "--config", str(spec.config_path), *args, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        out: object = json.loads(r.stdout) if r.stdout.strip() else None
+    except json.JSONDecodeError:
+        out = r.stdout
+    return r.returncode, out, r.stderr
+
+
+def ok(spec: NodeSpec, *args: str) -> object:
+    rc, out, err = cli(spec, *args)
+    assert rc == 0, f"{args} -> {rc}: {err}"
+    return out
+
+
+def maybe(spec: NodeSpec, *args: str) -> object:
+    """Like ``ok`` but None on failure, for polling."""
+    rc, out, _ = cli(spec, *args)
+    return out if rc == 0 else None
+
+
+def eventually(check: Callable[[], object], what: str, timeout_s: float = DEADLINE_S) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def link_on(spec: NodeSpec, link_id: str) -> dict | None:
+    rows = ok(spec, "links", "--limit", "100")
+    return next((r for r in rows if r["link_id"] == link_id), None)
+
+
+def dump(spec: NodeSpec) -> tuple[set, set]:
+    mems = ok(spec, "list", "--limit", "100")
+    links = ok(spec, "links", "--limit", "100")
+    return ({(m["id"], m["version"], m["content"]) for m in mems},
+            {(r["link_id"], r["relation"], r["observed_by"]) for r in links})
+
+
+@pytest.fixture
+def mesh3(tmp_path: Path):
+    layouts: list[LocalMesh] = []
+
+    def make(**kwargs) -> tuple[MeshLayout, LocalMesh]:
+        layout = build_layout(tmp_path / f"mesh{len(layouts)}", 3, mcp_http=False, **kwargs)
+        m = LocalMesh(layout)
+        layouts.append(m)
+        return layout, m
+
+    yield make
+    for m in layouts:
+        m.stop_all()
+
+
+def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None:
+    layout, m = mesh3()
+    a, b, c = layout.nodes
+    (a.home / "peers" / f"{a.agent_id}.pub").unlink(missing_ok=True)
+    (c.home / "peers" / f"{a.agent_id}.pub").unlink()  # C does not trust A's key
+    m.start()
+    m1 = ok(a, "store", "first memory from A")
+    m2 = ok(a, "store", "second memory from A")
+    for spec in (b, c):
+        eventually(lambda spec=spec: maybe(spec, "get", m2["id"]), f"memory on {spec.agent_id}")
+    link = ok(a, "link", m1["id"], m2["id"], "related_to")
+    assert link["attest_level"] == "self_signed"
+    on_b = eventually(lambda: link_on(b, link["link_id"]), "link on B")
+    assert on_b["attest_level"] == "peer_attested" and on_b["received_from"] == a.agent_id
+    verified = ok(b, "verify", link["link_id"])
+    assert verified["signature_verified"] is True
+    on_c = eventually(lambda: link_on(c, link["link_id"]), "link on C")
+    assert on_c["attest_level"] == "unsigned"
+    rc, out, _ = cli(c, "verify", link["link_id"])
+    assert rc == 3 and out["signature_verified"] is False
+
+
+def test_forged_link_injected_on_the_wire_is_rejected_and_absent(mesh3) -> None:
+    layout, m = mesh3()
+    a, b, c = layout.nodes
+    m.start()
+    m1 = ok(a, "store", "x")
+    m2 = ok(a, "store", "y")
+    eventually(lambda: maybe(b, "get", m2["id"]), "memories on B")
+    payload = LinkPayload(src_id=m1["id"], dst_id=m2["id"], relation="contradicts", observed_by=a.agent_id,
+                          valid_from=int(time.time() * 1000), valid_until=None)
+    forged = attest.sign(Ed25519PrivateKey.generate(), payload)
+    body = {"kind": "link.put", "link": payload.to_dict(), "signature": forged, "signed_by": a.agent_id}
+    # Injected by node C, a legitimate peer of B, over C's own mTLS identity.
+    env = new_envelope(c.agent_id, [b.agent_id], body, int(time.time() * 1000), 60_000)
+    from mesh import keys
+    ctx = tls.client_context(c.home / "tls" / "node.crt", c.home / "keys" / f"{c.agent_id}.priv",
+                             c.home / "tls" / "ca.crt")
+    pinned = keys.load_peer_keys(c.home / "peers").keys
+    import asyncio
+    status, ack, err = asyncio.run(post_envelope(b.url, env, ctx, expected_agent_id=b.agent_id, pinned=pinned,
+                                                 timeout_s=10.0, max_bytes=1 << 20))
+    assert status == 200 and ack is not None and ack.reason == "rejected:bad_signature"
+    assert link_on(b, payload.link_id) is None
+    assert "bad_signature" in (b.home / "node.log").read_text()
+
+
+def test_node_down_through_whole_retry_schedule_catches_up(mesh3) -> None:
+    layout, m = mesh3(retry_delays_s=(0.2, 0.4), extra_config="[federation]\norphan_hold_s = 0.5\n")
+    a, b, c = layout.nodes
+    m.start()
+    m.stop(3)
+    ids = [ok(a, "store", f"memory {i} while C is down")["id"] for i in range(10)]
+    links = [ok(a, "link", ids[i], ids[i + 1], "next")["link_id"] for i in range(5)]
+    eventually(lambda: len(ok(a, "a2a", "dead-letters")) == 15, "A's messages to C dead-lettered")
+    m.start([3])
+    eventually(lambda: dump(c) == dump(a), "C converged with A")
+    mems, got_links = dump(c)
+    assert len(mems) == 10 and len(got_links) == 5
+    assert {row[0] for row in got_links} == set(links)
+    assert all(link_on(c, lid)["attest_level"] == "peer_attested" for lid in links)
+    eventually(lambda: ok(a, "a2a", "dead-letters") == [], "dead letters to C cleared after its catch-up")
+
+
+def test_majority_quorum_succeeds_with_one_down_and_fails_with_two_down(mesh3) -> None:
+    layout, m = mesh3(extra_config='[federation]\nwrite_quorum = "majority"\nquorum_timeout_s = 2.0\n')
+    a, b, c = layout.nodes
+    m.start()
+    m.stop(3)
+    stored = ok(a, "store", "needs two of three")
+    assert stored["acked_nodes"] >= 2
+    m.stop(2)
+    rc, _, err = cli(a, "store", "cannot reach two of three")
+    assert rc == 1 and "quorum_not_reached" in err and "1 of 2" in err
+    m.start([2, 3], want_links=False)
+    eventually(lambda: len(ok(c, "list")) == 2, "the failed-quorum write still replicates")
