@@ -90,6 +90,7 @@ class Service:
                            source: str = "") -> dict[str, Any]:
         """Store a new memory; returns it with its minted UUIDv4 ``id`` and times in unix ms."""
         self._check_memory_fields(content, title, namespace, tags, priority, confidence, source)
+        self._check_db_budget()
         ts = self.clock()
         row = MemoryRow(id=str(uuid.uuid4()), namespace=namespace, title=title, content=content,
                         tags=tuple(tags), priority=priority, confidence=float(confidence), source=source,
@@ -294,6 +295,14 @@ class Service:
         if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
             raise ServiceError("bad_input", f"priority must be an integer 1..10, got {priority!r}")
         self._check_confidence(confidence)
+
+    def _check_db_budget(self) -> None:
+        """Refuse new memories once the database (with its WAL) is past ``limits.max_db_bytes``."""
+        path = self.cfg.db_path
+        size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+        if size > self.cfg.limits.max_db_bytes:
+            raise ServiceError("storage_full", f"the database holds {size} bytes, past limits.max_db_bytes "
+                                               f"({self.cfg.limits.max_db_bytes}); new memories are refused")
 
     @staticmethod
     def _check_confidence(confidence: Any) -> None:

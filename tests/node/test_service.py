@@ -153,3 +153,14 @@ async def test_concurrent_stores_all_commit(svc: Service) -> None:
     ids = await asyncio.gather(*(svc.memory_store(f"note {i}") for i in range(200)))
     assert len({m["id"] for m in ids}) == 200
     assert len(await svc.memory_list(limit=100)) == 100
+
+
+async def test_store_past_the_database_budget_is_refused(tmp_path) -> None:
+    cfg = make_config(tmp_path / "small", limits={"max_db_bytes": 1})
+    svc = await Service.open(cfg)
+    try:
+        with pytest.raises(ServiceError) as err:
+            await svc.memory_store("does not fit")
+        assert err.value.code == "storage_full"
+    finally:
+        await svc.close()
