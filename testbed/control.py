@@ -1,0 +1,136 @@
+"""testbed up / status / down / logs for the local backend, driven by the state file in DIR."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from testbed.build import MAX_NODES, TestbedError, build_layout
+from testbed.local import health, start_node, stop_node, wait_ready
+from testbed.progress import Progress
+from testbed.state import (STATE_NAME, NodeState, TestbedState, is_ours, read_state, start_ticks, state_path,
+                           stop_pid, write_state)
+
+BACKENDS = ("local", "docker")
+MIN_NODES = 2
+READY_TIMEOUT_S = 60.0
+
+
+def check_node_count(nodes: int) -> None:
+    if not MIN_NODES <= nodes <= MAX_NODES:
+        raise TestbedError("bad_node_count", f"--nodes must be between {MIN_NODES} and {MAX_NODES} "
+                                             f"(a mesh needs at least two nodes), got {nodes}")
+
+
+def running_nodes(state: TestbedState) -> list[NodeState]:
+    return [n for n in state.nodes if is_ours(n)]
+
+
+def up(root: Path, nodes: int, *, backend: str = "local", base_port: int | None = None,
+       ready_timeout_s: float = READY_TIMEOUT_S, say: Callable[[str], None] = print) -> tuple[TestbedState, bool]:
+    """Lay out and start an N-node mesh in ``root``, wait until every peer link is up.
+
+    Returns (state, already_running). A DIR with a live testbed is reported, not rebuilt; a DIR with
+    anything else in it is refused; a failed start stops what it started and removes the layout.
+    """
+    check_node_count(nodes)
+    if backend != "local":
+        raise TestbedError("backend_unavailable", f"--backend {backend} is not available in this build "
+                                                  "(only --backend local)")
+    root = root.resolve()
+    existing = read_state(root)
+    if existing is not None:
+        alive = running_nodes(existing)
+        if alive:
+            return existing, True
+        raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose nodes are not running; "
+                                          f"run `testbed down --dir {root}` first")
+    if root.exists() and not root.is_dir():
+        raise TestbedError("dir_not_dir", f"{root} exists and is not a directory")
+    if root.exists() and any(root.iterdir()):
+        raise TestbedError("dir_not_empty", f"{root} holds files that are not a testbed "
+                                            f"(no {STATE_NAME}); choose another --dir")
+    created_root = not root.exists()
+    layout = build_layout(root, nodes, base_port=base_port)
+    state = TestbedState(root=str(root), backend=backend, created_at=time.time())
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        progress = Progress("starting", nodes)
+        for spec in layout.nodes:
+            proc = procs[spec.index] = start_node(spec)
+            state.nodes.append(NodeState(index=spec.index, agent_id=spec.agent_id, home=str(spec.home),
+                                         port=spec.port, health_port=spec.health_port,
+                                         mcp_http_port=spec.mcp_http_port, fingerprint=spec.fingerprint,
+                                         pid=proc.pid, pid_start_ticks=start_ticks(proc.pid) or 0))
+            write_state(state)  # recorded as soon as started, so `down` can always find it
+            progress.update(spec.index, "processes started")
+        progress.done()
+        links = Progress("links up", nodes)
+        wait_ready(layout, layout.nodes, procs, timeout_s=ready_timeout_s,
+                   progress=lambda done, total: links.update(done, "nodes with every peer link up"))
+        links.done()
+    except BaseException:
+        for spec in layout.nodes:
+            if spec.index in procs:
+                stop_node(spec, procs[spec.index], kill=True)
+        _remove_layout(root, remove_root=created_root)
+        raise
+    return state, False
+
+
+def node_status(node: NodeState) -> dict:
+    alive = is_ours(node)
+    h = health(node.spec()) if alive else None
+    peers = (h or {}).get("peers", {})
+    return {"node": node.index, "agent_id": node.agent_id, "pid": node.pid, "alive": alive,
+            "health": "ok" if h and h.get("status") == "ok" else ("down" if h is None else str(h.get("status"))),
+            "links_up": sum(1 for v in peers.values() if v == "up"), "links": len(peers), "peers": peers,
+            "port": node.port, "mcp": node.mcp_endpoint}
+
+
+def require_state(root: Path) -> TestbedState:
+    state = read_state(root.resolve())
+    if state is None:
+        raise TestbedError("no_testbed", f"no testbed in {root.resolve()} (no {STATE_NAME}); "
+                                         "start one with `testbed up`")
+    return state
+
+
+def down(root: Path, *, grace_s: float | None = None) -> list[tuple[NodeState, str]]:
+    """Stop exactly the pids this testbed started (SIGTERM, SIGKILL after a bound), remove the layout."""
+    state = require_state(root)
+    results = []
+    for node in state.nodes:
+        results.append((node, stop_pid(node) if grace_s is None else stop_pid(node, grace_s)))
+    still = [n for n in state.nodes if is_ours(n)]
+    if still:
+        raise TestbedError("stop_failed", f"pids {[n.pid for n in still]} did not stop; state kept in {root}")
+    _remove_layout(Path(state.root), remove_root=True)
+    return results
+
+
+def _remove_layout(root: Path, *, remove_root: bool) -> None:
+    """Remove what the testbed wrote (ca/, node-*/, state), then ``root`` itself if it is left empty."""
+    if not root.exists():
+        return
+    for entry in root.iterdir():
+        if entry.name in ("ca", STATE_NAME, STATE_NAME + ".tmp") or entry.name.startswith("node-"):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    if remove_root and not any(root.iterdir()):
+        root.rmdir()
+
+
+def log_tail(root: Path, name: str, lines: int) -> str:
+    node = require_state(root).node(name)
+    path = Path(node.home) / "node.log"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        raise TestbedError("no_log", f"{path} does not exist") from None
+    return "\n".join(text.splitlines()[-lines:]) if lines > 0 else text
