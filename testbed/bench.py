@@ -1,0 +1,268 @@
+"""testbed bench: all-ACK fan-out latency of a real N-node mesh against the bare-TLS floor.
+
+For each N: lay out and start a fresh local mesh, then act as node 1 from this process (node 1's own
+certificate and key, one PeerLink per other node, exactly as node/node.py builds its links), fan one
+``ping`` envelope out to the other N-1 nodes and wait for every ACK, M times in sequence. Then stop the
+mesh and measure the floor (testbed/floor.py) with the same certificates and the same frame bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from a2a import Backoff, new_envelope
+from mesh import keys, tls
+from mesh.link import LinkState, PeerLink
+from node.config import load_config
+from testbed import floor
+from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
+from testbed.control import check_node_count
+from testbed.local import LocalMesh
+from testbed.progress import Progress
+from testbed.state import cpu_seconds
+
+# Design budgets for the all-ACK p95 (DESIGN.md section 7), ms by node count.
+BUDGET_P95_MS = {3: 100.0, 5: 250.0, 10: 500.0}
+LINK_UP_TIMEOUT_S = 30.0
+ACK_TIMEOUT_S = 10.0
+TTL_MS = 60_000
+QUICK_NODES = (3,)
+QUICK_MESSAGES = 200
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One side (ours or floor) of one N: latencies in ms, throughput in messages/s, CPU in ms."""
+
+    samples: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+    throughput_msg_s: float
+    cpu_ms_per_msg_per_receiver: float  # mean over the N-1 receiver processes
+    cpu_ms_per_msg_receivers: list[float]
+    cpu_ms_per_msg_sender: float  # this (bench) process
+
+
+def percentile(sorted_s: list[float], p: float) -> float:
+    """Nearest-rank percentile of exact sorted samples (no interpolation)."""
+    rank = max(1, math.ceil(p / 100.0 * len(sorted_s)))
+    return sorted_s[rank - 1]
+
+
+def figures(samples_s: list[float], wall_s: float, receiver_cpu_s: list[float], sender_cpu_s: float) -> Figures:
+    s = sorted(samples_s)
+    n = len(s)
+    per_rx = [c / n * 1e3 for c in receiver_cpu_s]
+    return Figures(samples=n, p50_ms=percentile(s, 50) * 1e3, p95_ms=percentile(s, 95) * 1e3,
+                   p99_ms=percentile(s, 99) * 1e3, max_ms=s[-1] * 1e3, mean_ms=sum(s) / n * 1e3,
+                   throughput_msg_s=n / wall_s, cpu_ms_per_msg_per_receiver=sum(per_rx) / len(per_rx),
+                   cpu_ms_per_msg_receivers=per_rx, cpu_ms_per_msg_sender=sender_cpu_s / n * 1e3)
+
+
+def _creds(spec: NodeSpec) -> tuple[Path, Path, Path]:
+    cfg = load_config(spec.config_path, env={})
+    ident = keys.load_identity(spec.home / "keys", spec.agent_id)
+    return cfg.cert_path, ident.priv_path, cfg.ca_cert_path
+
+
+def _frame(layout: MeshLayout, sent_at_ms: int) -> tuple[str, bytes]:
+    me = layout.node(1).agent_id
+    env = new_envelope(me, [n.agent_id for n in layout.nodes[1:]], {"kind": "ping", "sent_at": sent_at_ms},
+                       sent_at_ms, TTL_MS)
+    return env.correlation_id, env.to_wire()
+
+
+async def _bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup: int,
+                      progress: Progress) -> tuple[list[float], float, list[float], float]:
+    cert, key, ca = _creds(layout.node(1))
+    ctx = tls.client_context(cert, key, ca)
+    pinned = keys.load_peer_keys(layout.node(1).home / "peers").keys
+    cfg = load_config(layout.node(1).config_path, env={})
+    links = [PeerLink(n.agent_id, n.url, ctx, pinned=lambda: pinned,
+                      backoff=Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s),
+                      ack_timeout_s=ACK_TIMEOUT_S, max_bytes=cfg.a2a.max_message_bytes)
+             for n in layout.nodes[1:]]
+
+    async def fan(i: int) -> None:
+        cid, frame = _frame(layout, int(time.time() * 1000))
+        acks = await asyncio.gather(*(link.send_wire(cid, frame) for link in links))
+        bad = [a for a in acks if not a.accepted or a.reason is not None]
+        if bad:
+            raise TestbedError("bench_rejected", f"message {i}: ACK {bad[0]!r}")
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(link.run(), name=f"bench-link:{link.agent_id}") for link in links]
+        try:
+            deadline = time.monotonic() + LINK_UP_TIMEOUT_S
+            while any(link.state is not LinkState.UP for link in links):
+                if time.monotonic() > deadline:
+                    down = [f"{l.agent_id} ({l.last_error})" for l in links if l.state is not LinkState.UP]
+                    raise TestbedError("links_not_up", f"bench links not up in {LINK_UP_TIMEOUT_S:g} s: {down}")
+                await asyncio.sleep(0.02)
+            for i in range(warmup):
+                await fan(i)
+            cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
+            self0 = time.process_time()
+            samples: list[float] = []
+            started = time.perf_counter()
+            for i in range(messages):
+                t0 = time.perf_counter()
+                await fan(i)
+                samples.append(time.perf_counter() - t0)
+                if i % 50 == 0:
+                    progress.update(i, "messages (mesh)")
+            wall = time.perf_counter() - started
+            self_cpu = time.process_time() - self0
+            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+            progress.update(messages, "messages (mesh)")
+            return samples, wall, cpu, self_cpu
+        finally:
+            for link in links:
+                await link.close()
+            del tasks
+
+
+async def _bench_floor(layout: MeshLayout, frame: bytes, messages: int, warmup: int) \
+        -> tuple[list[float], float, list[float], float]:
+    cert, key, ca = _creds(layout.node(1))
+    ctx = tls.client_context(cert, key, ca)
+    with floor.FloorReceivers([_creds(n) for n in layout.nodes[1:]]) as rx:
+        pids = [p.pid for p in rx.procs]
+        # Warm up first, then read CPU, as for the mesh.
+        await floor.fan_out(rx.ports, ctx, frame, 0, warmup)
+        cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
+        self0 = time.process_time()
+        samples, wall = await floor.fan_out(rx.ports, ctx, frame, messages, 0)
+        self_cpu = time.process_time() - self0
+        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+    return samples, wall, cpu, self_cpu
+
+
+def bench_one(work: Path, nodes: int, messages: int, warmup: int) -> dict:
+    """One N: a fresh mesh under ``work``, our all-ACK figures, then the floor's; returns a result row."""
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{nodes}n-", dir=work))
+    (root / "mesh").mkdir()
+    layout = build_layout(root / "mesh", nodes)
+    _, frame = _frame(layout, int(time.time() * 1000))
+    progress = Progress(f"bench {nodes} nodes", messages)
+    print(f"bench: starting {nodes} nodes under {root}", file=sys.stderr)
+    with LocalMesh(layout) as mesh:
+        pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
+        ours = asyncio.run(_bench_mesh(layout, pids, messages, warmup, progress), debug=False)
+    progress.done()
+    print(f"bench: floor for {nodes} nodes", file=sys.stderr)
+    fl = asyncio.run(_bench_floor(layout, frame, messages, warmup))
+    o, f = figures(*ours), figures(*fl)
+    budget = BUDGET_P95_MS.get(nodes)
+    _remove_tree(root)
+    return {"nodes": nodes, "messages": messages, "warmup": warmup, "frame_bytes": len(frame),
+            "budget_p95_ms": budget, "within_budget": None if budget is None else o.p95_ms <= budget,
+            "ratio_p95": o.p95_ms / f.p95_ms, "ratio_p50": o.p50_ms / f.p50_ms,
+            "ours": asdict(o), "floor": asdict(f),
+            "_samples": {"ours": sorted(ours[0]), "floor": sorted(fl[0])}}
+
+
+def _remove_tree(root: Path) -> None:
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: int | None = None,
+        command: str | None = None, plot: bool = True) -> dict:
+    """Run the bench for every N in ``nodes_list``; write out/bench.json, out/bench.md and PNG CDFs."""
+    for n in nodes_list:
+        check_node_count(n)
+    if messages < 1:
+        raise TestbedError("bad_messages", f"--messages must be at least 1, got {messages}")
+    warmup = min(100, max(5, messages // 10)) if warmup is None else warmup
+    floor.new_loop_policy()
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [bench_one(work, n, messages, warmup) for n in nodes_list]
+    report = {"command": command or "testbed " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+              "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
+                       "kernel": platform.release()},
+              "payload": "a2a ping envelope (CBOR), one envelope to all N-1 recipients; the ping schema "
+                         "allows no padding field, so frames are ping-sized, not memory.put-sized",
+              "results": [{k: v for k, v in r.items() if k != "_samples"} for r in rows]}
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out / "samples.json").write_text(json.dumps({str(r["nodes"]): r["_samples"] for r in rows}) + "\n",
+                                      encoding="utf-8")
+    md = markdown(report)
+    (out / "bench.md").write_text(md, encoding="utf-8")
+    report["plots"] = plot_cdfs(rows, out) if plot else []
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"Command: `{report['command']}`  ",
+        f"Host: {report['host']['cpus']} CPUs, Python {report['host']['python']}, {report['generated_at']}; "
+        f"frame {report['results'][0]['frame_bytes']} B ({report['payload']}).",
+        "",
+        "| nodes | msgs | budget p95 | ours p50 / p95 / p99 / max (ms) | floor p50 / p95 / p99 / max (ms) "
+        "| p95 ours/floor | msg/s ours / floor | CPU ms/msg per receiver ours / floor | sender CPU ms/msg "
+        "ours / floor | within budget |",
+        "|---:|---:|---:|---|---|---:|---|---|---|:-:|",
+    ]
+    for r in report["results"]:
+        o, f = r["ours"], r["floor"]
+        budget = "-" if r["budget_p95_ms"] is None else f"≤ {r['budget_p95_ms']:g} ms"
+        ok = "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "**no**")
+        lines.append(
+            f"| {r['nodes']} | {r['messages']} | {budget} "
+            f"| {o['p50_ms']:.2f} / {o['p95_ms']:.2f} / {o['p99_ms']:.2f} / {o['max_ms']:.2f} "
+            f"| {f['p50_ms']:.2f} / {f['p95_ms']:.2f} / {f['p99_ms']:.2f} / {f['max_ms']:.2f} "
+            f"| {r['ratio_p95']:.1f}× | {o['throughput_msg_s']:.0f} / {f['throughput_msg_s']:.0f} "
+            f"| {o['cpu_ms_per_msg_per_receiver']:.3f} / {f['cpu_ms_per_msg_per_receiver']:.3f} "
+            f"| {o['cpu_ms_per_msg_sender']:.3f} / {f['cpu_ms_per_msg_sender']:.3f} | {ok} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_cdfs(rows: list[dict], out: Path) -> list[str]:
+    """One latency CDF PNG per N (ours and floor); [] when matplotlib (extra ``bench``) is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib not installed (pip install 'attested-mesh[bench]'); no PNG written",
+              file=sys.stderr)
+        return []
+    paths = []
+    for r in rows:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, samples in r["_samples"].items():
+            ms = [s * 1e3 for s in samples]
+            n = len(ms)
+            ax.step(ms, [(i + 1) / n for i in range(n)], where="post", label=f"{name} (p95 {r[name]['p95_ms']:.2f} ms)")
+        if r["budget_p95_ms"] is not None:
+            ax.axvline(r["budget_p95_ms"], color="red", linestyle="--", label=f"budget p95 {r['budget_p95_ms']:g} ms")
+        ax.axhline(0.95, color="grey", linewidth=0.5)
+        ax.set_xscale("log")
+        ax.set_xlabel("all-ACK latency (ms, log)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title(f"{r['nodes']}-node fan-out to {r['nodes'] - 1} peers, {r['messages']} messages")
+        ax.legend(loc="lower right")
+        path = out / f"cdf-{r['nodes']}n.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
