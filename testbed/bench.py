@@ -153,9 +153,9 @@ async def _bench_floor(layout: MeshLayout, frame: bytes, messages: int, warmup: 
 
 def bench_one(work: Path, nodes: int, messages: int, warmup: int) -> dict:
     """One N: a fresh mesh under ``work``, our all-ACK figures, then the floor's; returns a result row."""
-    root = Path(tempfile.mkdtemp(prefix=f"bench-{nodes}n-", dir=work))
-    (root / "mesh").mkdir()
-    layout = build_layout(root / "mesh", nodes)
+    # Short names: each node's unix socket path must stay under the 108-byte limit.
+    root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
+    layout = build_layout(root, nodes)
     _, frame = _frame(layout, int(time.time() * 1000))
     progress = Progress(f"bench {nodes} nodes", messages)
     print(f"bench: starting {nodes} nodes under {root}", file=sys.stderr)

@@ -11,6 +11,8 @@ from pathlib import Path
 from mesh import ca, keys
 
 MAX_NODES = 64
+# sun_path is 108 bytes including the NUL; nodes put run/node.sock (the default) in their home.
+MAX_UNIX_PATH = 107
 
 
 class TestbedError(Exception):
@@ -69,8 +71,11 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def check_ports_free(ports: list[int], host: str = "127.0.0.1") -> None:
     for port in ports:
         with socket.socket() as s:
+            # As the node's server binds: TIME_WAIT leftovers of an earlier testbed do not block it.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
+                s.listen()
             except OSError:
                 raise TestbedError("port_in_use", f"port {port} on {host} is in use; choose another --base-port")
 
@@ -80,6 +85,11 @@ def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_ht
     """Create the whole on-disk mesh under ``root`` (which must be empty or absent)."""
     if not 2 <= nodes <= MAX_NODES:
         raise TestbedError("bad_node_count", f"--nodes must be between 2 and {MAX_NODES}, got {nodes}")
+    longest = root.resolve() / f"node-{nodes}" / "run" / "node.sock"
+    if len(str(longest)) > MAX_UNIX_PATH:
+        raise TestbedError("dir_too_long", f"{root.resolve()} is too long: a node's local MCP socket "
+                                           f"({longest}) would exceed the {MAX_UNIX_PATH}-byte unix socket path "
+                                           "limit; choose a shorter --dir")
     if root.exists() and any(root.iterdir()):
         raise TestbedError("dir_not_empty", f"{root} is not empty (another testbed?); use `testbed down` or another --dir")
     if base_port is None:

@@ -16,7 +16,7 @@ from testbed.build import MAX_NODES, TestbedError
 DEFAULT_DIR = Path(".testbed")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-USAGE_CODES = {"bad_node_count", "bad_nodes", "bad_port", "port_in_use", "dir_not_empty", "dir_not_dir",
+USAGE_CODES = {"bad_node_count", "bad_nodes", "bad_port", "port_in_use", "dir_not_empty", "dir_not_dir", "dir_too_long",
                "backend_unavailable", "bad_messages", "unknown_node"}
 
 

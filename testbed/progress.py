@@ -15,12 +15,15 @@ class Progress:
         self.total = max(total, 1)
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
-        self.last = -1
+        self.last = -1  # last tenth printed (non-terminal only)
 
     def update(self, done: int, note: str = "") -> None:
-        if done == self.last and not self.tty:
-            return
-        self.last = done
+        if not self.tty:
+            # Off a terminal, one line per tenth (and the last) keeps logs short.
+            step = done * 10 // self.total
+            if step == self.last and done != self.total:
+                return
+            self.last = step
         filled = WIDTH * done // self.total
         line = f"{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {done}/{self.total} {note}"
         if self.tty:
