@@ -32,6 +32,8 @@ log = logging.getLogger("node.federation")
 VERIFY_BATCH_MAX = 256
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
+# Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
+SYNCED_KINDS = ("memory.put", "link.put")
 ORPHAN_RECHECK_S = 0.1
 
 
@@ -283,7 +285,8 @@ class Federation:
 
         page = await self.svc.db.read(read)
         if not page["more"]:
-            cleared = await self.svc.db.write(outbox.clear_dead_letters, peer)
+            # Only changes the log carries are covered by the catch-up; a dead ping stays for replay.
+            cleared = await self.svc.db.write(outbox.clear_dead_letters, peer, SYNCED_KINDS)
             if cleared:
                 log.info("dead_letters_cleared", extra={"ev": {"peer": peer, "count": cleared,
                                                                "reason": "peer caught up through sync"}})

@@ -179,8 +179,15 @@ def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expir
     return cur.lastrowid
 
 
-def clear_dead_letters(conn: sqlite3.Connection, peer: str | None = None) -> int:
-    """Delete dead letters (all, or one peer's); returns how many."""
-    if peer is None:
-        return conn.execute("DELETE FROM a2a_dead_letters").rowcount
-    return conn.execute("DELETE FROM a2a_dead_letters WHERE peer = ?", (peer,)).rowcount
+def clear_dead_letters(conn: sqlite3.Connection, peer: str | None = None,
+                       kinds: tuple[str, ...] | None = None) -> int:
+    """Delete dead letters (all, or one peer's, optionally only of ``kinds``); returns how many."""
+    where, params = [], []
+    if peer is not None:
+        where.append("peer = ?")
+        params.append(peer)
+    if kinds is not None:
+        where.append(f"kind IN ({','.join('?' * len(kinds))})")
+        params.extend(kinds)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return conn.execute(f"DELETE FROM a2a_dead_letters{clause}", params).rowcount

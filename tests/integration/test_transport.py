@@ -126,9 +126,6 @@ def test_unreachable_peer_dead_letters_then_replay_delivers(mesh_factory, cli, n
     _assert_delivered(cli, wait_for, n1, n2, new_cid)
 
 
-@pytest.mark.xfail(strict=True, reason="node/federation.py sync_page clears every dead letter for a peer once "
-                   "that peer catches up through sync, including pings the change log never carries, so "
-                   "there is nothing left to replay (reported; federation.py is not ours to edit)")
 def test_dead_letter_is_kept_after_the_peer_comes_back_until_replayed(mesh_factory, cli, node_log, wait_for):
     mesh = mesh_factory(2, extra_config=DEAD_LETTER_CONFIG)
     n1, n2 = mesh.layout.node(1), mesh.layout.node(2)
