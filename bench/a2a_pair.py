@@ -1,0 +1,280 @@
+"""A2A transport between two processes, against a bare-TLS floor.
+
+    .venv/bin/python bench/a2a_pair.py [--messages N] [--pipelined M] [--window W] [--quick]
+
+Process 1: a real node (`ai-memory serve`, started by the testbed) is the receiver.
+Process 2 (this one): a PeerLink (mesh.link) with node 1's credentials dials node 2 and measures
+  (a) sequential ping round trips (send, wait for the ACK, next) -> p50/p95/p99,
+  (b) pipelined throughput: up to W pings in flight on the one WebSocket -> ACKed messages/s.
+Floor: a bare asyncio TLS 1.3 echo server in its own subprocess, same certificates and mTLS contexts
+(mesh.tls), same frame size, 4-byte length-prefixed frames, measured the same two ways.
+
+Targets (issue "mTLS mesh transport and the A2A protocol"): sequential p95 <= 2x the bare-TLS p95;
+>= 20,000 ACKed messages/s pipelined. Prints a markdown table and writes bench/out/a2a_pair.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from a2a import Backoff, new_envelope  # noqa: E402
+from mesh import keys, tls  # noqa: E402
+from mesh.link import LinkState, PeerLink  # noqa: E402
+
+OUT = ROOT / "bench" / "out" / "a2a_pair.json"
+HEADER = struct.Struct(">I")
+WARMUP = 200
+TARGET_P95_RATIO = 2.0
+TARGET_MSGS_PER_S = 20_000
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    ms = sorted(x * 1000 for x in samples_s)
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    return {"p50_ms": round(q[49], 4), "p95_ms": round(q[94], 4), "p99_ms": round(q[98], 4),
+            "mean_ms": round(statistics.fmean(ms), 4), "n": len(ms)}
+
+
+# ------------------------------------------------------------------ floor: bare TLS echo server
+
+
+async def echo_server(cert: Path, key: Path, ca: Path) -> None:
+    ctx = tls.server_context(cert, key, ca)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readexactly(HEADER.size)
+                body = await reader.readexactly(HEADER.unpack(head)[0])
+                writer.write(head + body)
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    # Serve until stdin closes (the parent exits or closes the pipe).
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    server.close()
+
+
+async def floor_run(port: int, ctx, frame: bytes, sequential: int, pipelined: int, window: int) -> dict:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+    msg = HEADER.pack(len(frame)) + frame
+    n = len(msg)
+
+    async def one() -> None:
+        writer.write(msg)
+        await reader.readexactly(n)
+
+    for _ in range(WARMUP):
+        await one()
+    samples = []
+    for _ in range(sequential):
+        t0 = time.perf_counter()
+        await one()
+        samples.append(time.perf_counter() - t0)
+
+    slots = asyncio.Semaphore(window)
+
+    async def read_all() -> None:
+        for _ in range(pipelined):
+            await reader.readexactly(n)
+            slots.release()
+
+    t0 = time.perf_counter()
+    rd = asyncio.create_task(read_all())
+    for _ in range(pipelined):
+        await slots.acquire()
+        writer.write(msg)
+        if writer.transport.get_write_buffer_size() > 1 << 20:
+            await writer.drain()
+    await rd
+    elapsed = time.perf_counter() - t0
+    writer.close()
+    return {"sequential": percentiles(samples), "pipelined": {
+        "messages": pipelined, "window": window, "seconds": round(elapsed, 4),
+        "msgs_per_s": round(pipelined / elapsed, 1)}}
+
+
+# ------------------------------------------------------------------ ours: PeerLink -> real node
+
+
+async def link_run(layout, sequential: int, pipelined: int, window: int) -> tuple[dict, int]:
+    n1, n2 = layout.node(1), layout.node(2)
+    ca_path = layout.root / "ca" / "ca.crt"
+    ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv", ca_path)
+    pinned = {n2.agent_id: keys.load_public_key(n1.home / "peers" / f"{n2.agent_id}.pub")}
+    link = PeerLink(n2.agent_id, n2.url, ctx, pinned=lambda: pinned, backoff=Backoff(0.1, 1.0),
+                    ack_timeout_s=30.0, max_bytes=1024 * 1024)
+    runner = asyncio.create_task(link.run())
+    try:
+        for _ in range(300):
+            if link.state is LinkState.UP:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise SystemExit(f"link to {n2.agent_id} did not come up: {link.last_error}")
+
+        def frames(count: int) -> list[tuple[str, bytes]]:
+            now = int(time.time() * 1000)
+            out = []
+            for _ in range(count):
+                env = new_envelope(n1.agent_id, [n2.agent_id], {"kind": "ping", "sent_at": now}, now, 600_000)
+                out.append((env.correlation_id, env.to_wire()))
+            return out
+
+        frame_size = len(frames(1)[0][1])
+        for cid, wire in frames(WARMUP):
+            await link.send_wire(cid, wire)
+        samples = []
+        for cid, wire in frames(sequential):
+            t0 = time.perf_counter()
+            ack = await link.send_wire(cid, wire)
+            samples.append(time.perf_counter() - t0)
+            assert ack.accepted, ack
+
+        batch = frames(pipelined)
+        slots = asyncio.Semaphore(window)
+        accepted = 0
+
+        async def one(cid: str, wire: bytes) -> None:
+            nonlocal accepted
+            try:
+                ack = await link.send_wire(cid, wire)
+                accepted += ack.accepted
+            finally:
+                slots.release()
+
+        t0 = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for cid, wire in batch:
+                await slots.acquire()
+                tg.create_task(one(cid, wire))
+        elapsed = time.perf_counter() - t0
+        assert accepted == pipelined, f"only {accepted} of {pipelined} ACKed as accepted"
+        return {"sequential": percentiles(samples), "pipelined": {
+            "messages": pipelined, "window": window, "seconds": round(elapsed, 4),
+            "msgs_per_s": round(pipelined / elapsed, 1)}}, frame_size
+    finally:
+        await link.close()
+        await runner
+
+
+# ------------------------------------------------------------------ main
+
+
+def table(ours: dict, floor: dict) -> str:
+    rows = ["| measure | a2a (PeerLink -> node) | bare TLS echo | ratio ours/floor |", "|---|---:|---:|---:|"]
+    for k in ("p50_ms", "p95_ms", "p99_ms"):
+        a, b = ours["sequential"][k], floor["sequential"][k]
+        rows.append(f"| sequential {k[:3]} (ms) | {a:.3f} | {b:.3f} | {a / b:.2f}x |")
+    a, b = ours["pipelined"]["msgs_per_s"], floor["pipelined"]["msgs_per_s"]
+    rows.append(f"| pipelined msgs/s (window {ours['pipelined']['window']}) | {a:,.0f} | {b:,.0f} | {a / b:.2f}x |")
+    return "\n".join(rows)
+
+
+async def bench(args) -> dict:
+    from testbed.build import build_layout
+    from testbed.local import LocalMesh
+
+    with tempfile.TemporaryDirectory(prefix="a2a-bench-") as tmp:
+        layout = build_layout(Path(tmp) / "mesh", 2, mcp_http=False)
+        n1, n2 = layout.node(1), layout.node(2)
+        ca_path = layout.root / "ca" / "ca.crt"
+        mesh = LocalMesh(layout)
+        echo = subprocess.Popen([sys.executable, __file__, "--echo-server", str(n2.home / "tls" / "node.crt"),
+                                 str(n2.home / "keys" / f"{n2.agent_id}.priv"), str(ca_path)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            mesh.start([2], want_links=False)
+            echo_port = int(echo.stdout.readline())
+            ours, frame_size = await link_run(layout, args.messages, args.pipelined, args.window)
+            ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv",
+                                     ca_path)
+            floor = await floor_run(echo_port, ctx, os.urandom(frame_size), args.messages, args.pipelined,
+                                    args.window)
+        finally:
+            mesh.stop_all()
+            echo.stdin.close()
+            try:
+                echo.wait(10)
+            except subprocess.TimeoutExpired:
+                echo.kill()
+                echo.wait(10)
+    p95_ratio = ours["sequential"]["p95_ms"] / floor["sequential"]["p95_ms"]
+    return {
+        "frame_bytes": frame_size, "sequential_messages": args.messages, "warmup": WARMUP,
+        "ours": ours, "floor": floor,
+        "ratios": {k: round(ours["sequential"][k] / floor["sequential"][k], 3) for k in ("p50_ms", "p95_ms", "p99_ms")}
+        | {"pipelined_msgs_per_s": round(ours["pipelined"]["msgs_per_s"] / floor["pipelined"]["msgs_per_s"], 3)},
+        "targets": {"sequential_p95_ratio_max": TARGET_P95_RATIO, "sequential_p95_ratio": round(p95_ratio, 3),
+                    "sequential_p95_met": p95_ratio <= TARGET_P95_RATIO,
+                    "pipelined_msgs_per_s_min": TARGET_MSGS_PER_S,
+                    "pipelined_met": ours["pipelined"]["msgs_per_s"] >= TARGET_MSGS_PER_S},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                    "loop": "uvloop" if _uvloop() else "asyncio"},
+        "quick": args.quick,
+    }
+
+
+def _uvloop():
+    try:
+        import uvloop
+        return uvloop
+    except ImportError:
+        return None
+
+
+def run(coro):
+    uv = _uvloop()
+    return uv.run(coro) if uv else asyncio.run(coro)
+
+
+def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--echo-server":
+        run(echo_server(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=3000, help="sequential round trips (default 3000)")
+    p.add_argument("--pipelined", type=int, default=30000, help="pipelined messages (default 30000)")
+    p.add_argument("--window", type=int, default=256, help="messages in flight when pipelined (default 256)")
+    p.add_argument("--quick", action="store_true", help="small run (500 sequential, 5000 pipelined)")
+    args = p.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the node subprocess and the echo server are still stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.quick:
+        args.messages, args.pipelined = 500, 5000
+    result = run(bench(args))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result["ours"], result["floor"]))
+    t = result["targets"]
+    print(f"\nframe {result['frame_bytes']} B; sequential p95 ratio {t['sequential_p95_ratio']:.2f}x "
+          f"(target <= {TARGET_P95_RATIO:g}x: {'met' if t['sequential_p95_met'] else 'MISSED'}); "
+          f"pipelined {result['ours']['pipelined']['msgs_per_s']:,.0f} msgs/s "
+          f"(target >= {TARGET_MSGS_PER_S:,}: {'met' if t['pipelined_met'] else 'MISSED'})")
+    print(f"JSON: {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
