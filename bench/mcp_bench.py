@@ -122,10 +122,13 @@ async def run(memories: int, calls: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="mcpb") as tmp:
         home = Path(tmp) / "h"
         home.mkdir()
-        cfg = from_dict({"agent_id": AGENT, "home": str(home)}, env={})
+        # The bench measures latency, not the per-agent budget: lift limits.requests_per_second.
+        cfg = from_dict({"agent_id": AGENT, "home": str(home), "limits": {"requests_per_second": 1_000_000}},
+                        env={})
         keys.generate_identity(cfg.keys_dir, AGENT)
         toml = home / "node.toml"
-        toml.write_text(f'agent_id = "{AGENT}"\nhome = "{home}"\n', encoding="utf-8")
+        toml.write_text(f'agent_id = "{AGENT}"\nhome = "{home}"\n[limits]\nrequests_per_second = 1000000\n',
+                        encoding="utf-8")
         svc = await Service.open(cfg, require_identity=True)
         try:
             t0 = time.perf_counter()

@@ -95,5 +95,5 @@ def verify(public_key: Ed25519PublicKey, payload: LinkPayload, signature: bytes 
 
 
 def verify_many(items: Iterable[tuple[Ed25519PublicKey, LinkPayload, bytes | None]]) -> list[bool]:
-    """Verify a batch; meant to run off the event loop (cryptography releases the GIL)."""
+    """Verify a batch; run on a worker thread so the event loop keeps serving between verifications."""
     return [verify(pk, p, s) for pk, p, s in items]

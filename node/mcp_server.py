@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from mcp.server.stdio import stdio_server
 
 from node.config import LimitsConfig, NodeConfig
 from node.errors import describe
+from node.ratelimit import RateLimiter
 from node.tools import (CONNECT_TIMEOUT_S, MAX_FRAME_BYTES, JSON, ServiceBackend, SocketClientBackend,
                         ToolBackend, encode_frame, error_reply, read_frame, tool_specs)
 
@@ -55,16 +56,26 @@ def build_server(backend: ToolBackend, *, limits: LimitsConfig, session: dict[st
     async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
+    limiter = RateLimiter(limits.requests_per_second)
+
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await call_tool(backend, params.name, params.arguments, session)
+        # One MCP session is one agent: its budget is limits.requests_per_second. Over HTTP each request
+        # gets a fresh ServerSession, so the session is named by the Mcp-Session-Id header; a stdio
+        # process serves exactly one agent.
+        headers = getattr(ctx.request, "headers", None)
+        agent = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
+        return await call_tool(backend, params.name, params.arguments, session,
+                               admit=lambda: limiter.check(agent))
 
     return Server(SERVER_NAME, version=_version(), on_list_tools=on_list_tools, on_call_tool=on_call_tool)
 
 
 async def call_tool(backend: ToolBackend, name: str, arguments: dict[str, Any] | None,
-                    session: dict[str, Any]) -> types.CallToolResult:
-    """One tool call as an MCP result; any exception becomes an ``isError`` result."""
+                    session: dict[str, Any], admit: Callable[[], None] | None = None) -> types.CallToolResult:
+    """One tool call as an MCP result; any exception (``rate_limited`` from ``admit`` too) becomes ``isError``."""
     try:
+        if admit is not None:
+            admit()
         result = await backend.call(name, dict(arguments or {}))
     except Exception as exc:  # the MCP edge: every failure is reported to the caller, none crashes the session
         d = describe(exc)

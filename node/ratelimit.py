@@ -1,0 +1,56 @@
+"""Per-agent request budget (limits.requests_per_second): a token bucket per MCP session or connection."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cachetools import TTLCache
+
+from node.errors import ServiceError
+
+# Callers tracked at once; an idle caller's bucket refills within a second, so forgetting it is harmless.
+MAX_CALLERS = 10_000
+IDLE_FORGET_S = 60.0
+
+
+class TokenBucket:
+    """``rate`` requests per second on average, bursts up to ``rate`` (one second's worth)."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = float(rate)
+        self.capacity = float(rate)
+        self.tokens = float(rate)
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> float:
+        """Spend one token; returns 0.0 when allowed, else the seconds until one is available."""
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class RateLimiter:
+    """One bucket per caller (an MCP session id), forgotten after a minute of silence."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.clock = clock
+        self._buckets: TTLCache[str, TokenBucket] = TTLCache(MAX_CALLERS, IDLE_FORGET_S, timer=clock)
+        self.refused = 0
+
+    def check(self, caller: str) -> None:
+        """Raise ServiceError ``rate_limited`` when ``caller`` is past its budget."""
+        bucket = self._buckets.get(caller)
+        if bucket is None:
+            bucket = self._buckets[caller] = TokenBucket(self.rate, self.clock)
+        wait = bucket.take()
+        if wait:
+            self.refused += 1
+            raise ServiceError("rate_limited", f"more than {self.rate:g} requests/s from this agent "
+                                               f"(limits.requests_per_second); retry in {wait * 1000:.0f} ms")

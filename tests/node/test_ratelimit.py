@@ -1,0 +1,34 @@
+import pytest
+
+from node.errors import ServiceError
+from node.ratelimit import RateLimiter, TokenBucket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_bucket_allows_one_seconds_burst_then_refuses_until_refilled() -> None:
+    clock = Clock()
+    b = TokenBucket(100, clock)
+    assert all(b.take() == 0.0 for _ in range(100))
+    assert b.take() == pytest.approx(0.01)
+    clock.t += 0.01
+    assert b.take() == 0.0
+
+
+def test_limiter_keeps_one_budget_per_caller() -> None:
+    clock = Clock()
+    limiter = RateLimiter(2, clock)
+    a, b = "session-a", "session-b"
+    limiter.check(a)
+    limiter.check(a)
+    with pytest.raises(ServiceError) as err:
+        limiter.check(a)
+    assert err.value.code == "rate_limited"
+    limiter.check(b)
+    assert limiter.refused == 1
