@@ -3,7 +3,10 @@
 For each N: lay out and start a fresh local mesh, then act as node 1 from this process (node 1's own
 certificate and key, one PeerLink per other node, exactly as node/node.py builds its links), fan one
 ``ping`` envelope out to the other N-1 nodes and wait for every ACK, M times in sequence. Then stop the
-mesh and measure the floor (testbed/floor.py) with the same certificates and the same frame bytes.
+mesh and measure the floor (testbed/floor.py) with the same certificates and the same frame bytes,
+then the NATS peer (testbed/nats_peer.py: a local TLS ``nats-server``, one publish to N-1 responders
+that each commit the message to SQLite before replying) with the same frame bytes. NATS is left out,
+with the reason in the report, when ``nats-server`` or ``nats-py`` is missing.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +28,7 @@ from a2a import Backoff, new_envelope
 from mesh import keys, tls
 from mesh.link import LinkState, PeerLink
 from node.config import load_config
-from testbed import floor
+from testbed import floor, nats_peer
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
 from testbed.control import check_node_count
 from testbed.local import LocalMesh
@@ -151,8 +155,30 @@ async def _bench_floor(layout: MeshLayout, frame: bytes, messages: int, warmup: 
     return samples, wall, cpu, self_cpu
 
 
-def bench_one(work: Path, nodes: int, messages: int, warmup: int) -> dict:
-    """One N: a fresh mesh under ``work``, our all-ACK figures, then the floor's; returns a result row."""
+async def _bench_nats(layout: MeshLayout, root: Path, frame: bytes, messages: int, warmup: int) \
+        -> tuple[tuple[list[float], float, list[float], float], float]:
+    """NATS scatter figures' inputs, plus nats-server's CPU seconds over the measured messages."""
+    cert, key, ca = _creds(layout.node(1))
+    ctx = tls.client_context(cert, key, ca)
+    work = root / "nats"
+    with nats_peer.NatsServer(work, cert, key, ca) as server, \
+            nats_peer.NatsResponders(server.url, [_creds(n) for n in layout.nodes[1:]], work) as rx:
+        assert server.proc is not None
+        pids = [p.pid for p in rx.procs]
+        receivers = len(pids)
+        await nats_peer.scatter(server.url, ctx, frame, receivers, 0, warmup)
+        cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
+        srv0 = cpu_seconds(server.proc.pid) or 0.0
+        self0 = time.process_time()
+        samples, wall = await nats_peer.scatter(server.url, ctx, frame, receivers, messages, 0)
+        self_cpu = time.process_time() - self0
+        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+        srv = (cpu_seconds(server.proc.pid) or 0.0) - srv0
+    return (samples, wall, cpu, self_cpu), srv
+
+
+def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: str | None = None) -> dict:
+    """One N: a fresh mesh under ``work``, our all-ACK figures, then the floor's and NATS's; a result row."""
     # Short names: each node's unix socket path must stay under the 108-byte limit.
     root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
     layout = build_layout(root, nodes)
@@ -167,12 +193,23 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int) -> dict:
     fl = asyncio.run(_bench_floor(layout, frame, messages, warmup))
     o, f = figures(*ours), figures(*fl)
     budget = BUDGET_P95_MS.get(nodes)
+    row = {"nodes": nodes, "messages": messages, "warmup": warmup, "frame_bytes": len(frame),
+           "budget_p95_ms": budget, "within_budget": None if budget is None else o.p95_ms <= budget,
+           "ratio_p95": o.p95_ms / f.p95_ms, "ratio_p50": o.p50_ms / f.p50_ms,
+           "ours": asdict(o), "floor": asdict(f), "nats": None,
+           "ratio_p95_nats": None, "ratio_p50_nats": None, "p95_le_nats": None,
+           "_samples": {"ours": sorted(ours[0]), "floor": sorted(fl[0])}}
+    if nats_missing is None:
+        print(f"bench: NATS scatter for {nodes} nodes", file=sys.stderr)
+        nt, server_cpu_s = asyncio.run(_bench_nats(layout, root, frame, messages, warmup))
+        n = figures(*nt)
+        row.update({"nats": {**asdict(n), "cpu_ms_per_msg_server": server_cpu_s / n.samples * 1e3,
+                             "ratio_p95_floor": n.p95_ms / f.p95_ms},
+                    "ratio_p95_nats": o.p95_ms / n.p95_ms, "ratio_p50_nats": o.p50_ms / n.p50_ms,
+                    "p95_le_nats": o.p95_ms <= n.p95_ms})
+        row["_samples"]["nats"] = sorted(nt[0])
     _remove_tree(root)
-    return {"nodes": nodes, "messages": messages, "warmup": warmup, "frame_bytes": len(frame),
-            "budget_p95_ms": budget, "within_budget": None if budget is None else o.p95_ms <= budget,
-            "ratio_p95": o.p95_ms / f.p95_ms, "ratio_p50": o.p50_ms / f.p50_ms,
-            "ours": asdict(o), "floor": asdict(f),
-            "_samples": {"ours": sorted(ours[0]), "floor": sorted(fl[0])}}
+    return row
 
 
 def _remove_tree(root: Path) -> None:
@@ -192,13 +229,23 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
     floor.new_loop_policy()
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [bench_one(work, n, messages, warmup) for n in nodes_list]
+    nats_missing = nats_peer.unavailable()
+    if nats_missing:
+        print(f"bench: NATS peer omitted: {nats_missing}", file=sys.stderr)
+    rows = [bench_one(work, n, messages, warmup, nats_missing) for n in nodes_list]
     report = {"command": command or "testbed " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
               "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
                        "kernel": platform.release()},
               "payload": "a2a ping envelope (CBOR), one envelope to all N-1 recipients; the ping schema "
                          "allows no padding field, so frames are ping-sized, not memory.put-sized",
+              "nats": {"available": nats_missing is None, "omitted_reason": nats_missing,
+                       "version": _nats_version() if nats_missing is None else None,
+                       "shape": "nats-server on 127.0.0.1 with mutual TLS 1.3 (node 1's Ed25519 cert, the mesh "
+                                "CA); the sender publishes the same frame bytes once to one subject with a reply "
+                                "subject; N-1 responder processes (nats-py, uvloop, own node cert) each INSERT it "
+                                "into their own SQLite file (WAL, synchronous=NORMAL, one commit per message) "
+                                "and reply 2 bytes; latency = publish to last of the N-1 replies"},
               "results": [{k: v for k, v in r.items() if k != "_samples"} for r in rows]}
     (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "samples.json").write_text(json.dumps({str(r["nodes"]): r["_samples"] for r in rows}) + "\n",
@@ -209,33 +256,60 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
     return report
 
 
+def _nats_version() -> str | None:
+    try:
+        out = subprocess.run(["nats-server", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        py = version("nats-py")
+    except PackageNotFoundError:
+        py = "?"
+    return f"{out.strip()}, nats-py {py}"
+
+
+def _lat(x: dict) -> str:
+    return f"{x['p50_ms']:.2f} / {x['p95_ms']:.2f} / {x['p99_ms']:.2f} / {x['max_ms']:.2f}"
+
+
 def markdown(report: dict) -> str:
+    nats = report.get("nats") or {"available": False, "omitted_reason": "not measured"}
     lines = [
         f"Command: `{report['command']}`  ",
         f"Host: {report['host']['cpus']} CPUs, Python {report['host']['python']}, {report['generated_at']}; "
-        f"frame {report['results'][0]['frame_bytes']} B ({report['payload']}).",
+        f"frame {report['results'][0]['frame_bytes']} B ({report['payload']}).  ",
+        (f"NATS peer ({nats['version']}): {nats['shape']}." if nats["available"]
+         else f"NATS peer omitted: {nats['omitted_reason']}."),
         "",
         "| nodes | msgs | budget p95 | ours p50 / p95 / p99 / max (ms) | floor p50 / p95 / p99 / max (ms) "
-        "| p95 ours/floor | msg/s ours / floor | CPU ms/msg per receiver ours / floor | sender CPU ms/msg "
-        "ours / floor | within budget |",
-        "|---:|---:|---:|---|---|---:|---|---|---|:-:|",
+        "| NATS p50 / p95 / p99 / max (ms) | p95 ours/floor | p95 ours/NATS | msg/s ours / floor / NATS "
+        "| CPU ms/msg per receiver ours / floor / NATS | sender CPU ms/msg ours / floor / NATS "
+        "| nats-server CPU ms/msg | within budget | p95 ≤ NATS |",
+        "|---:|---:|---:|---|---|---|---:|---:|---|---|---|---:|:-:|:-:|",
     ]
     for r in report["results"]:
-        o, f = r["ours"], r["floor"]
+        o, f, n = r["ours"], r["floor"], r.get("nats")
         budget = "-" if r["budget_p95_ms"] is None else f"≤ {r['budget_p95_ms']:g} ms"
         ok = "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "**no**")
+        if n:
+            nl, nr, ntp = _lat(n), f"{r['ratio_p95_nats']:.2f}×", f" / {n['throughput_msg_s']:.0f}"
+            ncpu, nsnd = f" / {n['cpu_ms_per_msg_per_receiver']:.3f}", f" / {n['cpu_ms_per_msg_sender']:.3f}"
+            nsrv, nok = f"{n['cpu_ms_per_msg_server']:.3f}", "yes" if r["p95_le_nats"] else "**no**"
+        else:
+            nl = nr = nsrv = nok = "-"
+            ntp = ncpu = nsnd = " / -"
         lines.append(
-            f"| {r['nodes']} | {r['messages']} | {budget} "
-            f"| {o['p50_ms']:.2f} / {o['p95_ms']:.2f} / {o['p99_ms']:.2f} / {o['max_ms']:.2f} "
-            f"| {f['p50_ms']:.2f} / {f['p95_ms']:.2f} / {f['p99_ms']:.2f} / {f['max_ms']:.2f} "
-            f"| {r['ratio_p95']:.1f}× | {o['throughput_msg_s']:.0f} / {f['throughput_msg_s']:.0f} "
-            f"| {o['cpu_ms_per_msg_per_receiver']:.3f} / {f['cpu_ms_per_msg_per_receiver']:.3f} "
-            f"| {o['cpu_ms_per_msg_sender']:.3f} / {f['cpu_ms_per_msg_sender']:.3f} | {ok} |")
+            f"| {r['nodes']} | {r['messages']} | {budget} | {_lat(o)} | {_lat(f)} | {nl} "
+            f"| {r['ratio_p95']:.1f}× | {nr} | {o['throughput_msg_s']:.0f} / {f['throughput_msg_s']:.0f}{ntp} "
+            f"| {o['cpu_ms_per_msg_per_receiver']:.3f} / {f['cpu_ms_per_msg_per_receiver']:.3f}{ncpu} "
+            f"| {o['cpu_ms_per_msg_sender']:.3f} / {f['cpu_ms_per_msg_sender']:.3f}{nsnd} | {nsrv} | {ok} | {nok} |")
     return "\n".join(lines) + "\n"
 
 
 def plot_cdfs(rows: list[dict], out: Path) -> list[str]:
-    """One latency CDF PNG per N (ours and floor); [] when matplotlib (extra ``bench``) is missing."""
+    """One latency CDF PNG per N (ours, floor and NATS when measured); [] when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -256,7 +330,7 @@ def plot_cdfs(rows: list[dict], out: Path) -> list[str]:
             ax.axvline(r["budget_p95_ms"], color="red", linestyle="--", label=f"budget p95 {r['budget_p95_ms']:g} ms")
         ax.axhline(0.95, color="grey", linewidth=0.5)
         ax.set_xscale("log")
-        ax.set_xlabel("all-ACK latency (ms, log)")
+        ax.set_xlabel("all-ACK / all-reply latency (ms, log)")
         ax.set_ylabel("fraction of messages")
         ax.set_title(f"{r['nodes']}-node fan-out to {r['nodes'] - 1} peers, {r['messages']} messages")
         ax.legend(loc="lower right")

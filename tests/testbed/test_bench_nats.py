@@ -1,0 +1,86 @@
+"""`testbed bench` with the NATS peer: figures when nats-server and nats-py are here, a stated omission when not.
+
+CI's fresh machine has neither unless the project installs them, so the NATS smoke run skips there with
+the reason, and the omission test (which hides nats-server from PATH) runs everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CMD_TIMEOUT_S = 180
+
+
+def nats_missing() -> str | None:
+    missing = [what for what, ok in (("nats-server not on PATH", shutil.which("nats-server")),
+                                     ("nats-py not installed", importlib.util.find_spec("nats"))) if not ok]
+    return " and ".join(missing) or None
+
+
+def bench(tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "--nodes", "3", "--messages", "20",
+                           "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "w"), "--no-plot"],
+                          capture_output=True, text=True, timeout=CMD_TIMEOUT_S, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def leftover_procs(tmp_path: Path) -> list[str]:
+    """Processes whose command line still names the bench work dir (nodes, receivers, nats-server, responders)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(tmp_path) in cmd:
+            found.append(f"{d.name}: {cmd}")
+    return found
+
+
+def test_bench_reports_nats_figures(tmp_path: Path) -> None:
+    if reason := nats_missing():
+        pytest.skip(f"NATS peer not measurable here: {reason}")
+    r = bench(tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["nats"]["available"] is True and report["nats"]["omitted_reason"] is None
+    [row] = report["results"]
+    n = row["nats"]
+    assert n["samples"] == 20
+    assert 0 < n["p50_ms"] <= n["p95_ms"] <= n["p99_ms"] <= n["max_ms"] < 10_000
+    assert n["throughput_msg_s"] > 0 and len(n["cpu_ms_per_msg_receivers"]) == 2
+    assert n["cpu_ms_per_msg_server"] >= 0
+    assert row["ratio_p95_nats"] == pytest.approx(row["ours"]["p95_ms"] / n["p95_ms"])
+    assert row["p95_le_nats"] == (row["ours"]["p95_ms"] <= n["p95_ms"])
+    assert len(json.loads((tmp_path / "out" / "samples.json").read_text())["3"]["nats"]) == 20
+    assert "p95 ours/NATS" in (tmp_path / "out" / "bench.md").read_text()
+    assert leftover_procs(tmp_path) == []
+
+
+def test_bench_without_nats_server_says_so_and_omits_nats(tmp_path: Path) -> None:
+    # Hide nats-server: keep only PATH entries without it (the bench runs under sys.executable's full path).
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not (Path(d) / "nats-server").exists())
+    r = bench(tmp_path, {"PATH": path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["nats"]["available"] is False
+    assert "nats-server not on PATH" in report["nats"]["omitted_reason"]
+    [row] = report["results"]
+    assert row["nats"] is None and row["ratio_p95_nats"] is None
+    assert row["ours"]["samples"] == 20 and row["floor"]["samples"] == 20
+    assert "NATS peer omitted: nats-server not on PATH" in (tmp_path / "out" / "bench.md").read_text()
+    assert leftover_procs(tmp_path) == []
