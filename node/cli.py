@@ -62,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--source", default="")
     s.add_argument("--json", action="store_true")
 
+    up = sub.add_parser("update", help="change fields of a memory (new version, replicated)")
+    up.add_argument("id")
+    up.add_argument("--content")
+    up.add_argument("--title")
+    up.add_argument("--tag", action="append", dest="tags", help="repeatable; replaces all tags")
+    up.add_argument("--priority", type=int, help="1..10")
+    up.add_argument("--confidence", type=float, help="0..1")
+    up.add_argument("--source")
+    up.add_argument("--json", action="store_true")
+
     gm = sub.add_parser("get", help="show one memory")
     gm.add_argument("id")
     gm.add_argument("--json", action="store_true")
@@ -262,6 +272,16 @@ def _store(args: argparse.Namespace, cfg: NodeConfig) -> int:
         m = await svc.memory_store(args.content, title=args.title, namespace=args.namespace, tags=args.tags,
                                    priority=args.priority, confidence=args.confidence, source=args.source)
         emit(args, m, lambda m: m["id"])
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("update")
+def _update(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        m = await svc.memory_update(args.id, content=args.content, title=args.title, tags=args.tags,
+                                    priority=args.priority, confidence=args.confidence, source=args.source)
+        emit(args, m, lambda m: f"{m['id']} version {m['version']}")
         return EXIT_OK
     return with_service(go, cfg)
 

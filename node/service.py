@@ -104,6 +104,31 @@ class Service:
         queued = await self.db.write(write)
         return {**memory_dict(row), **await self._after_write(queued, namespace)}
 
+    async def memory_update(self, memory_id: str, *, content: str | None = None, title: str | None = None,
+                            tags: Sequence[str] | None = None, priority: int | None = None,
+                            confidence: float | None = None, source: str | None = None) -> dict[str, Any]:
+        """Change the given fields; bumps ``version`` and ``updated_at`` (unix ms) and replicates the new version."""
+        self._check_id("id", memory_id)
+        given = {k: v for k, v in {"content": content, "title": title, "tags": tags, "priority": priority,
+                                   "confidence": confidence, "source": source}.items() if v is not None}
+        if not given:
+            raise ServiceError("bad_input", "nothing to update: give at least one field")
+        current = await self.db.read(memories.get, memory_id)
+        if current is None:
+            raise ServiceError("not_found", f"no memory with id {memory_id!r}")
+        merged = {**memory_dict(current), **given}
+        self._check_memory_fields(merged["content"], merged["title"], merged["namespace"], merged["tags"],
+                                  merged["priority"], merged["confidence"], merged["source"])
+        ts = self.clock()
+
+        def write(conn):
+            row = memories.update(conn, memory_id, origin=self.agent_id, updated_at=ts, **given)
+            changelog.append(conn, "memory", row.id, row.version, ts)
+            return row, self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, row.namespace, ts)
+
+        row, queued = await self.db.write(write)
+        return {**memory_dict(row), **await self._after_write(queued, row.namespace)}
+
     async def memory_get(self, memory_id: str) -> dict[str, Any]:
         self._check_id("id", memory_id)
         row = await self.db.read(memories.get, memory_id)

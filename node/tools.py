@@ -83,6 +83,18 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
                        "confidence": {**confidence, "default": 1},
                        "source": _text("where the memory came from", lim.max_source_chars)},
                       ("content",))),
+        ToolSpec("memory_update",
+                 "Change fields of a memory; bumps its version and updated_at (unix ms) and replicates it.",
+                 _obj({"id": memory_id,
+                       "content": _text(f"new text, at most {lim.max_content_bytes} UTF-8 bytes",
+                                        lim.max_content_bytes, min_chars=1),
+                       "title": _text("short title", lim.max_title_chars),
+                       "tags": {"type": "array", "maxItems": lim.max_tags, "description": "tags (replaces all)",
+                                "items": _text("tag", lim.max_tag_chars, min_chars=1)},
+                       "priority": {"type": "integer", "minimum": 1, "maximum": 10, "description": "priority 1..10"},
+                       "confidence": confidence,
+                       "source": _text("where the memory came from", lim.max_source_chars)},
+                      ("id",))),
         ToolSpec("memory_get", "Fetch one memory by id (times in unix ms).", _obj({"id": memory_id}, ("id",))),
         ToolSpec("memory_list", "List memories, newest first, optionally in one namespace (times in unix ms).",
                  _obj({"namespace": namespace, "limit": limit(50),
@@ -178,6 +190,8 @@ class ServiceBackend:
         match name:
             case "memory_store":
                 return await s.memory_store(**args)
+            case "memory_update":
+                return await s.memory_update(args.pop("id"), **args)
             case "memory_get":
                 return await s.memory_get(args["id"])
             case "memory_list":

@@ -162,3 +162,16 @@ def test_majority_quorum_succeeds_with_one_down_and_fails_with_two_down(mesh3) -
     assert rc == 1 and "quorum_not_reached" in err and "1 of 2" in err
     m.start([2, 3], want_links=False)
     eventually(lambda: len(ok(c, "list")) == 2, "the failed-quorum write still replicates")
+
+
+def test_update_replicates_as_a_new_version_everywhere(mesh3) -> None:
+    layout, m = mesh3()
+    a, b, c = layout.nodes
+    m.start()
+    mem = ok(a, "store", "version one")
+    eventually(lambda: maybe(c, "get", mem["id"]), "v1 on C")
+    ok(b, "update", mem["id"], "--content", "version two from B")
+    for spec in (a, c):
+        eventually(lambda spec=spec: (maybe(spec, "get", mem["id"]) or {}).get("version") == 2, "v2")
+        got = ok(spec, "get", mem["id"])
+        assert got["content"] == "version two from B" and got["origin"] == b.agent_id

@@ -13,6 +13,7 @@ UUID = "00000000-0000-4000-8000-000000000000"
 GOOD = {
     "memory_store": [{"content": "alpha", "tags": ["ops"]}, {"content": "beta", "title": "sig"},
                      {"content": "x", "namespace": "n", "priority": 10, "confidence": 0.5, "source": "s"}],
+    "memory_update": [{"id": UUID, "content": "new text"}, {"id": UUID, "tags": ["a"], "priority": 2}],
     "memory_get": [{"id": UUID}],
     "memory_list": [{}, {"limit": 10}, {"namespace": "n", "limit": 1, "offset": 3}],
     "memory_recall": [{"query": "Ed25519 signatures"}, {"query": '"', "limit": 100}, {"query": "NEAR(", "namespace": "n"}],
@@ -24,6 +25,7 @@ GOOD = {
 }
 WRONG_TYPE = {
     "memory_store": {"content": 5},
+    "memory_update": {"id": UUID, "priority": "high"},
     "memory_get": {"id": ["x"]},
     "memory_list": {"limit": "10"},
     "memory_recall": {"query": "x", "limit": True},
@@ -35,7 +37,7 @@ WRONG_TYPE = {
 SPECS = {s.name: s for s in tool_specs(LimitsConfig())}
 
 
-def test_the_table_covers_exactly_the_first_tool_set() -> None:
+def test_the_table_covers_exactly_the_tool_set() -> None:
     assert set(TOOL_NAMES) == set(GOOD) == set(WRONG_TYPE)
 
 

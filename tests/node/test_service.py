@@ -164,3 +164,19 @@ async def test_store_past_the_database_budget_is_refused(tmp_path) -> None:
         assert err.value.code == "storage_full"
     finally:
         await svc.close()
+
+
+async def test_update_bumps_version_keeps_other_fields_and_refuses_bad_input(svc: Service) -> None:
+    a = await svc.memory_store("first text", title="t", tags=["x"])
+    b = await svc.memory_update(a["id"], content="second text")
+    assert b["version"] == 2 and b["content"] == "second text" and b["title"] == "t" and b["tags"] == ["x"]
+    assert b["updated_at"] > a["updated_at"]
+    assert [h["id"] for h in await svc.memory_recall("second")] == [a["id"]]
+    for kwargs, code in (({}, "bad_input"), ({"content": ""}, "content_empty"), ({"priority": 0}, "bad_input")):
+        with pytest.raises(ServiceError) as err:
+            await svc.memory_update(a["id"], **kwargs)
+        assert err.value.code == code
+    with pytest.raises(ServiceError) as err:
+        await svc.memory_update("nope", content="x")
+    assert err.value.code == "not_found"
+    assert (await svc.memory_get(a["id"]))["version"] == 2
