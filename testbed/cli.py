@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "testbed, report it and exit 0. A failed start stops what it started.")
     up.add_argument("--nodes", type=int, required=True, help=f"number of nodes, 2..{MAX_NODES}")
     up.add_argument("--backend", choices=("local", "docker"), default="local",
-                    help="local: node subprocesses (default); docker: not available in this build")
+                    help="local: node subprocesses (default); docker: one host-network container per node "
+                         "(needs `testbed image base`; see docs/testbed.md)")
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
     up.add_argument("--base-port", type=int, default=None,
                     help="use ports P..P+3N-1 (mesh, health, MCP HTTP per node); default: free ephemeral ports")
@@ -79,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="parent of the temporary mesh directories "
                                                                   f"(default ./{DEFAULT_DIR})")
     bn.add_argument("--no-plot", action="store_true", help="skip the PNG CDFs")
+    bn.add_argument("--backend", choices=("local", "docker"), default="local",
+                    help="run each mesh as node subprocesses (default) or one container per node")
+    from testbed.image import add_parser as add_image_parser
+    add_image_parser(sub)
     return p
 
 
@@ -91,8 +96,12 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def cmd_up(args: argparse.Namespace) -> int:
     from testbed.control import up
 
-    state, already = up(args.dir, args.nodes, backend=args.backend, base_port=args.base_port,
-                        ready_timeout_s=args.timeout)
+    if args.backend == "docker":
+        from testbed.docker import up
+        state, already = up(args.dir, args.nodes, base_port=args.base_port, ready_timeout_s=args.timeout)
+    else:
+        state, already = up(args.dir, args.nodes, backend=args.backend, base_port=args.base_port,
+                            ready_timeout_s=args.timeout)
     if already:
         print(f"testbed: a testbed is already running in {state.root} ({len(state.nodes)} nodes); "
               f"nothing started", file=sys.stderr)
@@ -114,7 +123,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from testbed.control import node_status, require_state
 
     state = require_state(args.dir)
-    rows = [node_status(n) for n in state.nodes]
+    if state.backend == "docker":
+        from testbed.docker import node_rows
+        rows = node_rows(state)
+    else:
+        rows = [node_status(n) for n in state.nodes]
     if args.json:
         print(json.dumps({"dir": state.root, "nodes": rows}, indent=2))
     else:
@@ -126,8 +139,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from testbed.control import down
+    from testbed.control import down, require_state
 
+    if require_state(args.dir).backend == "docker":
+        from testbed.docker import down
     for node, what in down(args.dir, grace_s=args.grace):
         print(f"node-{node.index} pid {node.pid}: {what}")
     print(f"testbed in {args.dir.resolve()} removed")
@@ -135,7 +150,10 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from testbed.control import log_tail
+    from testbed.control import log_tail, require_state
+
+    if require_state(args.dir).backend == "docker":
+        from testbed.docker import log_tail
 
     print(log_tail(args.dir, args.node, args.lines))
     return 0
@@ -146,14 +164,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     nodes = args.nodes or (list(bench.QUICK_NODES) if args.quick else [3, 5, 10])
     messages = args.messages or (bench.QUICK_MESSAGES if args.quick else 2000)
-    report = bench.run(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
+    if args.backend == "docker":
+        from testbed.docker import run_bench
+        report = run_bench(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
+    else:
+        report = bench.run(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
     print((args.out / "bench.md").read_text(encoding="utf-8"))
     print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}"
           + "".join(f", {p}" for p in report["plots"]), file=sys.stderr)
     return 0
 
 
-HANDLERS = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "logs": cmd_logs, "bench": cmd_bench}
+def cmd_image(args: argparse.Namespace) -> int:
+    from testbed.image import cmd_image as run_image
+
+    return run_image(args)
+
+
+HANDLERS = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "logs": cmd_logs, "bench": cmd_bench,
+            "image": cmd_image}
 
 
 def main(argv: list[str] | None = None) -> int:
