@@ -285,10 +285,12 @@ class Federation:
             last = rows[-1].seq if rows else since
             return {"items": items, "next": last, "more": len(rows) == limit}
 
+        read_at = self.svc.clock()
         page = await self.svc.db.read(read)
         if not page["more"]:
-            # Only changes the log carries are covered by the catch-up; a dead ping stays for replay.
-            cleared = await self.svc.db.write(outbox.clear_dead_letters, peer, SYNCED_KINDS)
+            # Only changes the log carries are covered by the catch-up (a dead ping stays for replay), and
+            # only letters dead before this page was read: a later one may carry a change made since.
+            cleared = await self.svc.db.write(outbox.clear_dead_letters, peer, SYNCED_KINDS, read_at)
             if cleared:
                 log.info("dead_letters_cleared", extra={"ev": {"peer": peer, "count": cleared,
                                                                "reason": "peer caught up through sync"}})

@@ -180,9 +180,13 @@ def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expir
 
 
 def clear_dead_letters(conn: sqlite3.Connection, peer: str | None = None,
-                       kinds: tuple[str, ...] | None = None) -> int:
-    """Delete dead letters (all, or one peer's, optionally only of ``kinds``); returns how many."""
+                       kinds: tuple[str, ...] | None = None, dead_before: int | None = None) -> int:
+    """Delete dead letters (all, or one peer's, optionally only of ``kinds`` and dead at or before
+    ``dead_before`` unix ms); returns how many."""
     where, params = [], []
+    if dead_before is not None:
+        where.append("dead_at <= ?")
+        params.append(dead_before)
     if peer is not None:
         where.append("peer = ?")
         params.append(peer)

@@ -132,3 +132,16 @@ async def test_counters_increment_from_zero(db: Database):
     assert await db.write(changelog.incr, "bad_signature") == 1
     assert await db.write(changelog.incr, "bad_signature", 4) == 5
     assert await db.read(changelog.all_counters) == {"bad_signature": 5}
+
+
+async def test_clear_dead_letters_by_kind_and_time_keeps_the_rest(db: Database):
+    def setup(conn):
+        for i, (kind, dead_at) in enumerate([("memory.put", 10), ("ping", 10), ("link.put", 30)]):
+            outbox.enqueue(conn, f"00000000-0000-4000-8000-00000000000{i}", "ai:b", kind, b"x", 100, 0, 0)
+            row = outbox.pending_for_peer(conn, "ai:b", 10)[0]
+            outbox.to_dead_letter(conn, row.id, "gone", dead_at)
+
+    await db.write(setup)
+    assert await db.write(outbox.clear_dead_letters, "ai:b", ("memory.put", "link.put"), 20) == 1
+    left = {d.kind for d in await db.read(outbox.dead_letters, "ai:b")}
+    assert left == {"ping", "link.put"}
