@@ -34,6 +34,7 @@ from storage import Database  # noqa: E402
 from storage import memories  # noqa: E402
 from storage.memories import MemoryRow  # noqa: E402
 from node.config import from_dict  # noqa: E402
+from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
 from node.service import Service  # noqa: E402
 
 SEED = 20240611
@@ -215,7 +216,11 @@ async def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "storage.json")
+    ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,
+                    help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets; "
+                         "Python's own default is 0.005)")
     args = ap.parse_args(argv)
+    sys.setswitchinterval(args.switch_interval)
     sizes = QUICK if args.quick else FULL
     corpus = Corpus()
     queries = [corpus.query() for _ in range(sizes.queries)]
@@ -231,7 +236,7 @@ async def main(argv: list[str] | None = None) -> dict:
                 recall.append(await bench_recall(db, corpus, queries))
         finally:
             await db.close()
-    report = {"bench": "storage", "quick": args.quick, "sizes": asdict(sizes), "writes": writes, "recall": recall,
+    report = {"bench": "storage", "quick": args.quick, "switch_interval_s": args.switch_interval, "sizes": asdict(sizes), "writes": writes, "recall": recall,
               "sqlite": sqlite3.sqlite_version, "python": platform.python_version(), "machine": platform.machine(),
               "total_seconds": round(time.perf_counter() - t_start, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -243,8 +248,8 @@ async def main(argv: list[str] | None = None) -> dict:
 
 def markdown(r: dict) -> str:
     w = r["writes"]
-    lines = [f"### storage bench ({'quick' if r['quick'] else 'full'}, SQLite {r['sqlite']}, "
-             f"{r['total_seconds']} s)", "",
+    lines = [f"### storage bench ({'quick' if r['quick'] else 'full'}, SQLite {r['sqlite']}, GIL switch interval "
+             f"{r['switch_interval_s']} s, {r['total_seconds']} s)", "",
              f"| writes ({w['writers']} concurrent writers) | rows | inserts/s | commits |",
              "|---|---:|---:|---:|",
              f"| commit per row | {w['per_commit']['rows']} | {w['per_commit']['inserts_per_s']} | "
