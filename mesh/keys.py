@@ -263,6 +263,12 @@ class Identity:
     pub_path: Path
     fingerprint: str
 
+    @classmethod
+    def of(cls, agent_id: str, private_key: Ed25519PrivateKey, priv_path: Path, pub_path: Path) -> Identity:
+        public_key = private_key.public_key()
+        return cls(agent_id=agent_id, private_key=private_key, public_key=public_key, priv_path=priv_path,
+                   pub_path=pub_path, fingerprint=fingerprint(public_key))
+
 
 def _identity_paths(keys_dir: Path, agent_id: str) -> tuple[Path, Path]:
     validate_agent_id(agent_id)
@@ -300,14 +306,7 @@ def generate_identity(keys_dir: Path, agent_id: str, *, force: bool = False) -> 
             "identity_exists",
             f"An identity for {agent_id} appeared while generating: {exc.message}",
         ) from None
-    return Identity(
-        agent_id=agent_id,
-        private_key=private_key,
-        public_key=public_key,
-        priv_path=priv_path,
-        pub_path=pub_path,
-        fingerprint=fingerprint(public_key),
-    )
+    return Identity.of(agent_id, private_key, priv_path, pub_path)
 
 
 def _agent_id_from_name(name: str, suffix: str) -> str:
@@ -356,14 +355,7 @@ def load_identity(keys_dir: Path, agent_id: str | None = None) -> Identity:
                 f"{pub_path} does not match {priv_path}; re-export the public key "
                 "or restore the right pair.",
             )
-    return Identity(
-        agent_id=agent_id,
-        private_key=private_key,
-        public_key=public_key,
-        priv_path=priv_path,
-        pub_path=pub_path,
-        fingerprint=fingerprint(public_key),
-    )
+    return Identity.of(agent_id, private_key, priv_path, pub_path)
 
 
 def _list_files(directory: Path, suffix: str) -> list[Path]:
