@@ -120,11 +120,6 @@ def test_status_and_down_without_a_testbed_explain(tb_dir: Path) -> None:
         assert r.returncode != 0 and "no testbed" in r.stderr
 
 
-def test_docker_backend_says_it_is_not_available(tb_dir: Path) -> None:
-    r = run_testbed("up", "--nodes", "2", "--backend", "docker", "--dir", str(tb_dir))
-    assert r.returncode != 0 and "not available in this build" in r.stderr
-
-
 def test_bench_smoke_writes_percentiles_for_ours_and_floor(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = run_testbed("bench", "--nodes", "3", "--messages", "20", "--out", str(out), "--dir", str(tmp_path / "work"),
