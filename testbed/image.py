@@ -273,7 +273,7 @@ def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = Fa
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="am-node-ctx-") as ctx_s:
         ctx = Path(ctx_s)
-        say(f"image node [1/2] pip wheel the project and its dependencies into the build context")
+        say("image node [1/2] pip wheel the project and its dependencies into the build context")
         r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
                             "-w", str(ctx / "wheels"), str(ROOT)], capture_output=True, timeout=WHEEL_TIMEOUT_S)
         if r.returncode != 0:
@@ -284,7 +284,7 @@ def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = Fa
             f"(+{time.monotonic() - t0:.0f}s)")
         # The classic builder: no buildx plugin is needed, and the build uses no network.
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-        r = docker("build", "--network", "none", "--build-arg", f"BASE_IMAGE={base}", "-t", tag,
+        docker("build", "--network", "none", "--build-arg", f"BASE_IMAGE={base}", "-t", tag,
                    "--label", f"attested-mesh.source={source_digest()}", str(ctx),
                    timeout=BUILD_TIMEOUT_S, env=env)
     say(f"image node: {tag} built (+{time.monotonic() - t0:.0f}s)")
