@@ -219,8 +219,20 @@ def _remove_tree(root: Path) -> None:
 
 
 def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: int | None = None,
-        command: str | None = None, plot: bool = True) -> dict:
-    """Run the bench for every N in ``nodes_list``; write out/bench.json, out/bench.md and PNG CDFs."""
+        command: str | None = None, plot: bool = True, netem: str | None = None) -> dict:
+    """Run the bench for every N in ``nodes_list``; write out/bench.json, out/bench.md and PNG CDFs.
+
+    ``netem`` ("delay 25ms 5ms loss 1%"): run each mesh and floor in network namespaces under that
+    emulated WAN (testbed/faults.py); the NATS peer is not run then.
+    """
+    em = None
+    if netem:
+        from testbed import faults, netns
+
+        em = faults.parse_netem(netem)
+        ok, why = netns.ip_netns_supported()
+        if not ok:
+            raise TestbedError("netns_unavailable", f"--netem needs network namespaces: {why}")
     for n in nodes_list:
         check_node_count(n)
     if messages < 1:
@@ -229,10 +241,11 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
     floor.new_loop_policy()
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    nats_missing = nats_peer.unavailable()
+    nats_missing = "not run under --netem (nats-server stays on 127.0.0.1)" if em else nats_peer.unavailable()
     if nats_missing:
         print(f"bench: NATS peer omitted: {nats_missing}", file=sys.stderr)
-    rows = [bench_one(work, n, messages, warmup, nats_missing) for n in nodes_list]
+    rows = [faults.bench_one_netem(work, n, messages, warmup, em) if em else
+            bench_one(work, n, messages, warmup, nats_missing) for n in nodes_list]
     report = {"command": command or "testbed " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
               "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
@@ -247,10 +260,15 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
                                 "into their own SQLite file (WAL, synchronous=NORMAL, one commit per message) "
                                 "and reply 2 bytes; latency = publish to last of the N-1 replies"},
               "results": [{k: v for k, v in r.items() if k != "_samples"} for r in rows]}
+    if em:
+        report["netem"] = {"spec": em.describe(), "emulated_rtt_ms": em.emulated_rtt_ms,
+                           "rtt_note": "emulated RTT = 2 × delay (the delay is applied on the sender's egress "
+                                       "and again on the receiver's for the ACK); user-space netem over "
+                                       "NFQUEUE because this kernel has no sch_netem."}
     (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "samples.json").write_text(json.dumps({str(r["nodes"]): r["_samples"] for r in rows}) + "\n",
                                       encoding="utf-8")
-    md = markdown(report)
+    md = markdown(report) + (faults.netem_markdown(report) if em else "")
     (out / "bench.md").write_text(md, encoding="utf-8")
     report["plots"] = plot_cdfs(rows, out) if plot else []
     return report

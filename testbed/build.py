@@ -31,6 +31,10 @@ class NodeSpec:
     health_port: int
     mcp_http_port: int
     fingerprint: str
+    # The address the node's mesh server listens on and peers dial; with ``netns`` (testbed/netns.py)
+    # the node runs inside that network namespace and ``host`` is its address on the testbed bridge.
+    host: str = "127.0.0.1"
+    netns: str | None = None
 
     @property
     def config_path(self) -> Path:
@@ -38,7 +42,7 @@ class NodeSpec:
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
 
 @dataclass
@@ -81,8 +85,13 @@ def check_ports_free(ports: list[int], host: str = "127.0.0.1") -> None:
 
 
 def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_http: bool = True,
-                 extra_config: str = "", retry_delays_s: tuple[float, ...] | None = None) -> MeshLayout:
-    """Create the whole on-disk mesh under ``root`` (which must be empty or absent)."""
+                 extra_config: str = "", retry_delays_s: tuple[float, ...] | None = None,
+                 netns: dict[int, tuple[str, str]] | None = None) -> MeshLayout:
+    """Create the whole on-disk mesh under ``root`` (which must be empty or absent).
+
+    ``netns`` maps node index -> (namespace name, address): that node then listens on that address,
+    its certificate carries it as an IP SAN and peers dial it (testbed/netns.py makes the namespaces).
+    """
     if not 2 <= nodes <= MAX_NODES:
         raise TestbedError("bad_node_count", f"--nodes must be between 2 and {MAX_NODES}, got {nodes}")
     longest = root.resolve() / f"node-{nodes}" / "run" / "node.sock"
@@ -107,12 +116,14 @@ def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_ht
         home = root / f"node-{i}"
         ident = keys.generate_identity(home / "keys", agent_id_for(i))
         (home / "tls").mkdir(parents=True, exist_ok=True)
-        ca.issue_node_cert(ca_dir, ident.agent_id, ident.pub_path, home / "tls" / "node.crt")
+        ns_name, host = (netns or {}).get(i, (None, "127.0.0.1"))
+        ca.issue_node_cert(ca_dir, ident.agent_id, ident.pub_path, home / "tls" / "node.crt",
+                           extra_ips=() if host == "127.0.0.1" else (host,))
         shutil.copyfile(ca_dir / ca.CA_CERT_NAME, home / "tls" / "ca.crt")
         layout.nodes.append(NodeSpec(index=i, agent_id=ident.agent_id, home=home, port=ports[3 * (i - 1)],
                                      health_port=ports[3 * (i - 1) + 1],
                                      mcp_http_port=ports[3 * (i - 1) + 2] if mcp_http else 0,
-                                     fingerprint=ident.fingerprint))
+                                     fingerprint=ident.fingerprint, host=host, netns=ns_name))
     for spec in layout.nodes:
         exchange_pubs(layout, spec)
         spec.config_path.write_text(render_config(layout, spec, extra_config, retry_delays_s), encoding="utf-8")
@@ -133,7 +144,7 @@ def render_config(layout: MeshLayout, spec: NodeSpec, extra: str = "",
         f'home = "{spec.home}"',
         "",
         "[mesh]",
-        'listen_host = "127.0.0.1"',
+        f'listen_host = "{spec.host}"',
         f"listen_port = {spec.port}",
         f"health_port = {spec.health_port}",
         "reconnect_max_s = 1.0",

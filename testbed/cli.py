@@ -17,7 +17,7 @@ DEFAULT_DIR = Path(".testbed")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 USAGE_CODES = {"bad_node_count", "bad_nodes", "bad_port", "port_in_use", "dir_not_empty", "dir_not_dir", "dir_too_long",
-               "backend_unavailable", "bad_messages", "unknown_node"}
+               "backend_unavailable", "bad_messages", "unknown_node", "bad_netem", "bad_fault", "no_netns"}
 
 
 def _nodes_list(text: str) -> list[int]:
@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use ports P..P+3N-1 (mesh, health, MCP HTTP per node); default: free ephemeral ports")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for every link up (default 60)")
     up.add_argument("--json", action="store_true", help="print the node table as JSON")
+    up.add_argument("--netns", action="store_true",
+                    help="local backend: each node in its own network namespace on a testbed-private bridge "
+                         "(10.231.K.0/24), so `testbed fault` can delay, drop and partition per node; needs root "
+                         "(without it: loopback only, no network faults)")
 
     st = sub.add_parser("status", help="per node: pid alive, /healthz, peer links up")
     st.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
@@ -82,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-plot", action="store_true", help="skip the PNG CDFs")
     bn.add_argument("--backend", choices=("local", "docker"), default="local",
                     help="run each mesh as node subprocesses (default) or one container per node")
+    bn.add_argument("--netem", default=None, metavar="SPEC",
+                    help='emulated WAN, e.g. "delay 25ms 5ms loss 1%%": every node (and floor receiver) in its '
+                         "own namespace with that delay/loss on its egress; needs root")
+    fl = sub.add_parser("fault", help="inject a fault into a --netns testbed: latency|loss|partition|heal|kill|restart",
+                        description="latency NODE 25ms [JITTER]: delay NODE's egress; loss NODE 1%%: drop that share "
+                                    "of NODE's egress packets; partition A B: drop traffic between A and B; heal "
+                                    "[NODE|all]: undo latency, loss and partitions; kill NODE: SIGKILL its process; "
+                                    "restart NODE: stop (if running) and start it again, wait until healthy. "
+                                    "latency/loss/partition/heal need `testbed up --netns`; kill/restart work on "
+                                    "any local testbed.")
+    fl.add_argument("action", choices=("latency", "loss", "partition", "heal", "kill", "restart"))
+    fl.add_argument("targets", nargs="*", help="node(s) and values, see above")
+    fl.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
+    fl.add_argument("--timeout", type=float, default=60.0, help="restart: seconds to wait until ready (default 60)")
     from testbed.image import add_parser as add_image_parser
     add_image_parser(sub)
     return p
@@ -99,6 +117,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.backend == "docker":
         from testbed.docker import up
         state, already = up(args.dir, args.nodes, base_port=args.base_port, ready_timeout_s=args.timeout)
+    elif getattr(args, "netns", False) and _netns_ok():
+        from testbed.netns import up as netns_up
+        state, already = netns_up(args.dir, args.nodes, base_port=args.base_port, ready_timeout_s=args.timeout,
+                                  say=lambda m: print(m, file=sys.stderr))
     else:
         state, already = up(args.dir, args.nodes, backend=args.backend, base_port=args.base_port,
                             ready_timeout_s=args.timeout)
@@ -119,6 +141,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _netns_ok() -> bool:
+    from testbed.netns import ip_netns_supported
+
+    ok, why = ip_netns_supported()
+    if not ok:
+        print(f"testbed: --netns refused: {why}; running loopback-only, without network faults", file=sys.stderr)
+    return ok
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from testbed.control import node_status, require_state
 
@@ -126,6 +157,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.backend == "docker":
         from testbed.docker import node_rows
         rows = node_rows(state)
+    elif (Path(state.root) / "netns.json").exists():
+        from testbed.netns import node_rows
+        rows = node_rows(Path(state.root))
     else:
         rows = [node_status(n) for n in state.nodes]
     if args.json:
@@ -141,6 +175,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from testbed.control import down, require_state
 
+    if (args.dir / "netns.json").exists():
+        from testbed.netns import down as netns_down
+        results, done = netns_down(args.dir, grace_s=args.grace)
+        for node, what in results:
+            print(f"node-{node.index} pid {node.pid}: {what}")
+        print("\n".join(done))
+        print(f"testbed in {args.dir.resolve()} removed")
+        return 0
     if require_state(args.dir).backend == "docker":
         from testbed.docker import down
     for node, what in down(args.dir, grace_s=args.grace):
@@ -168,10 +210,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from testbed.docker import run_bench
         report = run_bench(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
     else:
-        report = bench.run(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
+        extra = {"netem": args.netem} if args.netem else {}
+        report = bench.run(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot, **extra)
     print((args.out / "bench.md").read_text(encoding="utf-8"))
     print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}"
           + "".join(f", {p}" for p in report["plots"]), file=sys.stderr)
+    return 0
+
+
+def cmd_fault(args: argparse.Namespace) -> int:
+    from testbed.faults import run_fault
+
+    for line in run_fault(args.dir, args.action, args.targets, timeout_s=args.timeout):
+        print(line)
     return 0
 
 
@@ -182,7 +233,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "logs": cmd_logs, "bench": cmd_bench,
-            "image": cmd_image}
+            "image": cmd_image, "fault": cmd_fault}
 
 
 def main(argv: list[str] | None = None) -> int:

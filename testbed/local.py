@@ -19,7 +19,9 @@ READY_POLL_S = 0.1
 
 
 def node_command(spec: NodeSpec) -> list[str]:
-    return [sys.executable, "-m", "node.cli", "--config", str(spec.config_path), "serve"]
+    cmd = [sys.executable, "-m", "node.cli", "--config", str(spec.config_path), "serve"]
+    # `ip netns exec` execs the command in place: the pid we record is the node's own.
+    return (["ip", "netns", "exec", spec.netns] + cmd) if spec.netns else cmd
 
 
 def node_env(spec: NodeSpec) -> dict[str, str]:
@@ -42,7 +44,22 @@ def start_node(spec: NodeSpec) -> subprocess.Popen:
 
 
 def health(spec: NodeSpec, timeout_s: float = 1.0) -> dict | None:
-    """The node's /healthz (plain HTTP on its loopback health port), or None when it does not answer."""
+    """The node's /healthz (plain HTTP on its loopback health port), or None when it does not answer.
+
+    A node in a network namespace is asked on that namespace's loopback (this thread enters it briefly).
+    """
+    if spec.netns:
+        from testbed.netns import entered
+
+        try:
+            with entered(spec.netns):
+                return _healthz(spec, timeout_s)
+        except OSError:
+            return None
+    return _healthz(spec, timeout_s)
+
+
+def _healthz(spec: NodeSpec, timeout_s: float) -> dict | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{spec.health_port}/healthz", timeout=timeout_s) as r:
             return json.loads(r.read())

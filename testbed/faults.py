@@ -1,0 +1,651 @@
+"""testbed fault latency|loss|partition|heal|kill|restart, and emulated WAN for `testbed bench --netem`.
+
+Per-node link conditions live in the node's own namespace (testbed/netns.py), on its egress to the
+testbed subnet, in an iptables chain ``am_fault`` hooked from OUTPUT:
+
+* partition A B: ``-d B -j DROP`` in A's namespace and ``-d A -j DROP`` in B's, then the established
+  TCP connections between them are aborted (``ss -K``) so both sides see the partition at once rather
+  than after the 15 s WebSocket heartbeat.
+* latency / loss: this kernel has no ``sch_netem`` (``tc qdisc add ... netem`` says "Specified qdisc kind
+  is unknown"), so the testbed does netem's job in user space: ``-o eth0 -d SUBNET -j NFQUEUE
+  --queue-bypass`` hands every outgoing packet to a small helper (``python -m testbed.faults delayd``,
+  running inside the namespace) that drops it with probability loss and otherwise releases it after
+  delay ± jitter (uniform, like netem without a distribution table; packets keep their order).
+  ``--queue-bypass``: if the helper is gone, packets pass undelayed rather than vanish.
+
+Delay is applied on each node's egress only, so between two nodes with ``delay D`` the emulated
+round-trip time is 2·D (D on the way out of the sender, D on the way out of the receiver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import os
+import random
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from testbed.build import TestbedError
+from testbed import netns
+
+CHAIN = "am_fault"
+QUEUE = 0
+HELPER_START_S = 10.0
+
+
+# --- netem-like specs --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Netem:
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.delay_ms > 0 or self.loss_pct > 0
+
+    def describe(self) -> str:
+        parts = []
+        if self.delay_ms:
+            parts.append(f"delay {self.delay_ms:g}ms" + (f" {self.jitter_ms:g}ms" if self.jitter_ms else ""))
+        if self.loss_pct:
+            parts.append(f"loss {self.loss_pct:g}%")
+        return " ".join(parts) or "none"
+
+    @property
+    def emulated_rtt_ms(self) -> float:
+        """Node-to-node RTT: the delay is applied on both nodes' egress, so 2 x delay (jitter has mean 0)."""
+        return 2 * self.delay_ms
+
+
+def parse_time_ms(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)?\s*", text)
+    if not m:
+        raise TestbedError("bad_netem", f"expected a time like 25ms, 0.5s or 250us, got {text!r}")
+    value, unit = float(m.group(1)), m.group(2) or "ms"
+    return value * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def parse_pct(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%?\s*", text)
+    if not m or not 0 <= float(m.group(1)) <= 100:
+        raise TestbedError("bad_netem", f"expected a percentage like 1% (0..100), got {text!r}")
+    return float(m.group(1))
+
+
+def parse_netem(text: str) -> Netem:
+    """``delay 25ms [5ms] [loss 1%]`` (the tc-netem words this testbed emulates)."""
+    words = text.split()
+    out = Netem()
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "delay" and i + 1 < len(words):
+            out = replace(out, delay_ms=parse_time_ms(words[i + 1]))
+            i += 2
+            if i < len(words) and re.fullmatch(r"[0-9.]+(us|ms|s)?", words[i]):
+                out = replace(out, jitter_ms=parse_time_ms(words[i]))
+                i += 1
+        elif w == "loss" and i + 1 < len(words):
+            out = replace(out, loss_pct=parse_pct(words[i + 1]))
+            i += 2
+        else:
+            raise TestbedError("bad_netem", f"cannot parse netem spec {text!r} at {w!r} "
+                                            "(supported: delay TIME [JITTER] loss PCT%)")
+    if out.jitter_ms > out.delay_ms:
+        raise TestbedError("bad_netem", f"jitter {out.jitter_ms:g}ms exceeds delay {out.delay_ms:g}ms")
+    return out
+
+
+# --- iptables chain in a node namespace --------------------------------------------------------------
+
+def _ipt(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return netns.in_ns(ns, "iptables", "-w", "5", *args, check=check)
+
+
+def _ensure_chain(ns: str) -> None:
+    if _ipt(ns, "-S", CHAIN, check=False).returncode != 0:
+        _ipt(ns, "-N", CHAIN)
+        _ipt(ns, "-A", "OUTPUT", "-j", CHAIN)
+
+
+def _render_chain(root: Path, net: netns.NetState, index: int) -> None:
+    """Rewrite node ``index``'s am_fault chain from the recorded partitions and netem."""
+    nn = net.node(index)
+    _ensure_chain(nn.ns)
+    _ipt(nn.ns, "-F", CHAIN)
+    for a, b in net.partitions:
+        if index in (a, b):
+            other = net.node(b if index == a else a)
+            _ipt(nn.ns, "-A", CHAIN, "-d", f"{other.addr}/32", "-j", "DROP")
+    f = net.faults.get(str(index))
+    if f and Netem(f["delay_ms"], f["jitter_ms"], f["loss_pct"]).active:
+        _ipt(nn.ns, "-A", CHAIN, "-o", netns.NODE_IF, "-d", netns.SUBNET.format(k=net.k),
+             "-j", "NFQUEUE", "--queue-num", str(QUEUE), "--queue-bypass")
+
+
+def _helper_alive(f: dict) -> bool:
+    from testbed.state import start_ticks
+
+    pid = f.get("pid")
+    return bool(pid) and start_ticks(pid) == f.get("pid_ticks")
+
+
+def _stop_helper(f: dict) -> bool:
+    if not _helper_alive(f):
+        return False
+    try:
+        os.kill(f["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + 5.0
+    while _helper_alive(f) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _helper_alive(f):
+        os.kill(f["pid"], signal.SIGKILL)
+    return True
+
+
+def stop_all_helpers(net: netns.NetState) -> list[str]:
+    done = []
+    for idx, f in net.faults.items():
+        if _stop_helper(f):
+            done.append(f"node-{idx}: delay helper pid {f['pid']} stopped")
+    return done
+
+
+def _start_helper(root: Path, nn: netns.NodeNet, em: Netem) -> tuple[int, int]:
+    from testbed.state import start_ticks
+
+    log = open(Path(root) / f"delayd-n{nn.index}.log", "ab")
+    try:
+        proc = subprocess.Popen(["ip", "netns", "exec", nn.ns, sys.executable, "-m", "testbed.faults", "delayd",
+                                 "--queue", str(QUEUE), "--delay-ms", str(em.delay_ms),
+                                 "--jitter-ms", str(em.jitter_ms), "--loss-pct", str(em.loss_pct)],
+                                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
+    finally:
+        log.close()
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], HELPER_START_S)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    proc.stdout.close()
+    if line != "ready":
+        proc.kill()
+        proc.wait(5)
+        raise TestbedError("fault_failed", f"delay helper in {nn.ns} did not start "
+                                           f"(see {Path(root) / f'delayd-n{nn.index}.log'})")
+    return proc.pid, start_ticks(proc.pid) or 0
+
+
+def _pythonpath() -> str:
+    here = str(Path(__file__).resolve().parents[1])
+    old = os.environ.get("PYTHONPATH", "")
+    return here + (os.pathsep + old if old else "")
+
+
+def set_netem(root: Path, net: netns.NetState, index: int, em: Netem) -> None:
+    """Give node ``index``'s egress the conditions ``em`` (replacing earlier latency/loss on it)."""
+    nn = net.node(index)
+    old = net.faults.pop(str(index), None)
+    if old:
+        _stop_helper(old)
+    if em.active:
+        pid, ticks = _start_helper(root, nn, em)
+        net.faults[str(index)] = {"delay_ms": em.delay_ms, "jitter_ms": em.jitter_ms, "loss_pct": em.loss_pct,
+                                  "pid": pid, "pid_ticks": ticks}
+    netns.write_net(root, net)
+    _render_chain(root, net, index)
+
+
+def partition(root: Path, net: netns.NetState, a: int, b: int) -> None:
+    if a == b:
+        raise TestbedError("bad_fault", "partition needs two different nodes")
+    pair = sorted((a, b))
+    if pair not in net.partitions:
+        net.partitions.append(pair)
+    netns.write_net(root, net)
+    for i in pair:
+        _render_chain(root, net, i)
+    for i, j in ((a, b), (b, a)):
+        netns.in_ns(net.node(i).ns, "ss", "-K", "dst", net.node(j).addr, check=False)
+
+
+def heal(root: Path, net: netns.NetState, index: int | None) -> list[int]:
+    """Remove latency/loss and partitions of one node (or all); returns the nodes whose chains changed."""
+    touched: set[int] = set()
+    for a, b in list(net.partitions):
+        if index is None or index in (a, b):
+            net.partitions.remove([a, b])
+            touched |= {a, b}
+    for key in list(net.faults):
+        if index is None or int(key) == index:
+            _stop_helper(net.faults.pop(key))
+            touched.add(int(key))
+    netns.write_net(root, net)
+    for i in sorted(touched):
+        _render_chain(root, net, i)
+    return sorted(touched)
+
+
+def describe(net: netns.NetState | None, index: int) -> dict:
+    if net is None:
+        return {}
+    f = net.faults.get(str(index))
+    return {"netns": net.node(index).ns, "addr": net.node(index).addr,
+            "netem": Netem(f["delay_ms"], f["jitter_ms"], f["loss_pct"]).describe() if f else "none",
+            "helper": ("alive" if _helper_alive(f) else "DEAD") if f else "-",
+            "partitioned_from": sorted(b if a == index else a for a, b in net.partitions if index in (a, b))}
+
+
+# --- the CLI's `fault` subcommand --------------------------------------------------------------------
+
+def _need_net(net: netns.NetState | None, what: str, root: Path) -> netns.NetState:
+    if net is None:
+        raise TestbedError("no_netns", f"`fault {what}` needs a testbed started with `testbed up --netns` "
+                                       f"(the one in {root} runs on loopback only: no per-node network faults)")
+    return net
+
+
+def run_fault(root: Path, action: str, targets: list[str], *, timeout_s: float = 60.0) -> list[str]:
+    """Apply one fault to the testbed in ``root``; returns lines to print."""
+    from testbed.build import MeshLayout
+    from testbed.local import start_node, wait_ready
+    from testbed.state import is_ours, start_ticks, stop_pid, write_state
+
+    state, net, specs = netns.specs_for(root)
+    root = Path(state.root)
+
+    def idx(name: str) -> int:
+        return state.node(name).index
+
+    def need(n: int) -> None:
+        if len(targets) < n:
+            raise TestbedError("bad_fault", f"`fault {action}` needs {n} argument(s)")
+
+    if action == "latency":
+        need(2)
+        net = _need_net(net, action, root)
+        i = idx(targets[0])
+        old = net.faults.get(str(i), {})
+        em = Netem(parse_time_ms(targets[1]), parse_time_ms(targets[2]) if len(targets) > 2 else 0.0,
+                   old.get("loss_pct", 0.0))
+        set_netem(root, net, i, em)
+        return [f"node-{i}: egress {em.describe()} (RTT to a node without faults +{em.delay_ms:g} ms)"]
+    if action == "loss":
+        need(2)
+        net = _need_net(net, action, root)
+        i = idx(targets[0])
+        old = net.faults.get(str(i), {})
+        em = Netem(old.get("delay_ms", 0.0), old.get("jitter_ms", 0.0), parse_pct(targets[1]))
+        set_netem(root, net, i, em)
+        return [f"node-{i}: egress {em.describe()}"]
+    if action == "partition":
+        need(2)
+        net = _need_net(net, action, root)
+        a, b = idx(targets[0]), idx(targets[1])
+        partition(root, net, a, b)
+        return [f"node-{a} and node-{b} partitioned (traffic between them dropped, connections aborted)"]
+    if action == "heal":
+        net = _need_net(net, action, root)
+        which = None if not targets or targets[0] == "all" else idx(targets[0])
+        touched = heal(root, net, which)
+        return [f"healed: {', '.join(f'node-{i}' for i in touched) or 'nothing to heal'}"]
+    if action == "kill":
+        need(1)
+        node = state.node(targets[0])
+        if not is_ours(node):
+            return [f"node-{node.index}: not running"]
+        os.kill(node.pid, signal.SIGKILL)
+        return [f"node-{node.index}: pid {node.pid} SIGKILLed"]
+    if action == "restart":
+        need(1)
+        node = state.node(targets[0])
+        spec = specs[node.index - 1]
+        lines = []
+        if is_ours(node):
+            lines.append(f"node-{node.index}: pid {node.pid} {stop_pid(node)}")
+        proc = start_node(spec)
+        node.pid, node.pid_start_ticks = proc.pid, start_ticks(proc.pid) or 0
+        write_state(state)
+        others_ok = all(is_ours(n) for n in state.nodes if n is not node) and not (
+            net and any(node.index in p for p in net.partitions))
+        wait_ready(MeshLayout(root=root, nodes=specs), [spec], {node.index: proc}, timeout_s=timeout_s,
+                   want_links=others_ok)
+        lines.append(f"node-{node.index}: restarted as pid {proc.pid}, "
+                     + ("every link up" if others_ok else "healthy (some peers down or partitioned)"))
+        return lines
+    raise TestbedError("bad_fault", f"unknown fault {action!r}")
+
+
+# --- the user-space netem helper (NFQUEUE) -----------------------------------------------------------
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_QUEUE = 3
+NFQNL_MSG_PACKET, NFQNL_MSG_VERDICT, NFQNL_MSG_CONFIG = 0, 1, 2
+NFQA_PACKET_HDR, NFQA_VERDICT_HDR = 1, 2
+NFQA_CFG_CMD, NFQA_CFG_PARAMS, NFQA_CFG_QUEUE_MAXLEN, NFQA_CFG_MASK, NFQA_CFG_FLAGS = 1, 2, 3, 4, 5
+NFQNL_CFG_CMD_BIND = 1
+NFQNL_COPY_META = 1
+NFQA_CFG_F_FAIL_OPEN = 1
+NLM_F_REQUEST, NLM_F_ACK = 1, 4
+NLMSG_ERROR = 2
+NF_DROP, NF_ACCEPT = 0, 1
+
+
+def _attr(kind: int, data: bytes) -> bytes:
+    raw = struct.pack("=HH", 4 + len(data), kind) + data
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def _msg(kind: int, flags: int, seq: int, queue: int, attrs: bytes) -> bytes:
+    body = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(queue)) + attrs
+    return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | kind, flags, seq, 0) + body
+
+
+def _parse(buf: bytes):
+    """Yield (type, payload) per netlink message in ``buf``."""
+    off = 0
+    while off + 16 <= len(buf):
+        length, kind, _flags, _seq, _pid = struct.unpack_from("=IHHII", buf, off)
+        if length < 16:
+            break
+        yield kind, buf[off + 16:off + length]
+        off += (length + 3) & ~3
+
+
+def _packet_id(payload: bytes) -> int | None:
+    off = 4  # nfgenmsg
+    while off + 4 <= len(payload):
+        alen, akind = struct.unpack_from("=HH", payload, off)
+        if alen < 4:
+            return None
+        if akind & 0x3FFF == NFQA_PACKET_HDR:
+            return struct.unpack_from("!I", payload, off + 4)[0]
+        off += (alen + 3) & ~3
+    return None
+
+
+def delayd(queue: int, delay_ms: float, jitter_ms: float, loss_pct: float) -> int:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((0, 0))
+    seq = 0
+
+    def request(attrs: bytes) -> None:
+        nonlocal seq
+        seq += 1
+        sock.send(_msg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, queue, attrs))
+        for kind, payload in _parse(sock.recv(65536)):
+            if kind == NLMSG_ERROR:
+                err = struct.unpack_from("=i", payload)[0]
+                if err:
+                    raise OSError(-err, f"nfqueue config: {os.strerror(-err)}")
+
+    request(_attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_BIND, 0)))
+    request(_attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0xFFFF, NFQNL_COPY_META)))
+    request(_attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)))
+    request(_attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_FAIL_OPEN))
+            + _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_FAIL_OPEN)))
+    sock.setblocking(False)
+    print("ready", flush=True)
+    os.close(1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+    rng = random.Random()
+    pending: list[tuple[float, int, int]] = []
+    last_release = 0.0
+    n = 0
+
+    def verdict(pid: int, v: int) -> None:
+        nonlocal seq
+        seq += 1
+        sock.send(_msg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, seq, queue,
+                       _attr(NFQA_VERDICT_HDR, struct.pack("!II", v, pid))))
+
+    while True:
+        now = time.monotonic()
+        while pending and pending[0][0] <= now:
+            verdict(heapq.heappop(pending)[2], NF_ACCEPT)
+        timeout = max(0.0, pending[0][0] - now) if pending else 1.0
+        ready, _, _ = select.select([sock], [], [], timeout)
+        if not ready:
+            continue
+        while True:
+            try:
+                buf = sock.recv(1 << 16)
+            except BlockingIOError:
+                break
+            except OSError:  # ENOBUFS: the kernel dropped notifications; those packets are retransmitted
+                break
+            now = time.monotonic()
+            for kind, payload in _parse(buf):
+                if kind != (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
+                    continue
+                pid = _packet_id(payload)
+                if pid is None:
+                    continue
+                if loss_pct and rng.random() * 100 < loss_pct:
+                    verdict(pid, NF_DROP)
+                    continue
+                d = (delay_ms + (rng.uniform(-jitter_ms, jitter_ms) if jitter_ms else 0.0)) / 1e3
+                last_release = max(last_release, now + d)  # keep order, as a real link would
+                n += 1
+                heapq.heappush(pending, (last_release, n, pid))
+
+
+# --- floor receivers under netem (same path as the mesh: namespace address, veth, bridge) -----------
+
+def floor_rx(host: str, cert: Path, key: Path, ca: Path) -> int:
+    import asyncio
+
+    from mesh import tls
+    from testbed import floor
+
+    async def serve() -> None:
+        server = await asyncio.start_server(floor._echo, host, 0, ssl=tls.server_context(cert, key, ca))
+        print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.buffer.read1(1) else None)
+        async with server:
+            await stop.wait()
+
+    floor.new_loop_policy()
+    asyncio.run(serve())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testbed.faults")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("delayd", help="user-space netem on NFQUEUE (run inside a node namespace)")
+    d.add_argument("--queue", type=int, default=QUEUE)
+    d.add_argument("--delay-ms", type=float, default=0.0)
+    d.add_argument("--jitter-ms", type=float, default=0.0)
+    d.add_argument("--loss-pct", type=float, default=0.0)
+    f = sub.add_parser("floor-rx", help="bench floor echo receiver bound to a namespace address")
+    f.add_argument("--host", required=True)
+    f.add_argument("--cert", type=Path, required=True)
+    f.add_argument("--key", type=Path, required=True)
+    f.add_argument("--ca", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.cmd == "delayd":
+        return delayd(args.queue, args.delay_ms, args.jitter_ms, args.loss_pct)
+    return floor_rx(args.host, args.cert, args.key, args.ca)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# --- `testbed bench --netem`: the same fan-out measurement under emulated WAN ------------------------
+
+async def _floor_fan_out(addrs: list[tuple[str, int]], client_ctx, frame: bytes, messages: int,
+                         warmup: int) -> tuple[list[float], float]:
+    """testbed.floor.fan_out, dialling namespace addresses instead of 127.0.0.1."""
+    import asyncio
+
+    from testbed import floor
+
+    conns = [await asyncio.wait_for(asyncio.open_connection(h, p, ssl=client_ctx), floor.IO_TIMEOUT_S)
+             for h, p in addrs]
+    wire = floor.HEADER.pack(len(frame)) + frame
+
+    async def one(reader, writer) -> None:
+        writer.write(wire)
+        await reader.readexactly(len(wire))
+
+    try:
+        for _ in range(warmup):
+            await asyncio.wait_for(asyncio.gather(*(one(r, w) for r, w in conns)), floor.IO_TIMEOUT_S)
+        samples = []
+        started = time.perf_counter()
+        for _ in range(messages):
+            t0 = time.perf_counter()
+            await asyncio.wait_for(asyncio.gather(*(one(r, w) for r, w in conns)), floor.IO_TIMEOUT_S)
+            samples.append(time.perf_counter() - t0)
+        return samples, time.perf_counter() - started
+    finally:
+        for _, w in conns:
+            w.close()
+
+
+def _floor_under_netem(layout, frame: bytes, messages: int, warmup: int):
+    import asyncio
+
+    from mesh import tls
+    from testbed import bench, floor
+    from testbed.state import cpu_seconds
+
+    procs: list[subprocess.Popen] = []
+    try:
+        for spec in layout.nodes[1:]:
+            cert, key, ca = bench._creds(spec)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", spec.netns, sys.executable, "-m", "testbed.faults", "floor-rx",
+                 "--host", spec.host, "--cert", str(cert), "--key", str(key), "--ca", str(ca)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": _pythonpath()}))
+        addrs = [(spec.host, floor._read_port(p)) for spec, p in zip(layout.nodes[1:], procs)]
+        cert, key, ca = bench._creds(layout.node(1))
+        ctx = tls.client_context(cert, key, ca)
+        pids = [p.pid for p in procs]
+        with netns.entered(layout.node(1).netns):
+            asyncio.run(_floor_fan_out(addrs, ctx, frame, 0, warmup))
+            cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
+            self0 = time.process_time()
+            samples, wall = asyncio.run(_floor_fan_out(addrs, ctx, frame, messages, 0))
+            self_cpu = time.process_time() - self0
+            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+        return samples, wall, cpu, self_cpu
+    finally:
+        for p in procs:
+            if p.stdin:
+                p.stdin.close()
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(15)
+            if p.stdout:
+                p.stdout.close()
+
+
+def _tcp_rtt_ms(src_ns: str, host: str, port: int, tries: int = 5) -> float | None:
+    """Median TCP connect time (one SYN / SYN-ACK round trip) from ``src_ns`` to host:port."""
+    out = []
+    with netns.entered(src_ns):
+        for _ in range(tries):
+            t0 = time.perf_counter()
+            try:
+                with socket.create_connection((host, port), 5):
+                    out.append((time.perf_counter() - t0) * 1e3)
+            except OSError:
+                pass
+    return sorted(out)[len(out) // 2] if out else None
+
+
+def bench_one_netem(work: Path, nodes: int, messages: int, warmup: int, em: Netem) -> dict:
+    """testbed.bench.bench_one with every node in its own namespace and ``em`` on every node's egress.
+
+    The bench process acts as node 1 from inside node 1's namespace; the floor's receivers run in the
+    receiving nodes' namespaces on their addresses, so both cross the same veths, bridge and delays."""
+    import asyncio
+    import tempfile
+    from dataclasses import asdict
+
+    from testbed import bench
+    from testbed.build import build_layout
+    from testbed.local import LocalMesh
+    from testbed.progress import Progress
+
+    root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
+    net = netns.plan(nodes)
+    try:
+        layout = build_layout(root, nodes, netns={n.index: (n.ns, n.addr) for n in net.nodes})
+        netns.create(root, net)
+        for n in net.nodes:
+            set_netem(root, net, n.index, em)
+        _, frame = bench._frame(layout, int(time.time() * 1000))
+        progress = Progress(f"bench {nodes} nodes ({em.describe()})", messages)
+        print(f"bench: starting {nodes} nodes in namespaces under {root}, netem {em.describe()}", file=sys.stderr)
+        with LocalMesh(layout) as mesh:
+            n2 = layout.node(2)
+            measured_rtt = _tcp_rtt_ms(layout.node(1).netns, n2.host, n2.port)
+            pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
+            with netns.entered(layout.node(1).netns):
+                ours = asyncio.run(bench._bench_mesh(layout, pids, messages, warmup, progress), debug=False)
+        progress.done()
+        print(f"bench: floor for {nodes} nodes under the same netem", file=sys.stderr)
+        fl = _floor_under_netem(layout, frame, messages, warmup)
+    finally:
+        netns.teardown(root)
+        bench._remove_tree(root)
+    o, f = bench.figures(*ours), bench.figures(*fl)
+    budget = bench.BUDGET_P95_MS.get(nodes)
+    rtt = em.emulated_rtt_ms
+    return {"nodes": nodes, "messages": messages, "warmup": warmup, "frame_bytes": len(frame),
+            "budget_p95_ms": budget, "within_budget": None if budget is None else o.p95_ms <= budget,
+            "ratio_p95": o.p95_ms / f.p95_ms, "ratio_p50": o.p50_ms / f.p50_ms,
+            "ours": asdict(o), "floor": asdict(f), "nats": None,
+            "ratio_p95_nats": None, "ratio_p50_nats": None, "p95_le_nats": None,
+            "netem": em.describe(), "emulated_rtt_ms": rtt, "measured_tcp_rtt_ms": measured_rtt,
+            "p95_over_rtt": o.p95_ms / rtt if rtt else None,
+            "floor_p95_over_rtt": f.p95_ms / rtt if rtt else None,
+            "_samples": {"ours": sorted(ours[0]), "floor": sorted(fl[0])}}
+
+
+def netem_markdown(report: dict) -> str:
+    """Lines added under the bench table for a --netem run."""
+    ne = report.get("netem")
+    if not ne:
+        return ""
+    lines = ["", f"Emulated WAN: `{ne['spec']}` on every node's egress (and on every floor receiver's); "
+                 f"{ne['rtt_note']}", "",
+             "| nodes | emulated RTT | measured TCP RTT n1→n2 | ours p50 / p95 (ms) | ours p95 / RTT "
+             "| floor p50 / p95 (ms) | floor p95 / RTT | target p95 ≤ 1.3 × RTT |",
+             "|---:|---:|---:|---|---:|---|---:|:-:|"]
+    for r in report["results"]:
+        o, f = r["ours"], r["floor"]
+        m = r.get("measured_tcp_rtt_ms")
+        ratio, fratio = r.get("p95_over_rtt"), r.get("floor_p95_over_rtt")
+        ok = "-" if ratio is None else ("yes" if ratio <= 1.3 else "**no**")
+        lines.append(f"| {r['nodes']} | {r['emulated_rtt_ms']:g} ms | {'-' if m is None else f'{m:.1f} ms'} "
+                     f"| {o['p50_ms']:.2f} / {o['p95_ms']:.2f} | {'-' if ratio is None else f'{ratio:.2f}×'} "
+                     f"| {f['p50_ms']:.2f} / {f['p95_ms']:.2f} | {'-' if fratio is None else f'{fratio:.2f}×'} "
+                     f"| {ok} |")
+    return "\n".join(lines) + "\n"

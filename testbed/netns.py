@@ -1,0 +1,313 @@
+"""Network namespaces for the local backend: one namespace per node, wired to a bridge in a hub namespace.
+
+Layout for testbed id X (random 6 hex digits, recorded in DIR/netns.json *before* anything is created):
+
+    am-X-hub   a bridge ``br0``; one veth end ``v<i>`` per node enslaved to it; no address, no routes
+    am-X-n<i>  loopback + ``eth0`` (the other veth end) with 10.231.K.<i>/24; no default route
+
+Nothing is created in, or routed to, the namespace this process runs in: both ends of every veth are
+made directly inside testbed namespaces (``ip -n HUB link add v1 type veth peer name eth0 netns N1``),
+so deleting the namespaces removes every interface the testbed made. Node processes run inside their
+namespace (``ip netns exec``), listen on their address, and keep health and MCP HTTP on that
+namespace's loopback; the testbed reaches those by entering the namespace with setns(2) on one thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from testbed.build import TestbedError
+
+NETNS_STATE = "netns.json"
+PREFIX = "am-"
+SUBNET = "10.231.{k}.0/24"  # private to the testbed; never routed anywhere
+BRIDGE = "br0"
+NODE_IF = "eth0"
+CMD_TIMEOUT_S = 15.0
+CLONE_NEWNET = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class NodeNet:
+    index: int
+    ns: str
+    addr: str
+    hub_if: str
+
+
+@dataclass
+class NetState:
+    """DIR/netns.json: what the testbed created (or was about to) and the faults applied."""
+
+    id: str
+    k: int
+    hub: str
+    nodes: list[NodeNet] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)  # namespaces in creation order
+    faults: dict[str, dict] = field(default_factory=dict)  # node index -> {delay_ms, jitter_ms, loss_pct, pid...}
+    partitions: list[list[int]] = field(default_factory=list)
+
+    def node(self, index: int) -> NodeNet:
+        for n in self.nodes:
+            if n.index == index:
+                return n
+        raise TestbedError("unknown_node", f"node {index} has no namespace in this testbed")
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [n.ns for n in self.nodes] + [self.hub]
+
+
+def ip_netns_supported() -> tuple[bool, str]:
+    """(True, "") when this process may create network namespaces, else (False, why not)."""
+    if os.geteuid() != 0:
+        return False, "network namespaces need root (this process is not root)"
+    if shutil.which("ip") is None:
+        return False, "`ip` (iproute2) is not installed"
+    probe = f"{PREFIX}probe-{os.getpid()}"
+    r = _run(["ip", "netns", "add", probe], check=False)
+    if r.returncode != 0:
+        return False, f"`ip netns add` failed: {r.stderr.strip()}"
+    _run(["ip", "netns", "del", probe], check=False)
+    return True, ""
+
+
+def _run(argv: list[str], *, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S, input=input,
+                           stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise TestbedError("netns_failed", f"`{' '.join(argv)}` did not finish in {CMD_TIMEOUT_S:g} s") from None
+    if check and r.returncode != 0:
+        raise TestbedError("netns_failed", f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
+    return r
+
+
+def in_ns(ns: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(["ip", "netns", "exec", ns, *argv], check=check)
+
+
+def existing() -> set[str]:
+    r = _run(["ip", "netns", "list"], check=False)
+    return {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
+
+
+def plan(n: int) -> NetState:
+    sid = secrets.token_hex(3)
+    k = int(sid[:2], 16)  # one /24 per testbed; namespaces are isolated, so overlaps would not leak anyway
+    net = NetState(id=sid, k=k, hub=f"{PREFIX}{sid}-hub")
+    for i in range(1, n + 1):
+        net.nodes.append(NodeNet(index=i, ns=f"{PREFIX}{sid}-n{i}", addr=f"10.231.{k}.{i}", hub_if=f"v{i}"))
+    return net
+
+
+def read_net(root: Path) -> NetState | None:
+    path = Path(root) / NETNS_STATE
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["nodes"] = [NodeNet(**n) for n in raw["nodes"]]
+    return NetState(**raw)
+
+
+def write_net(root: Path, net: NetState) -> None:
+    path = Path(root) / NETNS_STATE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(net), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def create(root: Path, net: NetState) -> None:
+    """Create the hub, the bridge and one namespace + veth per node; recorded before each step."""
+    write_net(root, net)
+    for ns in [net.hub] + [n.ns for n in net.nodes]:
+        net.created.append(ns)
+        write_net(root, net)
+        _run(["ip", "netns", "add", ns])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    _run(["ip", "-n", net.hub, "link", "add", BRIDGE, "type", "bridge"])
+    _run(["ip", "-n", net.hub, "link", "set", BRIDGE, "up"])
+    for n in net.nodes:
+        _run(["ip", "-n", net.hub, "link", "add", n.hub_if, "type", "veth", "peer", "name", NODE_IF, "netns", n.ns])
+        _run(["ip", "-n", net.hub, "link", "set", n.hub_if, "master", BRIDGE, "up"])
+        _run(["ip", "-n", n.ns, "addr", "add", f"{n.addr}/24", "dev", NODE_IF])
+        _run(["ip", "-n", n.ns, "link", "set", NODE_IF, "up"])
+
+
+def teardown(root: Path) -> list[str]:
+    """Delete exactly the namespaces DIR/netns.json records (their veths and bridge go with them), stop
+    any fault helper the testbed started, and remove DIR/netns.json. Returns what was done."""
+    net = read_net(root)
+    if net is None:
+        return []
+    from testbed import faults
+
+    done = faults.stop_all_helpers(net)
+    have = existing()
+    for ns in reversed(net.created):
+        if ns not in have:
+            continue
+        others = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+        if others:
+            done.append(f"{ns}: processes {' '.join(others)} still inside (not started by the testbed); "
+                        "the namespace lives on until they exit")
+        _run(["ip", "netns", "del", ns], check=False)
+        done.append(f"namespace {ns} deleted")
+    for log in Path(root).glob("delayd-n*.log"):
+        log.unlink(missing_ok=True)
+    (Path(root) / NETNS_STATE).unlink(missing_ok=True)
+    return done
+
+
+# --- entering a namespace from this process (one thread at a time) -----------------------------------
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@contextmanager
+def entered(ns: str | None) -> Iterator[None]:
+    """Run the body with this thread in network namespace ``ns`` (sockets made inside stay in it)."""
+    if ns is None:
+        yield
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+
+
+# --- up / down of a namespaced testbed ---------------------------------------------------------------
+
+def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s: float = 60.0,
+       say=print):
+    """Like testbed.control.up, with every node in its own namespace (see the module docstring)."""
+    import subprocess as sp
+
+    from testbed.build import build_layout
+    from testbed.control import _remove_layout, check_node_count, running_nodes
+    from testbed.local import start_node, stop_node, wait_ready
+    from testbed.progress import Progress
+    from testbed.state import NodeState, TestbedState, read_state, start_ticks, state_path, write_state
+
+    check_node_count(nodes)
+    root = Path(root).resolve()
+    existing_state = read_state(root)
+    if existing_state is not None:
+        if running_nodes(existing_state):
+            return existing_state, True
+        raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose nodes are not running; "
+                                          f"run `testbed down --dir {root}` first")
+    if root.exists() and any(root.iterdir()):
+        raise TestbedError("dir_not_empty", f"{root} holds files that are not a testbed; choose another --dir")
+    created_root = not root.exists()
+    net = plan(nodes)
+    layout = build_layout(root, nodes, base_port=base_port,
+                          netns={n.index: (n.ns, n.addr) for n in net.nodes})
+    state = TestbedState(root=str(root), backend="local", created_at=time.time())
+    procs: dict[int, sp.Popen] = {}
+    try:
+        create(root, net)
+        say(f"testbed: {nodes} namespaces on bridge {net.hub}/{BRIDGE}, subnet {SUBNET.format(k=net.k)}")
+        progress = Progress("starting", nodes)
+        for spec in layout.nodes:
+            proc = procs[spec.index] = start_node(spec)
+            state.nodes.append(NodeState(index=spec.index, agent_id=spec.agent_id, home=str(spec.home),
+                                         port=spec.port, health_port=spec.health_port,
+                                         mcp_http_port=spec.mcp_http_port, fingerprint=spec.fingerprint,
+                                         pid=proc.pid, pid_start_ticks=start_ticks(proc.pid) or 0))
+            write_state(state)
+            progress.update(spec.index, "processes started")
+        progress.done()
+        links = Progress("links up", nodes)
+        wait_ready(layout, layout.nodes, procs, timeout_s=ready_timeout_s,
+                   progress=lambda done, total: links.update(done, "nodes with every peer link up"))
+        links.done()
+    except BaseException:
+        for spec in layout.nodes:
+            if spec.index in procs:
+                stop_node(spec, procs[spec.index], kill=True)
+        teardown(root)
+        _remove_layout(root, remove_root=created_root)
+        raise
+    return state, False
+
+
+def down(root: Path, *, grace_s: float | None = None) -> tuple[list, list[str]]:
+    """Stop the nodes (testbed.control.down), then delete every namespace the testbed recorded, even
+    when the node state is missing or the stop failed."""
+    from testbed.control import down as control_down
+    from testbed.state import state_path
+
+    root = Path(root).resolve()
+    results: list = []
+    try:
+        if state_path(root).exists():
+            results = control_down(root, grace_s=grace_s)
+    finally:
+        done = teardown(root)
+        if root.exists() and not any(root.iterdir()):
+            root.rmdir()
+    return results, done
+
+
+def specs_for(root: Path):
+    """The node specs of a testbed in DIR, with namespace and address when it runs in namespaces."""
+    from dataclasses import replace
+
+    from testbed.control import require_state
+
+    state = require_state(root)
+    net = read_net(Path(state.root))
+    out = []
+    for n in state.nodes:
+        spec = n.spec()
+        if net is not None:
+            nn = net.node(n.index)
+            spec = replace(spec, host=nn.addr, netns=nn.ns)
+        out.append(spec)
+    return state, net, out
+
+
+def node_rows(root: Path) -> list[dict]:
+    """`testbed status` rows for a namespaced testbed (health asked inside each node's namespace)."""
+    from testbed import faults
+    from testbed.local import health
+    from testbed.state import is_ours
+
+    state, net, specs = specs_for(root)
+    rows = []
+    for n, spec in zip(state.nodes, specs):
+        alive = is_ours(n)
+        h = health(spec) if alive else None
+        peers = (h or {}).get("peers", {})
+        rows.append({"node": n.index, "agent_id": n.agent_id, "pid": n.pid, "alive": alive,
+                     "health": "ok" if h and h.get("status") == "ok" else ("down" if h is None else str(h.get("status"))),
+                     "links_up": sum(1 for v in peers.values() if v == "up"), "links": len(peers), "peers": peers,
+                     "port": n.port,
+                     "mcp": f"ip netns exec {spec.netns} ... {n.mcp_endpoint}" if n.mcp_http_port else "-",
+                     **faults.describe(net, n.index)})
+    return rows
