@@ -21,8 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from a2a import Backoff, new_envelope
 from mesh import keys, tls
@@ -32,6 +35,9 @@ from testbed import floor, nats_peer
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
 from testbed.control import check_node_count
 from testbed.local import LocalMesh
+
+# Starts one mesh for the bench: LocalMesh or a container mesh (testbed/docker.py).
+MeshFactory = Callable[[MeshLayout], AbstractContextManager[Any]]
 from testbed.progress import Progress
 from testbed.state import cpu_seconds
 
@@ -177,15 +183,17 @@ async def _bench_nats(layout: MeshLayout, root: Path, frame: bytes, messages: in
     return (samples, wall, cpu, self_cpu), srv
 
 
-def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: str | None = None) -> dict:
-    """One N: a fresh mesh under ``work``, our all-ACK figures, then the floor's and NATS's; a result row."""
+def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: str | None = None,
+              mesh_factory: MeshFactory = LocalMesh) -> dict:
+    """One N: a fresh mesh under ``work`` (started by ``mesh_factory``: local processes or containers),
+    our all-ACK figures, then the floor's and NATS's; a result row."""
     # Short names: each node's unix socket path must stay under the 108-byte limit.
     root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
     layout = build_layout(root, nodes)
     _, frame = _frame(layout, int(time.time() * 1000))
     progress = Progress(f"bench {nodes} nodes", messages)
     print(f"bench: starting {nodes} nodes under {root}", file=sys.stderr)
-    with LocalMesh(layout) as mesh:
+    with mesh_factory(layout) as mesh:
         pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
         ours = asyncio.run(_bench_mesh(layout, pids, messages, warmup, progress), debug=False)
     progress.done()
@@ -219,9 +227,12 @@ def _remove_tree(root: Path) -> None:
 
 
 def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: int | None = None,
-        command: str | None = None, plot: bool = True, netem: str | None = None) -> dict:
+        command: str | None = None, plot: bool = True, netem: str | None = None,
+        mesh_factory: MeshFactory = LocalMesh) -> dict:
     """Run the bench for every N in ``nodes_list``; write out/bench.json, out/bench.md and PNG CDFs.
 
+    ``mesh_factory`` starts each mesh (a context manager whose ``procs[i].pid`` are the node processes):
+    LocalMesh, or testbed.docker's container mesh.
     ``netem`` ("delay 25ms 5ms loss 1%"): run each mesh and floor in network namespaces under that
     emulated WAN (testbed/faults.py); the NATS peer is not run then.
     """
@@ -245,7 +256,7 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
     if nats_missing:
         print(f"bench: NATS peer omitted: {nats_missing}", file=sys.stderr)
     rows = [faults.bench_one_netem(work, n, messages, warmup, em) if em else
-            bench_one(work, n, messages, warmup, nats_missing) for n in nodes_list]
+            bench_one(work, n, messages, warmup, nats_missing, mesh_factory) for n in nodes_list]
     report = {"command": command or "testbed " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
               "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),

@@ -357,14 +357,9 @@ class DockerMesh:
 def run_bench(nodes_list: list[int], messages: int, out: Path, work: Path, **kw) -> dict:
     """`testbed bench --backend docker`: testbed.bench.run with every mesh in containers.
 
-    bench.bench_one starts each mesh with ``LocalMesh(layout)`` and reads ``mesh.procs[i].pid``;
-    DockerMesh has the same shape, so it stands in for LocalMesh for the duration of this run only.
     The floor (and NATS, when present) stay host processes, as they are the comparison.
     """
-    from unittest import mock
-
     from testbed import bench
 
     img = image.build_node()  # once, before any mesh starts
-    with mock.patch.object(bench, "LocalMesh", lambda layout: DockerMesh(layout, img)):
-        return bench.run(nodes_list, messages, out, work, **kw)
+    return bench.run(nodes_list, messages, out, work, mesh_factory=lambda layout: DockerMesh(layout, img), **kw)
