@@ -155,6 +155,25 @@ def start_pinger(layout: MeshLayout, workdir: Path, interval_s: float) -> tuple[
     return proc, ready, stop, out
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of ``pid`` to ``cpus`` (threads started before the call included)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile
+
+
+def pin_mesh(pids: dict[str, int], b_cpu: int) -> dict[str, list[int]]:
+    """B (and, later, the pinger) alone on ``b_cpu``; A, C and this process on the other CPUs."""
+    others = set(range(os.cpu_count() or 1)) - {b_cpu}
+    pin(pids["B"], {b_cpu})
+    for name in ("A", "C"):
+        pin(pids[name], others)
+    pin(os.getpid(), others)
+    return {"B + pinger": [b_cpu], "A, C, bench client": sorted(others)}
+
+
 def stop_pinger(proc: mp.Process, stop: Any) -> None:
     stop.set()
     proc.join(PINGER_JOIN_S)
@@ -324,6 +343,8 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
 
         # 2. idle pings on B
         proc, ready, stop, pings_path = start_pinger(layout, workdir, args.ping_interval_ms / 1000)
+        if args.pin:
+            pin(proc.pid, {args.pin_b_cpu})
         deadline = time.monotonic() + PINGER_START_TIMEOUT_S
         while not ready.is_set():
             if not proc.is_alive():
@@ -416,7 +437,8 @@ def markdown(res: dict[str, Any], command: str) -> str:
         f"{res['env']['python']}). {f['links_made']} `memory_link` calls on A over MCP streamable HTTP "
         f"({res['concurrency']} calls in flight over {res['sessions']} SDK sessions) between "
         f"{res['memories']} memories pre-replicated to B and C. A separate process holds one PeerLink to B "
-        f"with A's certificate and key and sends a `ping` every {res['ping_interval_ms']:g} ms; "
+        f"with A's certificate and key and sends a `ping` every {res['ping_interval_ms']:g} ms "
+        f"(CPU pinning: {res.get('cpu_pinning') or 'none'}); "
         f"idle = {res['idle_s']:g} s before the flood; flood = first call until B and C both count every link "
         f"as `peer_attested`.",
         "",
@@ -478,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-control", dest="control", action="store_false",
                    help="skip the control flood (same load on A and C, namespace not shared with B)")
     p.add_argument("--no-perf-md", action="store_true", help="do not write PERFORMANCE.md")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin CPUs (default: B and the pinger alone on one CPU, everything else on the "
+                        "others, so B's ping latency shows B's own work rather than host contention)")
+    p.add_argument("--pin-b-cpu", type=int, default=1, help="the CPU for B and the pinger (default 1)")
     args = p.parse_args(argv)
     if args.links is None:
         args.links = QUICK_LINKS if args.quick else 10_000
@@ -487,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --memories >= 2 and --links >= 1")
     command = ".venv/bin/python bench/federation_bench.py" + "".join(f" {shlex.quote(x)}" for x in sys.argv[1:])
 
+    pinned = None
     with tempfile.TemporaryDirectory(prefix="fedbench") as tmp:
         extra = (f"[federation.namespaces.{CONTROL_NS}]\n"
                  f'peers = ["{agent_id_for(1)}", "{agent_id_for(3)}"]\n')
@@ -495,10 +522,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             mesh.start(timeout_s=60)
             pids = {n: mesh.procs[i].pid for i, n in ((1, "A"), (2, "B"), (3, "C"))}
+            pinned = pin_mesh(pids, args.pin_b_cpu) if args.pin else None
             res = asyncio.run(asyncio.wait_for(run(layout, args, Path(tmp), pids), 3 * args.timeout_s + 120))
         finally:
             mesh.stop_all()
     res["command"] = command
+    res["cpu_pinning"] = pinned
     res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     out = ROOT / "bench" / "out" / "federation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
