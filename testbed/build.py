@@ -3,6 +3,7 @@ node's peers/, and N configs, exactly as operators would by hand (DESIGN.md sect
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 from dataclasses import dataclass, field
@@ -86,8 +87,12 @@ def check_ports_free(ports: list[int], host: str = "127.0.0.1") -> None:
 
 def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_http: bool = True,
                  extra_config: str = "", retry_delays_s: tuple[float, ...] | None = None,
+                 a2a: dict[str, object] | None = None,
                  netns: dict[int, tuple[str, str]] | None = None) -> MeshLayout:
     """Create the whole on-disk mesh under ``root`` (which must be empty or absent).
+
+    ``a2a`` keys (and ``retry_delays_s``, a shorthand for ``a2a={"retry_delays_s": ...}``) go into
+    the one ``[a2a]`` table; ``extra_config`` is appended as is and must not open ``[a2a]`` as well.
 
     ``netns`` maps node index -> (namespace name, address): that node then listens on that address,
     its certificate carries it as an IP SAN and peers dial it (testbed/netns.py makes the namespaces).
@@ -126,7 +131,8 @@ def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_ht
                                      fingerprint=ident.fingerprint, host=host, netns=ns_name))
     for spec in layout.nodes:
         exchange_pubs(layout, spec)
-        spec.config_path.write_text(render_config(layout, spec, extra_config, retry_delays_s), encoding="utf-8")
+        spec.config_path.write_text(render_config(layout, spec, extra_config, retry_delays_s, a2a),
+                                    encoding="utf-8")
     return layout
 
 
@@ -138,7 +144,13 @@ def exchange_pubs(layout: MeshLayout, spec: NodeSpec) -> None:
 
 
 def render_config(layout: MeshLayout, spec: NodeSpec, extra: str = "",
-                  retry_delays_s: tuple[float, ...] | None = None) -> str:
+                  retry_delays_s: tuple[float, ...] | None = None, a2a: dict[str, object] | None = None) -> str:
+    a2a = dict(a2a or {})
+    if retry_delays_s is not None:
+        a2a["retry_delays_s"] = [float(d) for d in retry_delays_s]
+    if a2a and any(line.strip() == "[a2a]" for line in extra.splitlines()):
+        raise ValueError("extra_config opens [a2a] while a2a=/retry_delays_s= write that table too; "
+                         "pass the [a2a] keys as a2a={...}")
     lines = [
         f'agent_id = "{spec.agent_id}"',
         f'home = "{spec.home}"',
@@ -150,8 +162,8 @@ def render_config(layout: MeshLayout, spec: NodeSpec, extra: str = "",
         "reconnect_max_s = 1.0",
         "",
     ]
-    if retry_delays_s is not None:
-        lines += ["[a2a]", f"retry_delays_s = [{', '.join(str(float(d)) for d in retry_delays_s)}]", ""]
+    if a2a:
+        lines += ["[a2a]", *(f"{k} = {_toml_value(v)}" for k, v in a2a.items()), ""]
     lines += ["[mcp]", f"http_port = {spec.mcp_http_port}", ""]
     for other in layout.nodes:
         if other.agent_id != spec.agent_id:
@@ -159,3 +171,16 @@ def render_config(layout: MeshLayout, spec: NodeSpec, extra: str = "",
     if extra:
         lines.append(extra)
     return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: object) -> str:
+    """A TOML literal for a config value: bool, int, float, str or a list of those."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string (ASCII-escaped) is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} {v!r} as a TOML value")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from testbed.build import MAX_NODES, TestbedError, build_layout
+from testbed.build import MAX_NODES, MeshLayout, TestbedError, build_layout
 from testbed.local import health, start_node, stop_node, wait_ready
 from testbed.progress import Progress
 from testbed.state import (STATE_NAME, NodeState, TestbedState, is_ours, read_state, start_ticks, state_path,
@@ -41,11 +41,24 @@ def up(root: Path, nodes: int, *, backend: str = "local", base_port: int | None 
         raise TestbedError("backend_unavailable", f"--backend {backend} is not available in this build "
                                                   "(only --backend local)")
     root = root.resolve()
+    existing = live_or_free(root)
+    if existing is not None:
+        return existing, True
+    created_root = not root.exists()
+    layout = build_layout(root, nodes, base_port=base_port)
+    state = TestbedState(root=str(root), backend=backend, created_at=time.time())
+    start_all(layout, state, ready_timeout_s=ready_timeout_s,
+              on_failure=lambda: _remove_layout(root, remove_root=created_root))
+    return state, False
+
+
+def live_or_free(root: Path) -> TestbedState | None:
+    """The state of a live testbed in ``root`` (to report, not rebuild), or None when ``root`` is absent
+    or empty; a TestbedError for a stale state file or a directory holding anything else."""
     existing = read_state(root)
     if existing is not None:
-        alive = running_nodes(existing)
-        if alive:
-            return existing, True
+        if running_nodes(existing):
+            return existing
         raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose nodes are not running; "
                                           f"run `testbed down --dir {root}` first")
     if root.exists() and not root.is_dir():
@@ -53,12 +66,17 @@ def up(root: Path, nodes: int, *, backend: str = "local", base_port: int | None 
     if root.exists() and any(root.iterdir()):
         raise TestbedError("dir_not_empty", f"{root} holds files that are not a testbed "
                                             f"(no {STATE_NAME}); choose another --dir")
-    created_root = not root.exists()
-    layout = build_layout(root, nodes, base_port=base_port)
-    state = TestbedState(root=str(root), backend=backend, created_at=time.time())
+    return None
+
+
+def start_all(layout: MeshLayout, state: TestbedState, *, ready_timeout_s: float,
+              on_failure: Callable[[], None]) -> None:
+    """Start every node of ``layout``, recording each in the state file as soon as it runs, and wait
+    until every peer link is up. On any failure: SIGKILL what was started, call ``on_failure`` (remove
+    the layout, and whatever else the caller made), re-raise."""
     procs: dict[int, subprocess.Popen] = {}
     try:
-        progress = Progress("starting", nodes)
+        progress = Progress("starting", len(layout.nodes))
         for spec in layout.nodes:
             proc = procs[spec.index] = start_node(spec)
             state.nodes.append(NodeState(index=spec.index, agent_id=spec.agent_id, home=str(spec.home),
@@ -68,7 +86,7 @@ def up(root: Path, nodes: int, *, backend: str = "local", base_port: int | None 
             write_state(state)  # recorded as soon as started, so `down` can always find it
             progress.update(spec.index, "processes started")
         progress.done()
-        links = Progress("links up", nodes)
+        links = Progress("links up", len(layout.nodes))
         wait_ready(layout, layout.nodes, procs, timeout_s=ready_timeout_s,
                    progress=lambda done, total: links.update(done, "nodes with every peer link up"))
         links.done()
@@ -76,9 +94,8 @@ def up(root: Path, nodes: int, *, backend: str = "local", base_port: int | None 
         for spec in layout.nodes:
             if spec.index in procs:
                 stop_node(spec, procs[spec.index], kill=True)
-        _remove_layout(root, remove_root=created_root)
+        on_failure()
         raise
-    return state, False
 
 
 def node_status(node: NodeState) -> dict:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed import image
+from testbed import image, local
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
 from testbed.control import _remove_layout, check_node_count, require_state
 from testbed.local import health
@@ -146,30 +146,27 @@ def logs(cid: str, lines: int = 20) -> str:
 def wait_ready(layout: MeshLayout, containers: dict[str, str], *, timeout_s: float,
                progress: Callable[[int, int], None] | None = None) -> None:
     """Poll every node's loopback /healthz until it reports every peer link up; fail fast on an exit."""
-    deadline = time.monotonic() + timeout_s
-    pending = {s.index for s in layout.nodes}
-    total = len(pending)
-    next_inspect = 0.0
-    while pending:
-        if time.monotonic() >= next_inspect:
-            next_inspect = time.monotonic() + INSPECT_EVERY_S
-            for idx in sorted(pending):
-                st = inspect(containers[str(idx)])
-                if st is None or not st["running"]:
-                    what = "is gone" if st is None else f"exited with {st['exit_code']}"
-                    raise TestbedError("node_exited", f"node-{idx} container {what}:\n"
-                                                      f"{logs(containers[str(idx)]) if st else ''}")
-        for idx in sorted(pending):
-            h = health(layout.node(idx))
-            if h and all(v == "up" for v in h.get("peers", {}).values()):
-                pending.discard(idx)
-                if progress:
-                    progress(total - len(pending), total)
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise TestbedError("not_ready", f"node(s) {sorted(pending)} not ready within {timeout_s:g} s")
-        time.sleep(POLL_S)
+    local.wait_ready(layout, layout.nodes, timeout_s=timeout_s, progress=progress,
+                     exited=_container_exited(containers), poll_s=POLL_S)
+
+
+def _container_exited(containers: dict[str, str]) -> Callable[[int], str | None]:
+    """For local.wait_ready: why node i's container is gone (with its log), or None while it runs;
+    each container is inspected at most once per INSPECT_EVERY_S."""
+    next_inspect: dict[int, float] = {}
+
+    def exited(idx: int) -> str | None:
+        if time.monotonic() < next_inspect.get(idx, 0.0):
+            return None
+        next_inspect[idx] = time.monotonic() + INSPECT_EVERY_S
+        cid = containers[str(idx)]
+        st = inspect(cid)
+        if st is not None and st["running"]:
+            return None
+        what = "is gone" if st is None else f"exited with {st['exit_code']}"
+        return f"node-{idx} container {what}:\n{logs(cid) if st else ''}"
+
+    return exited
 
 
 def _alive(state: TestbedState, ds: DockerState) -> list[NodeState]:

@@ -527,6 +527,7 @@ def _floor_under_netem(layout, frame: bytes, messages: int, warmup: int):
 
     from mesh import tls
     from testbed import bench, floor
+    from testbed import procs as helpers
     from testbed.state import cpu_seconds
 
     procs: list[subprocess.Popen] = []
@@ -551,18 +552,7 @@ def _floor_under_netem(layout, frame: bytes, messages: int, warmup: int):
             cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
         return samples, wall, cpu, self_cpu
     finally:
-        for p in procs:
-            if p.stdin:
-                p.stdin.close()
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(15)
-            if p.stdout:
-                p.stdout.close()
+        helpers.stop_all(procs, 15)
 
 
 def _tcp_rtt_ms(src_ns: str, host: str, port: int, tries: int = 5) -> float | None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from mesh import tls
+from testbed import procs
 
 HEADER = struct.Struct("!I")
 START_TIMEOUT_S = 15.0
@@ -83,29 +84,11 @@ class FloorReceivers:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.stdin:
-                proc.stdin.close()
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(START_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(START_TIMEOUT_S)
-            if proc.stdout:
-                proc.stdout.close()
+        procs.stop_all(self.procs, START_TIMEOUT_S)
 
 
 def _read_port(proc: subprocess.Popen) -> int:
-    import selectors
-
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(START_TIMEOUT_S):
-            raise RuntimeError(f"floor receiver pid {proc.pid} did not report its port in {START_TIMEOUT_S:g} s")
-    line = proc.stdout.readline().decode().split()
+    line = procs.first_line(proc, START_TIMEOUT_S, "floor receiver (waiting for its port)").decode().split()
     if len(line) != 2 or line[0] != "port":
         raise RuntimeError(f"floor receiver pid {proc.pid} failed to start (exit {proc.poll()})")
     return int(line[1])

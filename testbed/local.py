@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from testbed.build import MeshLayout, NodeSpec, TestbedError
@@ -67,19 +68,25 @@ def _healthz(spec: NodeSpec, timeout_s: float) -> dict | None:
         return None
 
 
-def wait_ready(layout: MeshLayout, specs: list[NodeSpec], procs: dict[int, subprocess.Popen], *,
+def wait_ready(layout: MeshLayout, specs: list[NodeSpec], procs: dict[int, subprocess.Popen] | None = None, *,
                timeout_s: float = 30.0, want_links: bool = True,
-               progress: Callable[[int, int], None] | None = None) -> None:
-    """Wait until each node in ``specs`` answers /healthz and (optionally) reports every peer link up."""
+               progress: Callable[[int, int], None] | None = None,
+               exited: Callable[[int], str | None] | None = None, poll_s: float = READY_POLL_S) -> None:
+    """Wait until each node in ``specs`` answers /healthz and (optionally) reports every peer link up.
+
+    ``exited(index)`` says why a node is gone (an error text) or returns None while it runs; by default
+    it checks the node's process in ``procs`` and quotes its log. A gone node fails the wait at once.
+    """
+    if exited is None:
+        exited = partial(_proc_exited, layout, procs or {})
     deadline = time.monotonic() + timeout_s
     pending = {s.index for s in specs}
     total = len(pending)
     while pending:
         for idx in sorted(pending):
-            proc = procs.get(idx)
-            if proc is not None and proc.poll() is not None:
-                tail = _tail(layout.node(idx).home / "node.log")
-                raise TestbedError("node_exited", f"node-{idx} exited with {proc.returncode}:\n{tail}")
+            why = exited(idx)
+            if why is not None:
+                raise TestbedError("node_exited", why)
             h = health(layout.node(idx))
             if h and (not want_links or all(v == "up" for v in h.get("peers", {}).values())):
                 pending.discard(idx)
@@ -89,7 +96,14 @@ def wait_ready(layout: MeshLayout, specs: list[NodeSpec], procs: dict[int, subpr
             return
         if time.monotonic() > deadline:
             raise TestbedError("not_ready", f"node(s) {sorted(pending)} not ready within {timeout_s:g} s")
-        time.sleep(READY_POLL_S)
+        time.sleep(poll_s)
+
+
+def _proc_exited(layout: MeshLayout, procs: dict[int, subprocess.Popen], idx: int) -> str | None:
+    proc = procs.get(idx)
+    if proc is None or proc.poll() is None:
+        return None
+    return f"node-{idx} exited with {proc.returncode}:\n{_tail(layout.node(idx).home / 'node.log')}"
 
 
 def stop_node(spec: NodeSpec, proc: subprocess.Popen | None = None, *, timeout_s: float = 10.0,

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from mesh import tls
-from testbed import floor
+from testbed import floor, procs
 
 START_TIMEOUT_S = 15.0
 IO_TIMEOUT_S = 10.0
@@ -153,30 +153,11 @@ class NatsResponders:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.stdin:
-                proc.stdin.close()
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(STOP_TIMEOUT_S)
-            if proc.stdout:
-                proc.stdout.close()
+        procs.stop_all(self.procs, STOP_TIMEOUT_S)
 
 
 def _wait_ready(proc: subprocess.Popen) -> None:
-    import selectors
-
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(START_TIMEOUT_S):
-            raise RuntimeError(f"NATS responder pid {proc.pid} not ready in {START_TIMEOUT_S:g} s")
-    if proc.stdout.readline().strip() != b"ready":
+    if procs.first_line(proc, START_TIMEOUT_S, "NATS responder (waiting for ready)").strip() != b"ready":
         raise RuntimeError(f"NATS responder pid {proc.pid} failed to start (exit {proc.poll()})")
 
 

@@ -205,54 +205,32 @@ def entered(ns: str | None) -> Iterator[None]:
 def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s: float = 60.0,
        say=print):
     """Like testbed.control.up, with every node in its own namespace (see the module docstring)."""
-    import subprocess as sp
-
     from testbed.build import build_layout
-    from testbed.control import _remove_layout, check_node_count, running_nodes
-    from testbed.local import start_node, stop_node, wait_ready
-    from testbed.progress import Progress
-    from testbed.state import NodeState, TestbedState, read_state, start_ticks, state_path, write_state
+    from testbed.control import _remove_layout, check_node_count, live_or_free, start_all
+    from testbed.state import TestbedState
 
     check_node_count(nodes)
     root = Path(root).resolve()
-    existing_state = read_state(root)
+    existing_state = live_or_free(root)
     if existing_state is not None:
-        if running_nodes(existing_state):
-            return existing_state, True
-        raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose nodes are not running; "
-                                          f"run `testbed down --dir {root}` first")
-    if root.exists() and any(root.iterdir()):
-        raise TestbedError("dir_not_empty", f"{root} holds files that are not a testbed; choose another --dir")
+        return existing_state, True
     created_root = not root.exists()
     net = plan(nodes)
     layout = build_layout(root, nodes, base_port=base_port,
                           netns={n.index: (n.ns, n.addr) for n in net.nodes})
     state = TestbedState(root=str(root), backend="local", created_at=time.time())
-    procs: dict[int, sp.Popen] = {}
+
+    def remove_all() -> None:
+        teardown(root)
+        _remove_layout(root, remove_root=created_root)
+
     try:
         create(root, net)
         say(f"testbed: {nodes} namespaces on bridge {net.hub}/{BRIDGE}, subnet {SUBNET.format(k=net.k)}")
-        progress = Progress("starting", nodes)
-        for spec in layout.nodes:
-            proc = procs[spec.index] = start_node(spec)
-            state.nodes.append(NodeState(index=spec.index, agent_id=spec.agent_id, home=str(spec.home),
-                                         port=spec.port, health_port=spec.health_port,
-                                         mcp_http_port=spec.mcp_http_port, fingerprint=spec.fingerprint,
-                                         pid=proc.pid, pid_start_ticks=start_ticks(proc.pid) or 0))
-            write_state(state)
-            progress.update(spec.index, "processes started")
-        progress.done()
-        links = Progress("links up", nodes)
-        wait_ready(layout, layout.nodes, procs, timeout_s=ready_timeout_s,
-                   progress=lambda done, total: links.update(done, "nodes with every peer link up"))
-        links.done()
     except BaseException:
-        for spec in layout.nodes:
-            if spec.index in procs:
-                stop_node(spec, procs[spec.index], kill=True)
-        teardown(root)
-        _remove_layout(root, remove_root=created_root)
+        remove_all()
         raise
+    start_all(layout, state, ready_timeout_s=ready_timeout_s, on_failure=remove_all)
     return state, False
 
 
