@@ -186,9 +186,10 @@ class PeerLink:
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
             self._pending.pop(correlation_id, None)
             raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), remaining)
+            # Cancelling fut on timeout is harmless: it is popped below, and a resend makes a new one.
+            async with asyncio.timeout_at(deadline):
+                return await fut
         except TimeoutError:
             self._pending.pop(correlation_id, None)
             raise MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s") from None

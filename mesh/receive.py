@@ -42,8 +42,9 @@ class Receiver:
         self.clock_ms = clock_ms
         self.counters: Counter[str] = Counter()
         # Same correlation_id arriving twice at once: the second waits for the first's outcome,
-        # so a failed first apply never turns the retry into a false "duplicate".
-        self._inflight: dict[str, asyncio.Future[bool]] = {}
+        # so a failed first apply never turns the retry into a false "duplicate". The future is
+        # made only when a second copy actually waits (rare), not for every message.
+        self._inflight: dict[str, asyncio.Future[bool] | None] = {}
 
     async def receive(self, frame: bytes, tls_identity: str) -> Received:
         try:
@@ -62,8 +63,11 @@ class Receiver:
 
     async def receive_envelope(self, env: Envelope, tls_identity: str) -> Received:
         cid = env.correlation_id
-        while (pending := self._inflight.get(cid)) is not None:
-            await asyncio.shield(pending)
+        while cid in self._inflight:
+            waiter = self._inflight[cid]
+            if waiter is None:
+                waiter = self._inflight[cid] = asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)
         decision = decide(env, tls_identity, self.local_agent_id, self.clock_ms(), self.seen)
         self.counters[decision.outcome.value if decision.code is None else f"rejected:{decision.code}"] += 1
         if decision.outcome is not Outcome.ACCEPT:
@@ -72,8 +76,7 @@ class Receiver:
                 "peer": tls_identity, "correlation_id": cid, "sender": env.sender, "kind": env.kind,
                 "code": decision.code, "expires_at": env.expires_at}})
             return Received(ack=ack_for(decision, env, self.local_agent_id), decision=decision, envelope=env)
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._inflight[cid] = done
+        self._inflight[cid] = None
         stored = False
         try:
             ack = await self.apply(env, tls_identity)
@@ -94,5 +97,6 @@ class Receiver:
                                                     "error": f"{type(e).__name__}: {e}"}})
             return Received(ack=None, decision=decision, envelope=env)
         finally:
-            del self._inflight[cid]
-            done.set_result(stored)
+            waiter = self._inflight.pop(cid)
+            if waiter is not None:
+                waiter.set_result(stored)
