@@ -29,7 +29,7 @@ from node.config import NodeConfig
 from node.outbox import OutboxSender
 from node.peers import peer_rows
 from node.service import Service
-from storage import changelog, outbox
+from storage import changelog
 
 log = logging.getLogger("node")
 

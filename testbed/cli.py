@@ -68,18 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
     lg.add_argument("--lines", type=int, default=50, help="last K lines (default 50; 0 = all)")
 
-    bn = sub.add_parser("bench", help="all-ACK fan-out latency for N-node meshes against a bare-TLS floor",
+    bn = sub.add_parser("bench", help="all-ACK fan-out latency for N-node meshes against a bare-TLS floor and NATS",
                         description="For each N: start a fresh local N-node mesh in a temporary directory under "
                                     "--dir, act as node 1 (its own certificate) and fan a ping envelope out to the "
                                     "other N-1 nodes, waiting for every ACK, --messages times in sequence; then "
-                                    "measure the floor (bare asyncio mTLS echo, same certificates and bytes). "
+                                    "measure the floor (bare asyncio mTLS echo, same certificates and bytes) and, "
+                                    "when nats-server and nats-py are installed (`pip install '.[bench]'`), a NATS "
+                                    "request/reply scatter to N-1 responders that each commit to SQLite first. "
                                     "Writes OUT/bench.json, OUT/bench.md (also printed), OUT/samples.json and, "
                                     "with matplotlib installed, OUT/cdf-<N>n.png. Each mesh is stopped after its run.")
     bn.add_argument("--nodes", type=_nodes_list, default=None, help="comma-separated node counts (default 3,5,10)")
     bn.add_argument("--messages", type=int, default=None, help="messages per node count (default 2000)")
     bn.add_argument("--warmup", type=int, default=None, help="unmeasured messages first (default M/10, 5..100)")
     bn.add_argument("--quick", action="store_true",
-                    help=f"small run: --nodes 3 --messages 200 unless given")
+                    help="small run: --nodes 3 --messages 200 unless given")
     bn.add_argument("--out", type=Path, default=Path("bench-out"), help="report directory (default ./bench-out)")
     bn.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="parent of the temporary mesh directories "
                                                                   f"(default ./{DEFAULT_DIR})")

@@ -2,61 +2,34 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import new_envelope
-from mesh import tls
+from mesh import keys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
 from testbed.build import MeshLayout, NodeSpec, build_layout
 from testbed.local import LocalMesh
+from tests.integration.conftest import run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
-DEADLINE_S = 30.0
-
-
-def cli(spec: NodeSpec, *args: str) -> tuple[int, object, str]:
-    """Run ``ai-memory --config <node> ARGS --json``; returns (exit code, parsed JSON or text, stderr)."""
-    r = subprocess.run([sys.executable, "-m", "node.cli", "--config", str(spec.config_path), *args, "--json"],
-                       capture_output=True, text=True, timeout=60)
-    try:
-        out: object = json.loads(r.stdout) if r.stdout.strip() else None
-    except json.JSONDecodeError:
-        out = r.stdout
-    return r.returncode, out, r.stderr
-
-
 def ok(spec: NodeSpec, *args: str) -> object:
-    rc, out, err = cli(spec, *args)
+    rc, out, err = run_cli(spec, *args)
     assert rc == 0, f"{args} -> {rc}: {err}"
     return out
 
 
 def maybe(spec: NodeSpec, *args: str) -> object:
     """Like ``ok`` but None on failure, for polling."""
-    rc, out, _ = cli(spec, *args)
+    rc, out, _ = run_cli(spec, *args)
     return out if rc == 0 else None
-
-
-def eventually(check: Callable[[], object], what: str, timeout_s: float = DEADLINE_S) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def link_on(spec: NodeSpec, link_id: str) -> dict | None:
@@ -95,16 +68,16 @@ def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None
     m1 = ok(a, "store", "first memory from A")
     m2 = ok(a, "store", "second memory from A")
     for spec in (b, c):
-        eventually(lambda spec=spec: maybe(spec, "get", m2["id"]), f"memory on {spec.agent_id}")
+        wait_for(lambda spec=spec: maybe(spec, "get", m2["id"]), f"memory on {spec.agent_id}")
     link = ok(a, "link", m1["id"], m2["id"], "related_to")
     assert link["attest_level"] == "self_signed"
-    on_b = eventually(lambda: link_on(b, link["link_id"]), "link on B")
+    on_b = wait_for(lambda: link_on(b, link["link_id"]), "link on B")
     assert on_b["attest_level"] == "peer_attested" and on_b["received_from"] == a.agent_id
     verified = ok(b, "verify", link["link_id"])
     assert verified["signature_verified"] is True
-    on_c = eventually(lambda: link_on(c, link["link_id"]), "link on C")
+    on_c = wait_for(lambda: link_on(c, link["link_id"]), "link on C")
     assert on_c["attest_level"] == "unsigned"
-    rc, out, _ = cli(c, "verify", link["link_id"])
+    rc, out, _ = run_cli(c, "verify", link["link_id"])
     assert rc == 3 and out["signature_verified"] is False
 
 
@@ -114,18 +87,16 @@ def test_forged_link_injected_on_the_wire_is_rejected_and_absent(mesh3) -> None:
     m.start()
     m1 = ok(a, "store", "x")
     m2 = ok(a, "store", "y")
-    eventually(lambda: maybe(b, "get", m2["id"]), "memories on B")
+    wait_for(lambda: maybe(b, "get", m2["id"]), "memories on B")
     payload = LinkPayload(src_id=m1["id"], dst_id=m2["id"], relation="contradicts", observed_by=a.agent_id,
                           valid_from=int(time.time() * 1000), valid_until=None)
     forged = attest.sign(Ed25519PrivateKey.generate(), payload)
     body = {"kind": "link.put", "link": payload.to_dict(), "signature": forged, "signed_by": a.agent_id}
     # Injected by node C, a legitimate peer of B, over C's own mTLS identity.
     env = new_envelope(c.agent_id, [b.agent_id], body, int(time.time() * 1000), 60_000)
-    from mesh import keys
     ctx = tls.client_context(c.home / "tls" / "node.crt", c.home / "keys" / f"{c.agent_id}.priv",
                              c.home / "tls" / "ca.crt")
     pinned = keys.load_peer_keys(c.home / "peers").keys
-    import asyncio
     status, ack, err = asyncio.run(post_envelope(b.url, env, ctx, expected_agent_id=b.agent_id, pinned=pinned,
                                                  timeout_s=10.0, max_bytes=1 << 20))
     assert status == 200 and ack is not None and ack.reason == "rejected:bad_signature"
@@ -140,14 +111,14 @@ def test_node_down_through_whole_retry_schedule_catches_up(mesh3) -> None:
     m.stop(3)
     ids = [ok(a, "store", f"memory {i} while C is down")["id"] for i in range(10)]
     links = [ok(a, "link", ids[i], ids[i + 1], "next")["link_id"] for i in range(5)]
-    eventually(lambda: len(ok(a, "a2a", "dead-letters")) == 15, "A's messages to C dead-lettered")
+    wait_for(lambda: len(ok(a, "a2a", "dead-letters")) == 15, "A's messages to C dead-lettered")
     m.start([3])
-    eventually(lambda: dump(c) == dump(a), "C converged with A")
+    wait_for(lambda: dump(c) == dump(a), "C converged with A")
     mems, got_links = dump(c)
     assert len(mems) == 10 and len(got_links) == 5
     assert {row[0] for row in got_links} == set(links)
     assert all(link_on(c, lid)["attest_level"] == "peer_attested" for lid in links)
-    eventually(lambda: ok(a, "a2a", "dead-letters") == [], "dead letters to C cleared after its catch-up")
+    wait_for(lambda: ok(a, "a2a", "dead-letters") == [], "dead letters to C cleared after its catch-up")
 
 
 def test_majority_quorum_succeeds_with_one_down_and_fails_with_two_down(mesh3) -> None:
@@ -158,10 +129,10 @@ def test_majority_quorum_succeeds_with_one_down_and_fails_with_two_down(mesh3) -
     stored = ok(a, "store", "needs two of three")
     assert stored["acked_nodes"] >= 2
     m.stop(2)
-    rc, _, err = cli(a, "store", "cannot reach two of three")
+    rc, _, err = run_cli(a, "store", "cannot reach two of three")
     assert rc == 1 and "quorum_not_reached" in err and "1 of 2" in err
     m.start([2, 3], want_links=False)
-    eventually(lambda: len(ok(c, "list")) == 2, "the failed-quorum write still replicates")
+    wait_for(lambda: len(ok(c, "list")) == 2, "the failed-quorum write still replicates")
 
 
 def test_update_replicates_as_a_new_version_everywhere(mesh3) -> None:
@@ -169,9 +140,9 @@ def test_update_replicates_as_a_new_version_everywhere(mesh3) -> None:
     a, b, c = layout.nodes
     m.start()
     mem = ok(a, "store", "version one")
-    eventually(lambda: maybe(c, "get", mem["id"]), "v1 on C")
+    wait_for(lambda: maybe(c, "get", mem["id"]), "v1 on C")
     ok(b, "update", mem["id"], "--content", "version two from B")
     for spec in (a, c):
-        eventually(lambda spec=spec: (maybe(spec, "get", mem["id"]) or {}).get("version") == 2, "v2")
+        wait_for(lambda spec=spec: (maybe(spec, "get", mem["id"]) or {}).get("version") == 2, "v2")
         got = ok(spec, "get", mem["id"])
         assert got["content"] == "version two from B" and got["origin"] == b.agent_id

@@ -12,7 +12,7 @@ import pytest
 from node.errors import ServiceError
 from node.mcp_server import start_local_socket
 from node.tools import ServiceBackend, SocketClientBackend, encode_frame, read_frame
-from tests.mcp.conftest import Home, err, ok, stdio_session
+from tests.mcp.conftest import Home, err, stdio_session
 from tests.mcp.flows import walk_through
 
 TEST_TIMEOUT_S = 90

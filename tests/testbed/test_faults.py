@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.integration.conftest import wait_for
 
 from testbed.faults import parse_netem
 
@@ -49,14 +50,7 @@ def node_cli(home: Path, *args: str) -> tuple[int, object]:
 
 
 def eventually(check, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.2)
+    return wait_for(check, what, timeout_s, poll_s=0.2)
 
 
 def ours_left(ids: list[str]) -> list[str]:
