@@ -43,10 +43,15 @@ def string(*, nonempty: bool = False) -> Check:
     return check
 
 
+# Payload integers are stored in SQLite, whose INTEGER is signed 64-bit.
+INT64_MAX = 2**63 - 1
+
+
 def integer(*, minimum: int | None = None) -> Check:
     def check(path: str, value: Any) -> None:
-        if not is_int(value) or (minimum is not None and value < minimum):
-            raise _bad(path, "an integer" if minimum is None else f"an integer >= {minimum}", value)
+        if not is_int(value) or (minimum is not None and value < minimum) or not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise _bad(path, ("an integer" if minimum is None else f"an integer >= {minimum}") + " (signed 64-bit)",
+                       value)
 
     return check
 

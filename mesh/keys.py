@@ -449,15 +449,22 @@ def load_peer_keys(peers_dir: Path) -> PeerKeys:
     """Load every trusted peer key in ``peers_dir``.
 
     Returns ``PeerKeys(keys={agent_id: key}, bad=[BadKeyFile])``; a bad file
-    (unparsable, bad name) is skipped, logged as a warning and listed in
-    ``bad``, never fatal. A missing directory means no peers.
+    (unparsable, bad name, writable by group or others — anyone who can
+    write it could swap a trust anchor) is skipped, logged as a warning and
+    listed in ``bad``, never fatal. A missing directory means no peers.
     """
     keys: dict[str, Ed25519PublicKey] = {}
     bad: list[BadKeyFile] = []
-    for path in sorted(_list_files(Path(peers_dir), PUB_SUFFIX)):
+    peers_dir = Path(peers_dir)
+    dir_writable = peers_dir.is_dir() and peers_dir.stat().st_mode & 0o022
+    for path in sorted(_list_files(peers_dir, PUB_SUFFIX)):
         if path.name.startswith("."):
             continue  # temp files from atomic writes, editor droppings
         try:
+            if dir_writable or path.stat().st_mode & 0o022:
+                where = peers_dir if dir_writable else path
+                raise MeshError("key_file_mode", f"{where} is writable by group or others, so anyone could replace "
+                                                 f"a trusted key; run: chmod go-w {where}")
             agent_id = validate_agent_id(_agent_id_from_name(path.name, PUB_SUFFIX))
             keys[agent_id] = load_public_key(path)
         except MeshError as exc:

@@ -56,9 +56,10 @@ class Receiver:
             ack = Ack.rejected(e.correlation_id, self.local_agent_id, e.code) if e.correlation_id else None
             return Received(ack=ack, error=e)
         if isinstance(msg, Ack):
-            self.counters["unexpected_ack"] += 1
+            # ACKs travel back on the socket the envelope came on; one arriving here is a peer's mistake.
+            self.counters["protocol_error:bad_type"] += 1
             log.warning("unexpected_ack", extra={"ev": {"peer": tls_identity, "correlation_id": msg.correlation_id}})
-            return Received(ack=None)
+            return Received(ack=None, error=ProtocolError("bad_type", "expected a message (type \"msg\"), got an ACK"))
         return await self.receive_envelope(msg, tls_identity)
 
     async def receive_envelope(self, env: Envelope, tls_identity: str) -> Received:

@@ -129,6 +129,9 @@ def _websocket(hooks: ServerHooks):
                 result = await hooks.receiver.receive(frame, peer)
                 if result.ack is not None and not ws.closed:
                     await ws.send_bytes(result.ack.to_wire())
+            except (ConnectionError, RuntimeError) as e:
+                # The peer went away with this ACK in flight; it resends, and the apply is idempotent.
+                log.info("ack_not_sent", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
             finally:
                 slots.release()
 
@@ -204,11 +207,15 @@ class MeshServer:
             self._runners.append(health)
         return self.port
 
-    async def stop(self, timeout_s: float) -> None:
-        """Stop accepting, give in-flight requests ``timeout_s`` seconds, close sockets."""
+    async def stop_accepting(self) -> None:
+        """Close the listening sockets; connections already open keep being served."""
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting, give in-flight requests ``timeout_s`` seconds, close sockets."""
+        await self.stop_accepting()
         for runner in self._runners:
             try:
                 await asyncio.wait_for(runner.cleanup(), timeout_s)

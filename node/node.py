@@ -22,7 +22,7 @@ import orjson
 from a2a import Backoff, RetrySchedule, SeenCache
 from mesh import tls
 from mesh.errors import MeshError
-from mesh.link import PeerLink
+from mesh.link import LinkState, PeerLink
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
 from node.config import NodeConfig
@@ -55,7 +55,7 @@ class Node:
         self.client_ssl = tls.client_context(cfg.cert_path, key_path, cfg.ca_cert_path)
         backoff = Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s)
         self.links = {
-            p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=lambda: self.svc.peer_keys,
+            p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=self.pinned_keys,
                                  backoff=backoff, ack_timeout_s=cfg.a2a.ack_timeout_s,
                                  max_bytes=cfg.a2a.max_message_bytes)
             for p in cfg.mesh.peers
@@ -64,12 +64,18 @@ class Node:
                                    self.fed.record_ack)
         service.outbox_wake = self.sender.wake
         service.runtime = self
-        self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=lambda: self.svc.peer_keys,
+        self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
                                              health=self.health, sync=self.fed.sync_page),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
         self._sync_wanted = {peer: asyncio.Event() for peer in self.links}
         self.sync_stats: Counter[str] = Counter()
         self.extra_services: list[Any] = []
+
+    def pinned_keys(self) -> dict:
+        """Keys certificates must match: every trusted peer's, and our own (a CA-issued certificate naming
+        this node over another key must not pass as us)."""
+        ident = self.svc.identity
+        return {**self.svc.peer_keys, ident.agent_id: ident.public_key}
 
     @classmethod
     async def open(cls, cfg: NodeConfig) -> Node:
@@ -88,16 +94,17 @@ class Node:
             link.on_up(lambda peer=peer: (self.sender.wake(peer), self._sync_wanted[peer].set()))
         try:
             async with asyncio.TaskGroup() as tg:
+                peer_tasks = []
                 for peer, link in self.links.items():
-                    tg.create_task(link.run(), name=f"link:{peer}")
-                    tg.create_task(self._sync_loop(peer), name=f"sync:{peer}")
+                    peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
+                    peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
                 await self._start_extras()
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
                 await stop.wait()
                 log.info("node_draining", extra={"ev": {"timeout_s": self.cfg.mesh.drain_timeout_s}})
-                await self._drain(sender)
+                await self._drain(sender, peer_tasks)
         finally:
             await self._stop_extras()
             await self.server.stop(self.cfg.mesh.drain_timeout_s)
@@ -105,16 +112,19 @@ class Node:
             self._status_path.unlink(missing_ok=True)
             log.info("node_stopped", extra={"ev": {}})
 
-    async def _drain(self, sender: asyncio.Task) -> None:
+    async def _drain(self, sender: asyncio.Task, peer_tasks: list[asyncio.Task]) -> None:
+        """Stop accepting, let in-flight sends finish (bounded), then close links and stop their tasks."""
+        self._closing = True
+        await self.server.stop_accepting()
         self.sender.stop()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(sender), self.cfg.mesh.drain_timeout_s)
         sender.cancel()
         for link in self.links.values():
             await link.close()
-        for ev in self._sync_wanted.values():
-            ev.set()
-        self._closing = True
+        # A link may be mid-handshake or in its backoff sleep: nothing of value is lost by cancelling it.
+        for task in peer_tasks:
+            task.cancel()
 
     async def _start_extras(self) -> None:
         """Local MCP transports (stdio joins over the socket; HTTP when configured)."""
@@ -152,16 +162,20 @@ class Node:
     _closing = False
 
     async def _sync_loop(self, peer: str) -> None:
-        """Pull the peer's change log after each (re)connect, from the last seq applied from it."""
+        """Pull the peer's change log after each (re)connect and every ``sync_interval_s``, from the last
+        seq applied from it; the interval heals a one-way outage that never drops our link to the peer."""
         wanted = self._sync_wanted[peer]
         while not self._closing:
-            await wanted.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wanted.wait(), self.cfg.federation.sync_interval_s)
             wanted.clear()
             if self._closing:
                 return
+            if self.links[peer].state is not LinkState.UP:
+                continue
             try:
                 await self.pull(peer)
-            except (MeshError, OSError, asyncio.TimeoutError, ValueError) as e:
+            except Exception as e:  # whatever a peer or the disk does, the node keeps running; next round retries
                 self.sync_stats["sync_failed"] += 1
                 log.warning("sync_failed", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
 
@@ -175,10 +189,17 @@ class Node:
             body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit},
                                     timeout_s=max(self.cfg.a2a.ack_timeout_s, 10.0))
             page = cbor2.loads(body)
+            if not isinstance(page, dict) or not isinstance(page.get("items"), list) \
+                    or not isinstance(page.get("next"), int) or not isinstance(page.get("more"), bool):
+                raise MeshError("bad_sync_page", f"{peer} answered a sync page of the wrong shape")
             outcome = await self.fed.apply_sync_items(peer, page["items"])
             applied += sum(outcome.values())
             self.sync_stats.update(outcome)
-            since = int(page["next"])
+            if outcome.retry:
+                # Something could not be stored now: keep our place, so the next round fetches it again.
+                log.warning("sync_incomplete", extra={"ev": {"peer": peer, "since": since, "retry": outcome.retry}})
+                break
+            since = page["next"]
             await self.svc.db.write(lambda conn: changelog.set_peer_state(conn, peer, last_sync_seq=since))
             if not page["more"]:
                 break

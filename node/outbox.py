@@ -38,6 +38,9 @@ class OutboxSender:
         self.on_ack = on_ack
         self._wake = {peer: asyncio.Event() for peer in links}
         self._inflight: dict[str, set[int]] = {peer: set() for peer in links}
+        # Rows whose attempt ended since the worker's current read began: that read may predate the
+        # attempt's commit, so these are skipped once rather than sent again.
+        self._settled: dict[str, set[int]] = {peer: set() for peer in links}
         self._stopping = False
         self.delivered = 0
         self.dead_lettered = 0
@@ -51,9 +54,18 @@ class OutboxSender:
         return len(self._inflight.get(peer, ()))
 
     async def run(self) -> None:
+        await self._orphans_to_dead_letters()
         async with asyncio.TaskGroup() as tg:
             for peer in self.links:
                 tg.create_task(self._worker(peer), name=f"outbox:{peer}")
+
+    async def _orphans_to_dead_letters(self) -> None:
+        """Rows for a peer this node has no link to (removed from the config) would wait forever."""
+        now = self.clock_ms()
+        moved = await self.db.write(outbox.dead_letter_peers_except, sorted(self.links),
+                                    "no [[mesh.peers]] entry for this peer", now)
+        if moved:
+            log.warning("dead_letter", extra={"ev": {"count": moved, "error": "peer not configured"}})
 
     def stop(self) -> None:
         self._stopping = True
@@ -62,13 +74,15 @@ class OutboxSender:
     async def _worker(self, peer: str) -> None:
         wake = self._wake[peer]
         inflight = self._inflight[peer]
+        settled = self._settled[peer]
         async with asyncio.TaskGroup() as tg:
             while not self._stopping:
                 wake.clear()
+                settled.clear()
                 room = SEND_WINDOW - len(inflight)
                 rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room + len(inflight)) if room else []
                 for row in rows:
-                    if row.id in inflight:
+                    if row.id in inflight or row.id in settled:
                         continue
                     inflight.add(row.id)
                     tg.create_task(self._attempt(row, inflight))
@@ -79,28 +93,34 @@ class OutboxSender:
 
     async def _attempt(self, row: OutboxRow, inflight: set[int]) -> None:
         try:
-            now = self.clock_ms()
-            if row.expires_at <= now:
-                await self._dead_letter(row, row.last_error or "expired before it could be delivered")
-                return
-            link = self.links[row.peer]
-            try:
-                ack = await link.send_wire(row.correlation_id, row.envelope)
-            except MeshError as e:
-                await self._failed(row, f"{e.code}: {e.message}")
-                return
-            if ack.accepted or ack.is_duplicate:
-                await self.db.write(_acked, row, self.clock_ms())
-                self.delivered += 1
-                await self.on_ack(row.peer, row.correlation_id)
-            elif ack.permanent:
-                await self._dead_letter(row, ack.reason)
-            else:
-                await self._failed(row, ack.reason or "not accepted")
+            await self._deliver(row)
+        except Exception as e:  # the database refused the bookkeeping (busy, disk full): the row stays due
+            log.error("outbox_attempt_failed", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
+                                                             "error": f"{type(e).__name__}: {e}"}})
         finally:
             inflight.discard(row.id)
-            # A freed window slot may let the worker pick up more rows.
-            self._wake[row.peer].set()
+            self._settled[row.peer].add(row.id)
+            # Wake the worker once half the window is free, not on every ACK (each wake re-reads due rows).
+            if len(inflight) <= SEND_WINDOW // 2:
+                self._wake[row.peer].set()
+
+    async def _deliver(self, row: OutboxRow) -> None:
+        if row.expires_at <= self.clock_ms():
+            await self._dead_letter(row, row.last_error or "expired before it could be delivered")
+            return
+        try:
+            ack = await self.links[row.peer].send_wire(row.correlation_id, row.envelope)
+        except MeshError as e:
+            await self._failed(row, f"{e.code}: {e.message}")
+            return
+        if ack.accepted or ack.is_duplicate:
+            await self.db.write(_acked, row, self.clock_ms())
+            self.delivered += 1
+            await self.on_ack(row.peer, row.correlation_id)
+        elif ack.permanent:
+            await self._dead_letter(row, ack.reason)
+        else:
+            await self._failed(row, ack.reason or "not accepted")
 
     async def _failed(self, row: OutboxRow, error: str) -> None:
         attempts = row.attempts + 1

@@ -290,3 +290,14 @@ async def test_websocket_survives_a_non_cbor_frame(wire, wait_for):
     # Node 1's own link to node 2 was never disturbed.
     wait_for(lambda: (health(wire.layout.node(1)) or {}).get("peers", {}).get(n2.agent_id) == "up",
              "node 1's link to node 2 to be up", timeout_s=10)
+
+
+async def test_ca_valid_cert_naming_the_receiving_node_itself_is_403(wire, wait_logged, tmp_path):
+    n2 = wire.layout.node(2)
+    # A compromised CA signs a certificate for node 2's own agent_id over another key: node 2 pins itself too.
+    impostor = keys.generate_identity(tmp_path / "self-impostor", n2.agent_id)
+    cert = ca.issue_node_cert(wire.layout.root / "ca", n2.agent_id, impostor.pub_path, tmp_path / "self.crt")
+    creds = Creds(n2.agent_id, cert, impostor.priv_path, wire.layout.root / "ca" / ca.CA_CERT_NAME)
+    status, ack, err = await post(creds, n2.url, ping(n2.agent_id, [n2.agent_id]).to_wire())
+    assert_json_error(status, ack, err, 403, "peer_key_mismatch")
+    await assert_still_serving(wire)

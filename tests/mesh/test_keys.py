@@ -325,3 +325,14 @@ def test_openssl_reads_our_pub_file(home: Path) -> None:
         check=True,
     )
     assert "ED25519 Private-Key" in out.stdout
+
+
+def test_group_writable_peer_key_is_not_trusted(tmp_path: Path) -> None:
+    from mesh import keys as k
+    ident = k.generate_identity(tmp_path / "other", "ai:peer@lab")
+    peers = tmp_path / "peers"
+    k.import_peer(peers, ident.pub_path)
+    assert "ai:peer@lab" in k.load_peer_keys(peers).keys
+    (peers / "ai:peer@lab.pub").chmod(0o666)
+    loaded = k.load_peer_keys(peers)
+    assert "ai:peer@lab" not in loaded.keys and loaded.bad[0].error.code == "key_file_mode"
