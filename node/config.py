@@ -51,6 +51,8 @@ class StorageConfig:
     # Upper bound on jobs folded into one group-commit transaction.
     batch_max: int = 512
     readers: int = 2
+    # "full": an ACK (and a local commit) survives power loss; "normal": a process crash only, faster.
+    synchronous: str = "full"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class FederationConfig:
     quorum_timeout_s: float = 5.0
     namespaces: dict[str, NamespacePolicy] = field(default_factory=dict)
     sync_page_limit: int = 500
+    # Each peer's change log is also pulled this often, not only on reconnect (a one-way outage heals).
+    sync_interval_s: float = 30.0
     # How long an inbound link whose memories are not here yet is held before rejecting it.
     orphan_hold_s: float = 2.0
 
@@ -317,5 +321,18 @@ def _validate(cfg: NodeConfig) -> None:
     _positive("mesh.drain_timeout_s", cfg.mesh.drain_timeout_s)
     _positive("federation.quorum_timeout_s", cfg.federation.quorum_timeout_s)
     _positive("federation.sync_page_limit", cfg.federation.sync_page_limit)
+    if cfg.storage.synchronous not in ("full", "normal"):
+        raise ConfigError("config_invalid", f"storage.synchronous must be full|normal, got {cfg.storage.synchronous!r}")
+    if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
+        raise ConfigError("config_invalid", f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
+                                            f"mesh.reconnect_max_s ({cfg.mesh.reconnect_max_s})")
+    ids = [p.agent_id for p in cfg.mesh.peers]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("config_invalid", f"mesh.peers names an agent_id twice: {sorted(ids)}")
+    if cfg.agent_id and cfg.agent_id in ids:
+        raise ConfigError("config_invalid", f"mesh.peers lists this node itself ({cfg.agent_id!r})")
+    if cfg.federation.orphan_hold_s < 0:
+        raise ConfigError("config_invalid", f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
+    _positive("federation.sync_interval_s", cfg.federation.sync_interval_s)
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

@@ -18,6 +18,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
+from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
 from node.attest import AttestLevel, LinkPayload
 from node.errors import ServiceError
@@ -280,7 +281,9 @@ class Federation:
                         items.append({"seq": r.seq, "kind": "memory.put", "memory": memory_wire(m)})
                 else:
                     link = links.get(conn, r.ref_id)
-                    if link is not None:
+                    src = memories.get(conn, link.src_id) if link is not None else None
+                    # A link goes where its source memory's namespace goes (as on the live path).
+                    if link is not None and (src is None or self._shares(peer, src.namespace)):
                         items.append({"seq": r.seq, "kind": "link.put", **link_wire(link)})
             last = rows[-1].seq if rows else since
             return {"items": items, "next": last, "more": len(rows) == limit}
@@ -300,10 +303,14 @@ class Federation:
         policy = self.cfg.federation.namespaces.get(namespace)
         return policy is None or peer in policy.peers
 
-    async def apply_sync_items(self, peer: str, items: Iterable[dict[str, Any]]) -> Counter[str]:
-        """Apply one pulled page (memories first, so links find their memories)."""
-        outcome: Counter[str] = Counter()
-        items = list(items)
+    async def apply_sync_items(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
+        """Apply one pulled page (memories first, so links find their memories).
+
+        ``outcome.retry`` counts items that could not be stored now (storage trouble, a link whose memory
+        is not here yet); the caller then keeps its place in the peer's log and fetches them again.
+        """
+        outcome = SyncOutcome()
+        items = [i for i in items if isinstance(i, dict)]
         for item in sorted(items, key=lambda i: i.get("kind") != "memory.put"):
             payload = {k: v for k, v in item.items() if k != "seq"}
             try:
@@ -312,7 +319,19 @@ class Federation:
                     code = await self.apply_memory(payload["memory"], peer)
                 else:
                     code = await self.apply_link(payload, peer)
-            except (ProtocolError, StorageError) as e:
+            except ProtocolError as e:
                 code = e.code
+            except StorageError as e:
+                code = e.code
+                outcome.retry += 1
+            else:
+                if code in RETRYABLE_REJECT_CODES:
+                    outcome.retry += 1
             outcome[code or "applied"] += 1
         return outcome
+
+
+class SyncOutcome(Counter):
+    """How a pulled page's items went, by code; ``retry`` counts those to fetch again."""
+
+    retry: int = 0

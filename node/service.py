@@ -41,7 +41,8 @@ class Service:
         self.db = db
         self.identity = identity
         self.clock = clock
-        self.peer_keys: dict[str, Ed25519PublicKey] = {}
+        self._peer_keys: dict[str, Ed25519PublicKey] = {}
+        self._peers_stamp: tuple[int, int] | None = None
         self.reload_peer_keys()
         # Set by the node when federation runs: ``replicate`` is called inside each write transaction,
         # ``outbox_wake`` after its commit, ``await_quorum`` to wait for peer ACKs.
@@ -55,7 +56,8 @@ class Service:
     @classmethod
     async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
         identity = load_node_identity(cfg, required=require_identity)
-        db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers)
+        db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
+                                 synchronous=cfg.storage.synchronous)
         svc = cls(cfg, db, identity, clock=clock)
         # Writes replicate whichever process makes them (node or CLI): the outbox is in the database.
         from node.federation import Federation
@@ -73,9 +75,24 @@ class Service:
             return self.identity.agent_id
         return self.cfg.agent_id or "anonymous"
 
+    @property
+    def peer_keys(self) -> dict[str, Ed25519PublicKey]:
+        """Trusted peer keys, re-read when <home>/peers changes (an `identity import` takes effect live)."""
+        if self._stamp() != self._peers_stamp:
+            self.reload_peer_keys()
+        return self._peer_keys
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.cfg.peers_dir.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
     def reload_peer_keys(self) -> None:
+        self._peers_stamp = self._stamp()
         keys, _bad = mesh_keys.load_peer_keys(self.cfg.peers_dir)
-        self.peer_keys = keys
+        self._peer_keys = keys
 
     def key_for(self, agent_id: str) -> Ed25519PublicKey | None:
         """The public key this node trusts for ``agent_id``: its own, or a peer's .pub."""
@@ -255,7 +272,7 @@ class Service:
         def read(conn) -> dict[str, Any]:
             return {"links": links.counts_by_attest_level(conn), "memories": memories.count(conn),
                     "outbox_depth": outbox.depth(conn), "dead_letters": outbox.dead_letter_count(conn),
-                    "change_log_seq": changelog.last_seq(conn)}
+                    "change_log_seq": changelog.last_seq(conn), "counters": changelog.all_counters(conn)}
 
         stored = await self.db.read(read)
         peers = await self.peers()
@@ -269,6 +286,8 @@ class Service:
             "outbox_depth": stored["outbox_depth"],
             "dead_letters": stored["dead_letters"],
             "change_log_seq": stored["change_log_seq"],
+            # Durable tallies: inbound changes applied by kind and outcome, rejections by code.
+            "applied": stored["counters"],
             "peers": [{k: p[k] for k in ("agent_id", "link_state", "last_ack_age_s", "trusted_key")} for p in peers],
             "write_quorum": self.cfg.federation.write_quorum,
             "limits": asdict(self.cfg.limits),

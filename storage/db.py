@@ -6,7 +6,7 @@ Writes: ``await db.write(fn, *args)`` queues a SYNC ``fn(conn, *args)``. The wri
 up to ``batch_max`` queued jobs, opens ONE transaction (BEGIN IMMEDIATE), runs each job inside its
 own SAVEPOINT (a job that raises is rolled back alone and only its caller sees the exception),
 COMMITs, and only then resolves the callers' futures: a resolved write is durable (WAL,
-synchronous=NORMAL: durable against process crash; an OS crash may lose the last commits).
+synchronous=FULL by default: a commit survives an OS crash; NORMAL, when chosen, a process crash only).
 Jobs must not BEGIN/COMMIT themselves. A cancelled ``write`` may still commit.
 
 Reads: ``await db.read(fn, *args)`` runs ``fn(conn, *args)`` on a thread of a small pool, each with
@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 # How long a connection waits on a lock held by another process (e.g. the CLI) before 'busy'.
 BUSY_TIMEOUT_MS = 5_000
+# PRAGMA synchronous values by setting name.
+SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 
 
 @dataclass(eq=False)
@@ -53,6 +55,7 @@ class Database:
     """An open attested-mesh database. Create with ``await Database.open(path)``."""
 
     def __init__(self, path: Path, batch_max: int, readers: int) -> None:
+        self._synchronous = "full"
         if batch_max < 1 or readers < 1:
             raise ValueError("batch_max and readers must be >= 1")
         self.path = path
@@ -75,12 +78,19 @@ class Database:
     # ---- lifecycle -------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: Path, *, batch_max: int = 512, readers: int = 2) -> Database:
+    async def open(cls, path: Path, *, batch_max: int = 512, readers: int = 2,
+                   synchronous: str = "full") -> Database:
         """Open (creating it and its parent directory if needed) and migrate the database at ``path``.
+
+        ``synchronous`` "full" (default) fsyncs each commit, so a committed write survives an OS crash or
+        power loss; "normal" survives a process crash only and commits faster.
 
         Raises StorageError not_a_database / foreign_database / schema_too_new, leaving the file unchanged.
         """
+        if synchronous not in SYNCHRONOUS:
+            raise StorageError("bad_setting", f"synchronous must be one of {sorted(SYNCHRONOUS)}, got {synchronous!r}")
         db = cls(Path(path), batch_max, readers)
+        db._synchronous = synchronous
         db._loop = asyncio.get_running_loop()
         opened: concurrent.futures.Future[int] = concurrent.futures.Future()
         db._writer = threading.Thread(target=db._writer_main, args=(opened,),
@@ -149,7 +159,7 @@ class Database:
 
     def _writer_main(self, opened: concurrent.futures.Future[int]) -> None:
         try:
-            conn = _open_writer(self.path)
+            conn = _open_writer(self.path, self._synchronous)
         except BaseException as e:  # noqa: BLE001 - delivered to the opener
             opened.set_exception(e)
             self._writer_done.set_result(None)
@@ -287,7 +297,7 @@ def _resolve_all(jobs: list[_Job]) -> None:
             job.future.set_result(job.result)
 
 
-def _open_writer(path: Path) -> sqlite3.Connection:
+def _open_writer(path: Path, synchronous: str = "full") -> sqlite3.Connection:
     """Guard the file (read-only), then open it read-write, set the pragmas and migrate."""
     path.parent.mkdir(parents=True, exist_ok=True)
     migrations.guard(path)
@@ -300,7 +310,7 @@ def _open_writer(path: Path) -> sqlite3.Connection:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise StorageError("sql_error", f"could not switch {path} to WAL (journal_mode is {mode})")
-        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[synchronous]}")
         conn.execute("PRAGMA foreign_keys = ON")
         migrations.migrate(conn)
         return conn

@@ -119,6 +119,18 @@ def to_dead_letter(conn: sqlite3.Connection, id: int, last_error: str | None, de
     return dead_id
 
 
+def dead_letter_peers_except(conn: sqlite3.Connection, peers: list[str], last_error: str, dead_at: int) -> int:
+    """Move every outbox row whose peer is not in ``peers`` to the dead letters; returns how many."""
+    marks = ",".join("?" * len(peers))
+    where = f"peer NOT IN ({marks})" if peers else "1"
+    cur = conn.execute(
+        "INSERT INTO a2a_dead_letters (correlation_id, peer, kind, envelope, expires_at, attempts, last_error, "
+        f"created_at, dead_at) SELECT correlation_id, peer, kind, envelope, expires_at, attempts, ?, created_at, ? "
+        f"FROM a2a_outbox WHERE {where}", (last_error, dead_at, *peers))
+    conn.execute(f"DELETE FROM a2a_outbox WHERE {where}", peers)
+    return cur.rowcount
+
+
 def depth(conn: sqlite3.Connection, peer: str | None = None) -> int:
     if peer is None:
         return conn.execute("SELECT count(*) FROM a2a_outbox").fetchone()[0]

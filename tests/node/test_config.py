@@ -83,3 +83,17 @@ def test_namespaces_and_peers_parse() -> None:
     }, env={})
     assert cfg.mesh.peers[0].url == "https://127.0.0.1:7444"
     assert cfg.federation.namespaces["team/x"].peers == ("ai:b",)
+
+
+@pytest.mark.parametrize("raw,needle", [
+    ({"mesh": {"reconnect_min_s": 5.0, "reconnect_max_s": 1.0}}, "reconnect_min_s"),
+    ({"mesh": {"peers": [{"agent_id": "ai:b", "url": "https://a:1"}, {"agent_id": "ai:b", "url": "https://b:1"}]}},
+     "twice"),
+    ({"agent_id": "ai:me", "mesh": {"peers": [{"agent_id": "ai:me", "url": "https://a:1"}]}}, "itself"),
+    ({"federation": {"orphan_hold_s": -1}}, "orphan_hold_s"),
+    ({"storage": {"synchronous": "off"}}, "storage.synchronous"),
+])
+def test_inconsistent_settings_are_refused(raw: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_dict(raw, env={})
+    assert needle in err.value.message

@@ -180,3 +180,24 @@ async def test_local_writes_enqueue_one_message_per_configured_peer(tmp_path: Pa
         assert caps["outbox_depth"] == 6
     finally:
         await svc.close()
+
+
+async def test_sync_page_keeps_a_restricted_namespace_from_other_peers(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path / "sync", federation={"namespaces": {"team/x": {"peers": [PEER]}}})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    svc = await Service.open(cfg, require_identity=True)
+    try:
+        a = await svc.memory_store("secret one", namespace="team/x")
+        b = await svc.memory_store("secret two", namespace="team/x")
+        await svc.memory_link(a["id"], b["id"], "related_to")
+        for peer, expected in ((PEER, 3), (OTHER, 0)):
+            page = await svc.federation.sync_page(peer, 0, 100)
+            assert len(page["items"]) == expected, peer
+    finally:
+        await svc.close()
+
+
+async def test_sync_items_that_cannot_be_stored_yet_are_counted_for_retry(svc: Service) -> None:
+    orphan = _link_put(None, M1, M2)  # its memories are not here
+    outcome = await svc.federation.apply_sync_items(PEER, [{"seq": 1, **orphan}])
+    assert outcome.retry == 1 and outcome["unknown_memory"] == 1

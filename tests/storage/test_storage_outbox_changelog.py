@@ -145,3 +145,14 @@ async def test_clear_dead_letters_by_kind_and_time_keeps_the_rest(db: Database):
     assert await db.write(outbox.clear_dead_letters, "ai:b", ("memory.put", "link.put"), 20) == 1
     left = {d.kind for d in await db.read(outbox.dead_letters, "ai:b")}
     assert left == {"ping", "link.put"}
+
+
+async def test_rows_for_unconfigured_peers_move_to_dead_letters(db: Database):
+    def setup(conn):
+        for i, peer in enumerate(["ai:b", "ai:gone", "ai:gone"]):
+            outbox.enqueue(conn, f"00000000-0000-4000-8000-0000000000a{i}", peer, "ping", b"x", 100, 0, 0)
+
+    await db.write(setup)
+    assert await db.write(outbox.dead_letter_peers_except, ["ai:b"], "no peer", 5) == 2
+    assert await db.read(outbox.depth) == 1
+    assert {d.peer for d in await db.read(outbox.dead_letters)} == {"ai:gone"}
