@@ -7,7 +7,6 @@ The signed payload is canonical CBOR (RFC 8949 section 4.2.1) of exactly the six
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -17,14 +16,11 @@ import cbor2
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+# The one enum of attest levels lives with the column it constrains; re-exported for the node room.
+from storage.links import AttestLevel as AttestLevel
+
 SIGNED_FIELDS = ("src_id", "dst_id", "relation", "observed_by", "valid_from", "valid_until")
 SIGNATURE_BYTES = 64
-
-
-class AttestLevel(enum.StrEnum):
-    UNSIGNED = "unsigned"
-    SELF_SIGNED = "self_signed"
-    PEER_ATTESTED = "peer_attested"
 
 
 class AttestError(Exception):

@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     snd.add_argument("--correlation-id", help="reuse a correlation id (to see duplicate handling)")
     snd.add_argument("--ttl", type=float, help="seconds until expires_at (default a2a.ttl_s; <= 0 sends expired)")
     snd.add_argument("--queue", action="store_true",
-                     help="write it to the outbox instead; the running node delivers it with retries")
+                     help="write it to the outbox instead; the running node delivers it with retries "
+                          "(the peer must be in [[mesh.peers]]; --url is not used)")
     snd.add_argument("--json", action="store_true")
     dl = a2sub.add_parser("dead-letters", help="messages that exhausted their retries; --replay re-sends")
     dl.add_argument("--peer", help="only this peer")
@@ -411,6 +412,7 @@ def _a2a_send(args: argparse.Namespace, cfg: NodeConfig) -> int:
     import time as _time
 
     from a2a import Envelope, new_envelope
+    from node.errors import ServiceError
     from node.service import now_ms
 
     async def go(svc) -> int:
@@ -422,6 +424,9 @@ def _a2a_send(args: argparse.Namespace, cfg: NodeConfig) -> int:
             env = Envelope(correlation_id=args.correlation_id or env.correlation_id, sender=env.sender,
                            recipients=env.recipients, payload=payload, expires_at=now + int(ttl_s * 1000))
         if args.queue:
+            if args.to not in {p.agent_id for p in cfg.mesh.peers}:
+                raise ServiceError("unknown_peer", f"no [[mesh.peers]] entry for {args.to!r}: the node would never "
+                                                   "deliver a queued message to it (--url applies without --queue)")
             from storage import outbox
             await svc.db.write(outbox.enqueue, env.correlation_id, args.to, env.kind, env.to_wire(),
                                env.expires_at, now, now)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from node.config import HOME_ENV, NodeConfig
 
-HELP = "serve MCP over stdio (joins the running node's local socket, else runs the node embedded)"
+HELP = ("serve MCP over stdio (joins the running node's local socket; with no node running, opens its store "
+        "here: writes then wait in the outbox until `ai-memory serve` runs)")
 DESCRIPTION = (HELP + ". stdout carries only MCP messages; diagnostics go to stderr. "
                "Example: claude mcp add ai-memory -- ai-memory mcp --config /path/node.toml")
 

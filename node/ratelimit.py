@@ -36,7 +36,7 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """One bucket per caller (an MCP session id), forgotten after a minute of silence."""
+    """One bucket per caller (an MCP session id), forgotten after a minute without calls."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = rate
@@ -46,9 +46,8 @@ class RateLimiter:
 
     def check(self, caller: str) -> None:
         """Raise ServiceError ``rate_limited`` when ``caller`` is past its budget."""
-        bucket = self._buckets.get(caller)
-        if bucket is None:
-            bucket = self._buckets[caller] = TokenBucket(self.rate, self.clock)
+        bucket = self._buckets.get(caller) or TokenBucket(self.rate, self.clock)
+        self._buckets[caller] = bucket  # re-set so the idle timer counts from the last use
         wait = bucket.take()
         if wait:
             self.refused += 1

@@ -9,7 +9,6 @@ Arguments are checked against the schema before dispatch, so a bad call never re
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,37 +202,10 @@ class ServiceBackend:
             case "memory_verify":
                 return await s.memory_verify(args["link_id"])
             case "memory_peers":
-                if callable(getattr(s, "peers", None)):
-                    return await s.peers()
-                return _peers_now(s)
+                return await s.peers()
             case "memory_capabilities":
-                if callable(getattr(s, "capabilities", None)):
-                    return await s.capabilities()
-                return await _capabilities_now(s)
+                return await s.capabilities()
         raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
-
-
-def _peers_now(s: Any) -> list[dict[str, Any]]:
-    """Fallback for a service without peers(): configured and pinned peers, no link state (none is known)."""
-    from mesh.keys import fingerprint
-
-    urls = {p.agent_id: p.url for p in s.cfg.mesh.peers}
-    return [{"agent_id": a, "fingerprint": fingerprint(s.peer_keys[a]) if a in s.peer_keys else None,
-             "trusted_key": a in s.peer_keys, "url": urls.get(a)} for a in sorted(set(s.peer_keys) | set(urls))]
-
-
-async def _capabilities_now(s: Any) -> dict[str, Any]:
-    """Fallback for a service without capabilities(): the same field names, only what it can measure."""
-    from storage.links import counts_by_attest_level
-
-    return {
-        "schema_version": s.db.schema_version,
-        "agent_id": s.agent_id,
-        "key_fingerprint": s.identity.fingerprint if s.identity else None,
-        "signing": s.identity is not None,
-        "links_by_attest_level": await s.db.read(counts_by_attest_level),
-        "limits": dataclasses.asdict(s.cfg.limits),
-    }
 
 
 # ---- local-socket framing and client backend ------------------------------------------------

@@ -17,7 +17,8 @@ DEFAULT_DIR = Path(".testbed")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 USAGE_CODES = {"bad_node_count", "bad_nodes", "bad_port", "port_in_use", "dir_not_empty", "dir_not_dir", "dir_too_long",
-               "backend_unavailable", "bad_messages", "unknown_node", "bad_netem", "bad_fault", "no_netns"}
+               "backend_unavailable", "bad_messages", "unknown_node", "bad_netem", "bad_fault", "no_netns",
+               "bad_option"}
 
 
 def _nodes_list(text: str) -> list[int]:
@@ -117,6 +118,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from testbed.control import up
 
     if args.backend == "docker":
+        if getattr(args, "netns", False):
+            raise TestbedError("bad_option", "--netns applies to the local backend only (containers share the "
+                                             "host network here)")
         from testbed.docker import up
         state, already = up(args.dir, args.nodes, base_port=args.base_port, ready_timeout_s=args.timeout)
     elif getattr(args, "netns", False) and _netns_ok():
@@ -209,6 +213,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     nodes = args.nodes or (list(bench.QUICK_NODES) if args.quick else [3, 5, 10])
     messages = args.messages or (bench.QUICK_MESSAGES if args.quick else 2000)
     if args.backend == "docker":
+        if args.netem:
+            raise TestbedError("bad_option", "--netem applies to the local backend only")
         from testbed.docker import run_bench
         report = run_bench(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
     else:

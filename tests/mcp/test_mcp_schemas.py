@@ -75,26 +75,3 @@ def test_bounds_follow_the_limits_in_force() -> None:
     with pytest.raises(ServiceError) as e:
         v.check("memory_recall", {"query": "toolong"})
     assert e.value.code == "too_large"
-
-
-async def test_fallbacks_report_the_service_field_names_without_placeholders(tmp_path) -> None:
-    """A service without peers()/capabilities() still answers honestly, in the same field names."""
-    from node.service import Service
-    from node.tools import ServiceBackend
-    from tests.mcp.conftest import make_home
-
-    h = make_home(tmp_path)
-    svc = await Service.open(h.cfg, require_identity=True)
-    try:
-        class Bare:  # only what the fallbacks read
-            cfg, db, identity, agent_id, peer_keys = svc.cfg, svc.db, svc.identity, svc.agent_id, svc.peer_keys
-            memory_store = svc.memory_store
-
-        caps = await ServiceBackend(Bare()).call("memory_capabilities", {})
-        full = await svc.capabilities() if hasattr(svc, "capabilities") else caps
-        assert set(caps) <= set(full)
-        assert caps["key_fingerprint"] == svc.identity.fingerprint and caps["signing"] is True
-        assert all(v is not None for v in caps.values())
-        assert await ServiceBackend(Bare()).call("memory_peers", {}) == []
-    finally:
-        await svc.close()
