@@ -22,7 +22,6 @@ import os
 import platform
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,9 +34,10 @@ sys.path.insert(0, str(ROOT))
 from a2a import Backoff, new_envelope  # noqa: E402
 from mesh import keys, tls  # noqa: E402
 from mesh.link import LinkState, PeerLink  # noqa: E402
+from testbed import floor as echo_floor  # noqa: E402  (the bare TLS echo server every bench compares with)
 
 OUT = ROOT / "bench" / "out" / "a2a_pair.json"
-HEADER = struct.Struct(">I")
+HEADER = echo_floor.HEADER
 WARMUP = 200
 TARGET_P95_RATIO = 2.0
 TARGET_MSGS_PER_S = 20_000
@@ -51,29 +51,6 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ floor: bare TLS echo server
-
-
-async def echo_server(cert: Path, key: Path, ca: Path) -> None:
-    ctx = tls.server_context(cert, key, ca)
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readexactly(HEADER.size)
-                body = await reader.readexactly(HEADER.unpack(head)[0])
-                writer.write(head + body)
-                if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    # Serve until stdin closes (the parent exits or closes the pipe).
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    server.close()
 
 
 async def floor_run(port: int, ctx, frame: bytes, sequential: int, pipelined: int, window: int) -> dict:
@@ -206,7 +183,7 @@ async def bench(args) -> dict:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:
             mesh.start([2], want_links=False)
-            echo_port = int(echo.stdout.readline())
+            echo_port = int(echo.stdout.readline().split()[1])  # "port N"
             ours, frame_size = await link_run(layout, args.messages, args.pipelined, args.window)
             ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv",
                                      ca_path)
@@ -251,7 +228,7 @@ def run(coro):
 
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--echo-server":
-        run(echo_server(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])))
+        run(echo_floor.serve(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=3000, help="sequential round trips (default 3000)")

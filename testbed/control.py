@@ -61,12 +61,17 @@ def live_or_free(root: Path) -> TestbedState | None:
             return existing
         raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose nodes are not running; "
                                           f"run `testbed down --dir {root}` first")
+    check_free_dir(root)
+    return None
+
+
+def check_free_dir(root: Path) -> None:
+    """``root`` must be absent or an empty directory (a testbed never lays itself over other files)."""
     if root.exists() and not root.is_dir():
         raise TestbedError("dir_not_dir", f"{root} exists and is not a directory")
     if root.exists() and any(root.iterdir()):
         raise TestbedError("dir_not_empty", f"{root} holds files that are not a testbed "
                                             f"(no {STATE_NAME}); choose another --dir")
-    return None
 
 
 def start_all(layout: MeshLayout, state: TestbedState, *, ready_timeout_s: float,

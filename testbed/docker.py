@@ -27,10 +27,10 @@ from pathlib import Path
 
 from testbed import image, local
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
-from testbed.control import _remove_layout, check_node_count, require_state
+from testbed.control import _remove_layout, check_free_dir, check_node_count, require_state
 from testbed.local import health
 from testbed.progress import Progress
-from testbed.state import STATE_NAME, NodeState, TestbedState, read_state, start_ticks, state_path, write_state
+from testbed.state import NodeState, TestbedState, read_state, start_ticks, state_path, write_state
 
 DOCKER_STATE = "docker.json"
 COMPOSE_FILE = "compose.yaml"
@@ -195,11 +195,7 @@ def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s:
             return existing, True
         raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose containers are not "
                                           f"running; run `testbed down --dir {root}` first")
-    if root.exists() and not root.is_dir():
-        raise TestbedError("dir_not_dir", f"{root} exists and is not a directory")
-    if root.exists() and any(root.iterdir()):
-        raise TestbedError("dir_not_empty", f"{root} holds files that are not a testbed "
-                                            f"(no {STATE_NAME}); choose another --dir")
+    check_free_dir(root)
     img = node_image or image.build_node(base=base_image, say=say)
     created_root = not root.exists()
     layout = build_layout(root, nodes, base_port=base_port)

@@ -449,21 +449,10 @@ def delayd(queue: int, delay_ms: float, jitter_ms: float, loss_pct: float) -> in
 def floor_rx(host: str, cert: Path, key: Path, ca: Path) -> int:
     import asyncio
 
-    from mesh import tls
     from testbed import floor
 
-    async def serve() -> None:
-        server = await asyncio.start_server(floor._echo, host, 0, ssl=tls.server_context(cert, key, ca))
-        print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.buffer.read1(1) else None)
-        async with server:
-            await stop.wait()
-
     floor.new_loop_policy()
-    asyncio.run(serve())
+    asyncio.run(floor.serve(cert, key, ca, host))
     return 0
 
 

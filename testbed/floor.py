@@ -22,6 +22,7 @@ from mesh import tls
 from testbed import procs
 
 HEADER = struct.Struct("!I")
+ECHO_HIGH_WATER = 1 << 20
 START_TIMEOUT_S = 15.0
 IO_TIMEOUT_S = 10.0
 
@@ -41,15 +42,18 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             head = await reader.readexactly(HEADER.size)
             body = await reader.readexactly(HEADER.unpack(head)[0])
             writer.write(head + body)
+            if writer.transport.get_write_buffer_size() > ECHO_HIGH_WATER:
+                await writer.drain()  # a pipelining client: do not buffer without bound
     except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
         pass
     finally:
         writer.close()
 
 
-async def serve(cert: Path, key: Path, ca: Path) -> None:
+async def serve(cert: Path, key: Path, ca: Path, host: str = "127.0.0.1") -> None:
+    """Echo length-prefixed frames over mTLS on ``host``:<free port> (printed as ``port N``) until stdin closes."""
     ctx = tls.server_context(cert, key, ca)
-    server = await asyncio.start_server(_echo, "127.0.0.1", 0, ssl=ctx)
+    server = await asyncio.start_server(_echo, host, 0, ssl=ctx)
     port = server.sockets[0].getsockname()[1]
     print(f"port {port}", flush=True)
     stop = asyncio.Event()
