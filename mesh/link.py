@@ -175,7 +175,7 @@ class PeerLink:
         """Account the failure, log an outage's start (or a changed reason), return the delay in s."""
         if error is None:
             error = MeshError("link_closed", "the connection ended")
-        previous = self.last_error
+        previous_code = self.last_error_code
         self.last_error, self.last_error_code = f"{error.code}: {error.message}", error.code
         new_outage = self.health.went_down(time.monotonic())
         self.last_delay_s = self.backoff.next_delay(self.health.failures)
@@ -184,7 +184,7 @@ class PeerLink:
         level = logging.WARNING if error.code in _TRUST_CODES else logging.INFO
         if new_outage:
             log.log(level, "link_down", extra={"ev": ev})
-        elif self.last_error != previous:
+        elif error.code != previous_code:  # by code: messages may differ from one attempt to the next
             log.log(level, "link_still_down", extra={"ev": ev})
         return self.last_delay_s
 

@@ -336,6 +336,7 @@ class SocketClientBackend:
                 self._writer.write(frame)
                 await self._writer.drain()
             except OSError:
+                await self._drop()
                 continue  # not delivered: send it on a new connection
             try:
                 reply = await asyncio.wait_for(read_frame(self._reader), self.call_timeout_s)
