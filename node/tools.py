@@ -213,15 +213,19 @@ class ServiceBackend:
             case "memory_link":
                 return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
             case "memory_verify":
-                given = [args[k] for k in ("link_id", "memory_id") if k in args]
-                if len(given) != 1:
-                    raise ServiceError("bad_input", "give exactly one of link_id or memory_id")
-                return await s.memory_verify(given[0])
+                return await s.memory_verify(_one_verify_id(args))
             case "memory_peers":
                 return await s.peers()
             case "memory_capabilities":
                 return await s.capabilities()
         raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
+
+
+def _one_verify_id(args: dict[str, Any]) -> str:
+    given = [args[k] for k in ("link_id", "memory_id") if k in args]
+    if len(given) != 1:
+        raise ServiceError("bad_input", "give exactly one of link_id or memory_id")
+    return str(given[0])
 
 
 # ---- local-socket framing and client backend ------------------------------------------------
