@@ -37,6 +37,8 @@ def test_a_rotated_node_whose_peer_pins_the_old_key_is_told_peer_key_mismatch(me
     mesh.start()
     n1, n2 = mesh.layout.node(1), mesh.layout.node(2)
     old_fp = keys.load_identity(n1.home / "keys", n1.agent_id).fingerprint
+    # History signed with the old key, replicated to node 2 before the rotation.
+    m1, m2, link = _signed_history(cli, n1, n2, wait_for)
 
     mesh.stop(1)
     out = _rotate(cli, n1, mesh.layout.root / "ca")
@@ -78,3 +80,35 @@ def test_a_rotated_node_whose_peer_pins_the_old_key_is_told_peer_key_mismatch(me
     # The rotated node's certificate, reissued by `identity rotate`, is over the new key.
     cert = ca.load_cert(n1.home / "tls" / "node.crt")
     assert keys.fingerprint(cert.public_key()) == new_fp
+
+    # What the old key signed keeps verifying: on node 2 with its keyring, on node 1 with its own.
+    for spec in (n1, n2):
+        for signed in (link["link_id"], m1["id"], m2["id"]):
+            rc, out, err = cli(spec, "verify", signed)
+            assert rc == 0 and out["signature_verified"] is True, (spec.agent_id, signed, out, err)
+    # And what the new key signs verifies too.
+    m3 = _ok(cli, n1, "store", "stored after the rotation")
+    wait_for(lambda: cli(n2, "get", m3["id"])[0] == 0, "the new memory on node 2", timeout_s=30)
+    rc, out, err = cli(n2, "verify", m3["id"])
+    assert rc == 0 and out["signature_verified"] is True, (out, err)
+
+
+def _ok(cli, spec, *args):
+    rc, out, err = cli(spec, *args)
+    assert rc == 0, f"{args} -> {rc}: {err}"
+    return out
+
+
+def _signed_history(cli, n1, n2, wait_for):
+    m1 = _ok(cli, n1, "store", "first memory, signed with the old key")
+    m2 = _ok(cli, n1, "store", "second memory, signed with the old key")
+    link = _ok(cli, n1, "link", m1["id"], m2["id"], "related_to")
+
+    def link_on_n2():
+        rows = _ok(cli, n2, "links", "--limit", "100")
+        return next((r for r in rows if r["link_id"] == link["link_id"]), None)
+    assert wait_for(link_on_n2, "the link on node 2", timeout_s=30)["attest_level"] == "peer_attested"
+    for spec in (n1, n2):
+        rc, out, err = cli(spec, "verify", link["link_id"])
+        assert rc == 0 and out["signature_verified"] is True, err
+    return m1, m2, link
