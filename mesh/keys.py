@@ -390,10 +390,11 @@ def rotate_identity(keys_dir: Path, agent_id: str) -> tuple[Identity, str]:
     retired_dir = Path(keys_dir) / RETIRED_DIR
     _remove_priv_backups(retired_dir, agent_id)
     new_private = Ed25519PrivateKey.generate()
-    retired_pub = _write_retired(retired_dir, agent_id, old.public_key, KEYS_DIR_MODE)
+    retired_pub = retired_dir / retired_file_name(agent_id, old.fingerprint)
     backup = retired_dir / f"{agent_id}.{old.fingerprint}{PRIV_SUFFIX}"
-    write_file_atomic(backup, private_pem(old.private_key), PRIV_MODE, replace=True)
     try:
+        _write_retired(retired_dir, agent_id, old.public_key, KEYS_DIR_MODE)
+        write_file_atomic(backup, private_pem(old.private_key), PRIV_MODE, replace=True)
         old.pub_path.unlink(missing_ok=True)
         _fsync_dir(old.pub_path.parent)
         write_file_atomic(old.priv_path, private_pem(new_private), PRIV_MODE, replace=True)

@@ -68,7 +68,7 @@ def test_rotate_without_an_identity_is_no_identity(tmp_path: Path) -> None:
     assert excinfo.value.code == "no_identity"
 
 
-@pytest.mark.parametrize("failing_write", ["priv", "pub"])
+@pytest.mark.parametrize("failing_write", ["priv", "pub", "keyring", "backup"])
 def test_a_failed_rotation_puts_the_old_pair_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   failing_write: str) -> None:
     keys_dir = tmp_path / "keys"
@@ -76,9 +76,12 @@ def test_a_failed_rotation_puts_the_old_pair_back(tmp_path: Path, monkeypatch: p
     real_write = keys.write_file_atomic
     calls = {"n": 0}
 
+    names = {"priv": f"{A}.priv", "pub": f"{A}.pub", "keyring": f"{A}.{old.fingerprint}.pub",
+             "backup": f"{A}.{old.fingerprint}.priv"}
+
     def disk_full_once(path: Path, data: bytes, mode: int, *, replace: bool) -> None:
-        # The new .priv (or .pub) is the first write to that path during the rotation.
-        if Path(path).name == f"{A}.{failing_write}" and calls["n"] == 0:
+        # The first write to that path during the rotation fails, as on a full disk.
+        if Path(path).name == names[failing_write] and calls["n"] == 0:
             calls["n"] += 1
             raise OSError(28, "No space left on device")
         real_write(path, data, mode, replace=replace)
