@@ -22,6 +22,7 @@ from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
 from node.attest import AttestLevel, LinkPayload
 from node.errors import ServiceError
+from node.hooks import HookError, HookEvent
 from node.service import Service, link_wire, memory_wire
 from storage import changelog, events, links, memories, outbox
 from storage.errors import StorageError
@@ -177,6 +178,10 @@ class Federation:
             log.warning("namespace_not_allowed", extra={"ev": {"peer": sender, "namespace": m["namespace"],
                                                                "memory_id": m["id"]}})
             return "namespace_not_allowed"
+        try:
+            await self.svc.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
+        except HookError as e:  # a hook refused it: a permanent rejection with the hook's code
+            return e.code
         row = MemoryRow(id=m["id"], namespace=m["namespace"], title=m["title"], content=m["content"],
                         tags=tuple(m["tags"]), priority=m["priority"], confidence=float(m["confidence"]),
                         source=m["source"], origin=m["origin"], version=m["version"], created_at=m["created_at"],
@@ -191,6 +196,7 @@ class Federation:
 
         result = await self.svc.db.write(write)
         self.counters[f"memory:{result}"] += 1
+        await self.svc.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m, "result": result})
         async with self._memory_arrived:
             self._memory_arrived.notify_all()
         return None
@@ -228,8 +234,10 @@ class Federation:
             log.warning("unverified_relay", extra={"ev": {"peer": sender, "link_id": link_id,
                                                           "observed_by": payload.observed_by}})
             return "unverified_relay"
-        if not await self._memories_present({payload.src_id, payload.dst_id}):
-            return "unknown_memory"
+        hook_payload = {"sender": sender, "link": body["link"], "signed_by": signed_by, "attest_level": str(level)}
+        refused = await self._admit_link(hook_payload, {payload.src_id, payload.dst_id})
+        if refused is not None:
+            return refused
         row = LinkRow(link_id=link_id, **payload.to_dict(), confidence=body["link"].get("confidence"),
                       signature=signature if level is AttestLevel.PEER_ATTESTED else None,
                       attest_level=str(level), signed_by=signed_by if level is AttestLevel.PEER_ATTESTED else None,
@@ -246,7 +254,16 @@ class Federation:
 
         stored = await self.svc.db.write(write)
         self.counters[f"link:{level}" if stored else "link:duplicate"] += 1
+        await self.svc.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**hook_payload, "stored": stored})
         return None
+
+    async def _admit_link(self, hook_payload: dict[str, Any], ids: set[str]) -> str | None:
+        """None when the pre_federated_link hooks let it in and its memories are here, else the reject code."""
+        try:
+            await self.svc.hooks.fire(HookEvent.PRE_FEDERATED_LINK, hook_payload)
+        except HookError as e:  # a hook refused it: a permanent rejection with the hook's code
+            return e.code
+        return None if await self._memories_present(ids) else "unknown_memory"
 
     async def _memories_present(self, ids: set[str]) -> bool:
         """True once every id is stored; waits up to ``orphan_hold_s`` for memory.put still in flight."""

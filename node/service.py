@@ -20,6 +20,7 @@ from node import attest
 from node.attest import AttestLevel, LinkPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.hooks import HookEvent, Hooks, NoHooks
 from storage import changelog, events, links, memories, outbox
 from storage.db import Database
 from storage.links import LinkRow
@@ -36,8 +37,10 @@ class Service:
     """Operations on one node's store. Create with ``await Service.open(cfg)``; close with ``close()``."""
 
     def __init__(self, cfg: NodeConfig, db: Database, identity: mesh_keys.Identity | None,
-                 *, clock: Clock = now_ms) -> None:
+                 *, clock: Clock = now_ms, hooks: Hooks | None = None) -> None:
         self.cfg = cfg
+        # Operator hooks (docs/hooks.md) fired around each operation; NoHooks when none are wanted.
+        self.hooks: Hooks = hooks if hooks is not None else NoHooks()
         self.db = db
         self.identity = identity
         self.clock = clock
@@ -54,17 +57,23 @@ class Service:
         self.runtime: Any = None
 
     @classmethod
-    async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
+    async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False,
+                   hooks: Hooks | None = None) -> Service:
         identity = load_node_identity(cfg, required=require_identity)
+        if hooks is None:
+            # Hooks apply whichever process writes (node, CLI, embedded MCP), as replication does.
+            from node.hooks.pipeline import HookPipeline
+            hooks = HookPipeline.open(cfg)
         db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
                                  synchronous=cfg.storage.synchronous)
-        svc = cls(cfg, db, identity, clock=clock)
+        svc = cls(cfg, db, identity, clock=clock, hooks=hooks)
         # Writes replicate whichever process makes them (node or CLI): the outbox is in the database.
         from node.federation import Federation
         svc.federation = Federation(svc)
         return svc
 
     async def close(self) -> None:
+        await self.hooks.close()
         if self.federation is not None:
             self.federation.close()
         await self.db.close()
@@ -108,18 +117,30 @@ class Service:
         """Store a new memory; returns it with its minted UUIDv4 ``id`` and times in unix ms."""
         self._check_memory_fields(content, title, namespace, tags, priority, confidence, source)
         self._check_db_budget()
+        memory_id = str(uuid.uuid4())
+        p = await self.hooks.fire(HookEvent.PRE_STORE, {
+            "id": memory_id, "content": content, "title": title, "namespace": namespace, "tags": list(tags),
+            "priority": priority, "confidence": confidence, "source": source, "agent_id": self.agent_id})
+        content, title, namespace, tags, priority, confidence, source = (
+            p[k] for k in ("content", "title", "namespace", "tags", "priority", "confidence", "source"))
+        self._check_memory_fields(content, title, namespace, tags, priority, confidence, source)
         ts = self.clock()
-        row = MemoryRow(id=str(uuid.uuid4()), namespace=namespace, title=title, content=content,
+        proposed = self._proposed_link_rows(memory_id, p.get("links", ()), ts)
+        linked: list[dict[str, Any]] = []
+        row = MemoryRow(id=memory_id, namespace=namespace, title=title, content=content,
                         tags=tuple(tags), priority=priority, confidence=float(confidence), source=source,
                         origin=self.agent_id, version=1, created_at=ts, updated_at=ts)
 
         def write(conn):
             memories.insert(conn, row)
             changelog.append(conn, "memory", row.id, row.version, ts)
-            return self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, namespace, ts)
+            queued = self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, namespace, ts)
+            return queued + self._insert_proposed_links(conn, proposed, namespace, ts, linked)
 
         queued = await self.db.write(write)
-        return {**memory_dict(row), **await self._after_write(queued, namespace)}
+        await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
+        made = {"links": linked} if linked else {}
+        return {**memory_dict(row), **made, **await self._after_write(queued, namespace)}
 
     async def memory_update(self, memory_id: str, *, content: str | None = None, title: str | None = None,
                             tags: Sequence[str] | None = None, priority: int | None = None,
@@ -133,6 +154,10 @@ class Service:
         current = await self.db.read(memories.get, memory_id)
         if current is None:
             raise ServiceError("not_found", f"no memory with id {memory_id!r}")
+        fields = ("content", "title", "tags", "priority", "confidence", "source")
+        p = await self.hooks.fire(HookEvent.PRE_UPDATE, {"id": memory_id, "current": memory_dict(current),
+                                                         **{k: given.get(k) for k in fields}})
+        given = {k: p[k] for k in fields if p[k] is not None}
         merged = {**memory_dict(current), **given}
         self._check_memory_fields(merged["content"], merged["title"], merged["namespace"], merged["tags"],
                                   merged["priority"], merged["confidence"], merged["source"])
@@ -144,6 +169,7 @@ class Service:
             return row, self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, row.namespace, ts)
 
         row, queued = await self.db.write(write)
+        await self.hooks.fire(HookEvent.POST_UPDATE, {"memory": memory_dict(row)})
         return {**memory_dict(row), **await self._after_write(queued, row.namespace)}
 
     async def memory_get(self, memory_id: str) -> dict[str, Any]:
@@ -164,6 +190,8 @@ class Service:
     async def memory_recall(self, query: str, *, limit: int = 10,
                             namespace: str | None = None) -> list[dict[str, Any]]:
         """Full-text recall ranked by BM25 (best first); any user string is safe as a query."""
+        p = await self.hooks.fire(HookEvent.PRE_RECALL, {"query": query, "limit": limit, "namespace": namespace})
+        query, limit, namespace = p["query"], p["limit"], p["namespace"]
         if not isinstance(query, str) or not query.strip():
             raise ServiceError("bad_input", "query must be a non-empty string")
         if len(query) > self.cfg.limits.max_query_chars:
@@ -171,13 +199,19 @@ class Service:
                                f"query is {len(query)} chars, the limit is {self.cfg.limits.max_query_chars}")
         self._check_limit(limit)
         hits = await self.db.read(memories.recall, query, limit, namespace)
-        return [{**memory_dict(r), "score": score} for r, score in hits]
+        results = [{**memory_dict(r), "score": score} for r, score in hits]
+        await self.hooks.fire(HookEvent.POST_RECALL, {"query": query, "limit": limit, "namespace": namespace,
+                                                      "results": results})
+        return results
 
     # ---- links ----------------------------------------------------------------------------
 
     async def memory_link(self, src_id: str, dst_id: str, relation: str, *, valid_until: int | None = None,
                           confidence: float | None = None) -> dict[str, Any]:
         """Link two stored memories; signed with the node key (self_signed) when it has one."""
+        p = await self.hooks.fire(HookEvent.PRE_LINK, {"src_id": src_id, "dst_id": dst_id, "relation": relation,
+                                                       "valid_until": valid_until, "confidence": confidence})
+        relation, valid_until, confidence = p["relation"], p["valid_until"], p["confidence"]
         self._check_id("src_id", src_id)
         self._check_id("dst_id", dst_id)
         if not isinstance(relation, str) or not relation.strip():
@@ -214,18 +248,22 @@ class Service:
             return namespace, self._replicate(conn, "link.put", link_wire(row), namespace, ts)
 
         namespace, queued = await self.db.write(write)
+        await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
         return {**link_dict(row), **await self._after_write(queued, namespace)}
 
     async def memory_verify(self, link_id: str) -> dict[str, Any]:
         """Re-derive the signed payload from the stored row and check link_id and signature."""
         self._check_id("link_id", link_id)
+        await self.hooks.fire(HookEvent.PRE_VERIFY, {"link_id": link_id})
         row = await self.db.read(links.get, link_id)
         if row is None:
             raise ServiceError("not_found", f"no link with id {link_id!r}")
         verified, reason = self._verify_row(row)
-        return {"link_id": row.link_id, "signature_verified": verified, "attest_level": row.attest_level,
-                "signed_by": row.signed_by, "signed_at": row.valid_from if row.signature else None,
-                "reason": reason}
+        result = {"link_id": row.link_id, "signature_verified": verified, "attest_level": row.attest_level,
+                  "signed_by": row.signed_by, "signed_at": row.valid_from if row.signature else None,
+                  "reason": reason}
+        await self.hooks.fire(HookEvent.POST_VERIFY, {"link_id": link_id, "result": result})
+        return result
 
     def _verify_row(self, row: LinkRow) -> tuple[bool, str | None]:
         try:
@@ -242,6 +280,40 @@ class Service:
         if not attest.verify(key, payload, row.signature):
             return False, "signature does not verify against the signer's key"
         return True, None
+
+    def _proposed_link_rows(self, src_id: str, proposals: Sequence[dict[str, Any]], ts: int) -> list[LinkRow]:
+        """Signed rows for the links a pre_store hook proposed (Modify ``links``, docs/hooks.md)."""
+        rows = []
+        for p in proposals:
+            if p["dst_id"] == src_id or len(p["relation"]) > self.cfg.limits.max_relation_chars:
+                continue
+            try:
+                payload = LinkPayload(src_id=src_id, dst_id=p["dst_id"], relation=p["relation"],
+                                      observed_by=self.agent_id, valid_from=ts, valid_until=None)
+            except attest.AttestError:
+                continue
+            signature = attest.sign(self.identity.private_key, payload) if self.identity else None
+            level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
+            rows.append(LinkRow(link_id=payload.link_id, **payload.to_dict(),
+                                confidence=float(p.get("confidence", 1.0)), signature=signature,
+                                attest_level=str(level), signed_by=self.agent_id if signature else None,
+                                received_from=None, created_at=ts))
+        return rows
+
+    def _insert_proposed_links(self, conn, rows: list[LinkRow], namespace: str, ts: int,
+                               made: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        """Inside the new memory's transaction: its proposed links whose other memory is stored here."""
+        present = memories.exists(conn, {r.dst_id for r in rows}) if rows else set()
+        queued = []
+        for row in rows:
+            if row.dst_id not in present:
+                continue
+            links.insert(conn, row)
+            events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts)
+            changelog.append(conn, "link", row.link_id, 1, ts)
+            queued += self._replicate(conn, "link.put", link_wire(row), namespace, ts)
+            made.append(link_dict(row))
+        return queued
 
     async def links_list(self, *, attest_level: str | None = None, limit: int = 50,
                          offset: int = 0) -> list[dict[str, Any]]:
@@ -292,6 +364,7 @@ class Service:
             "write_quorum": self.cfg.federation.write_quorum,
             "limits": asdict(self.cfg.limits),
             "node_running": self.runtime is not None,
+            "hooks": self.hooks.snapshot(),
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()
