@@ -54,7 +54,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append(head)
     for h in report["hooks"]:
         runner = h["runner"]
-        state = runner.get("state", f"{runner.get('running', 0)} running") if h["enabled"] else "disabled"
+        state = runner["state"] if h["enabled"] else "disabled"
         pid = runner.get("pid") or "-"
         counts = " ".join(f"{h['counts'].get(c, 0):>9}" for c in COUNT_COLUMNS)
         lines.append(f"  {h['name']:<20} {h['mode']:<6} {state:<11} {pid!s:>7} {counts}")

@@ -130,7 +130,8 @@ class ExecRunner:
         self.spawned = 0
 
     def state(self) -> dict[str, Any]:
-        return {"mode": "exec", "running": len(self._live), "spawned": self.spawned}
+        return {"mode": "exec", "state": "running" if self._live else "idle", "running": len(self._live),
+                "spawned": self.spawned}
 
     async def call(self, event: HookEvent, payload: Mapping[str, Any], timeout_s: float) -> Decision:
         request = orjson.dumps(_params(self.spec, event, payload, timeout_s))

@@ -44,7 +44,7 @@ async def test_doctor_without_a_node_shows_the_validated_file(cfg: NodeConfig, s
     assert rc == 0
     assert out["hooks"]["source"] == "file"
     assert out["hooks"]["by_event"] == {"pre_store": ["gate"], "post_recall": ["dlp"]}
-    assert {h["name"]: h["runner"].get("state") for h in out["hooks"]["hooks"]} == {"gate": None,
+    assert {h["name"]: h["runner"].get("state") for h in out["hooks"]["hooks"]} == {"gate": "idle",
                                                                                     "dlp": "not_started"}
     cfg.hooks_path.write_text("[[hooks]]\nname = 'x'\nevents = ['pre_store']\ncommand = ['x']\nmode = 'fork'\n")
     rc, _, err = await run_doctor(cfg)

@@ -264,3 +264,16 @@ async def test_capabilities_report_hooks_by_event_from_live_state(open_service, 
     caps = await svc.capabilities()
     assert caps["hooks"]["by_event"] == {"pre_store": ["b", "a"], "post_store": ["a"]}
     assert {h["name"]: h["enabled"] for h in caps["hooks"]["hooks"]} == {"a": True, "b": True, "off": False}
+
+
+async def test_proposed_links_to_memories_not_here_are_skipped(open_service, scripts, cfg: NodeConfig) -> None:
+    exe, _ = scripts
+    svc0 = await open_service()
+    kept = await svc0.memory_store("already stored")
+    await svc0.close()
+    proposals = [{"dst_id": kept["id"], "relation": "related_to", "confidence": 0.5},
+                 {"dst_id": "00000000-0000-4000-8000-000000000000", "relation": "related_to"}]
+    svc = await open_service([hook("linker", ["pre_store"], exe, "modify", json.dumps({"links": proposals}))])
+    m = await svc.memory_store("new one")
+    assert [(link["dst_id"], link["confidence"]) for link in m["links"]] == [(kept["id"], 0.5)]
+    assert rows(cfg, "SELECT src_id, dst_id FROM memory_links") == [(m["id"], kept["id"])]
