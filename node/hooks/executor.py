@@ -76,9 +76,15 @@ def _env(spec: HookSpec) -> dict[str, str]:
 
 def _decode(raw: bytes, event: HookEvent) -> Decision:
     try:
-        return parse_decision(orjson.loads(raw), SPECS[event])
+        obj = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise HookFailed(Failure.MALFORMED, f"printed something that is not JSON ({e}): {_clip(raw)}") from None
+    return _parse(obj, event)
+
+
+def _parse(obj: Any, event: HookEvent) -> Decision:
+    try:
+        return parse_decision(obj, SPECS[event])
     except DecisionError as e:
         raise HookFailed(Failure.MALFORMED, f"answered an invalid decision: {e}") from None
 
@@ -251,14 +257,14 @@ class DaemonRunner:
                 self._idle.set()
         self._timeouts_in_row = 0
         self._failures = 0
-        return _decode(reply, event)
+        return _parse(reply, event)
 
-    async def _request(self, event: HookEvent, payload: Mapping[str, Any], timeout_s: float) -> bytes:
+    async def _request(self, event: HookEvent, payload: Mapping[str, Any], timeout_s: float) -> Any:
         proc = await self._ensure_started()
         loop = asyncio.get_running_loop()
         self._next_id += 1
         rid = self._next_id
-        fut: asyncio.Future[bytes] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._pending[rid] = fut
         try:
             line = orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": "fire",
@@ -333,7 +339,7 @@ class DaemonRunner:
             log.warning("hook_stray_output", extra={"ev": {"hook": self.spec.name, "line": _clip(line)}})
             return
         if "result" in msg:
-            fut.set_result(orjson.dumps(msg["result"]))
+            fut.set_result(msg["result"])
         else:
             err = msg.get("error")
             fut.set_exception(HookFailed(Failure.MALFORMED if not isinstance(err, dict) else Failure.CRASHED,
