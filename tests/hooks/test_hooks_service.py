@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig
-from node.hooks import ApprovalRequired, HookRefused
+from node.hooks import ApprovalRequired, HookEvent, HookRefused
 from tests.hooks.conftest import log_lines, rows
 from tests.hooks.scripts import hook, write_hooks_toml
 
@@ -277,3 +277,19 @@ async def test_proposed_links_to_memories_not_here_are_skipped(open_service, scr
     m = await svc.memory_store("new one")
     assert [(link["dst_id"], link["confidence"]) for link in m["links"]] == [(kept["id"], 0.5)]
     assert rows(cfg, "SELECT src_id, dst_id FROM memory_links") == [(m["id"], kept["id"])]
+
+
+async def test_notifications_fire_without_blocking_the_caller(open_service, tmp_path: Path) -> None:
+    # A shell hook: the index class has a 1 s deadline, tighter than a Python start on a loaded machine.
+    sh = tmp_path / "deny.sh"
+    sh.write_text("#!/bin/sh\ncat >/dev/null\necho '{\"decision\": \"deny\", \"code\": \"ignored\"}'\n")
+    sh.chmod(0o755)
+    svc = await open_service([{"name": "evictions", "events": ["on_index_eviction"], "mode": "exec",
+                               "command": [str(sh)]}])
+    svc.hooks.notify(HookEvent.ON_INDEX_EVICTION, {"index": "seen_cache", "key": "k1", "expires_at": 1,
+                                                   "size": 1, "maxsize": 1})
+    for _ in range(POLL_MAX):
+        if len(counts(svc, "evictions")) > 1:
+            break
+        await asyncio.sleep(POLL_S)
+    assert counts(svc, "evictions") == {"fired": 1, "denied": 1}  # recorded; an on_* event is never refused
