@@ -54,7 +54,7 @@ for line in sys.stdin:
     text = json.dumps(payload)
     if log:
         with open(log, "a") as f:
-            f.write(f"{params['hook']} {params['event']} {os.getpid()}\n")
+            f.write(f"{params['hook']} {params['event']} {json.dumps(sorted(payload))}\n")
     if "die now" in text:
         sys.exit(1)
     if "garble" in text:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig
-from node.hooks import ApprovalRequired, HookEvent, HookRefused
+from node.hooks import SPECS, ApprovalRequired, HookEvent, HookRefused
 from tests.hooks.conftest import log_lines, rows
 from tests.hooks.scripts import hook, write_hooks_toml
 
@@ -293,3 +293,23 @@ async def test_notifications_fire_without_blocking_the_caller(open_service, tmp_
             break
         await asyncio.sleep(POLL_S)
     assert counts(svc, "evictions") == {"fired": 1, "denied": 1}  # recorded; an on_* event is never refused
+
+
+async def test_fired_payloads_carry_exactly_the_documented_fields(open_service, scripts, hook_log) -> None:
+    _, daemon = scripts
+    service_events = ["pre_store", "post_store", "pre_update", "post_update", "pre_link", "post_link",
+                      "pre_recall", "post_recall", "pre_verify", "post_verify"]
+    svc = await open_service([hook("recorder", service_events, daemon, mode="daemon")])
+    a = await svc.memory_store("first note")
+    b = await svc.memory_store("second note")
+    await svc.memory_update(a["id"], title="t")
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    await svc.memory_recall("note")
+    await svc.memory_verify(link["link_id"])
+    seen = {}
+    for line in log_lines(hook_log):
+        _, event, keys = line.split(" ", 2)
+        seen[event] = json.loads(keys)
+    assert sorted(seen) == sorted(service_events)
+    for event, keys in seen.items():
+        assert keys == sorted(SPECS[HookEvent(event)].payload), event
