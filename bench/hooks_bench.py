@@ -37,7 +37,7 @@ from node.service import Service  # noqa: E402
 AGENT = "ai:bench@lab"
 DAEMON_P95_OVERHEAD_TARGET_MS = 1.0
 PREFILL_BATCH = 500
-ROUNDS = 10
+ROUNDS = 50
 
 DAEMON = r'''
 import json, sys

@@ -212,6 +212,7 @@ class DaemonRunner:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._in_flight = 0
+        self.peak_outstanding = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._failures = 0
@@ -233,8 +234,8 @@ class DaemonRunner:
             state = "backoff"
         return {"mode": "daemon", "state": state, "pid": self._proc.pid if self._proc else None,
                 "starts": self.starts, "restarts": max(0, self.starts - 1), "exits": self.exits,
-                "last_exit": self.last_exit, "in_flight": self._in_flight,
-                "queue_max": self.settings.daemon_queue_max}
+                "last_exit": self.last_exit, "in_flight": self._in_flight, "outstanding": len(self._pending),
+                "peak_outstanding": self.peak_outstanding, "queue_max": self.settings.daemon_queue_max}
 
     async def call(self, event: HookEvent, payload: Mapping[str, Any], timeout_s: float) -> Decision:
         ms = int(timeout_s * 1000)
@@ -266,6 +267,7 @@ class DaemonRunner:
         rid = self._next_id
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[rid] = fut
+        self.peak_outstanding = max(self.peak_outstanding, len(self._pending))
         try:
             line = orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": "fire",
                                  "params": _params(self.spec, event, payload, timeout_s)}) + b"\n"

@@ -57,6 +57,10 @@ for line in sys.stdin:
             f.write(f"{params['hook']} {params['event']} {json.dumps(sorted(payload))}\n")
     if "die now" in text:
         sys.exit(1)
+    if "stall" in text:
+        time.sleep(60)
+    if "take a while" in text:
+        time.sleep(0.2)
     if "garble" in text:
         print("garbage line", flush=True)
         continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from node.config import NodeConfig
 from node.hooks import SPECS, ApprovalRequired, HookEvent, HookRefused
+from node.hooks.pipeline import HookPipeline
 from tests.hooks.conftest import log_lines, rows
 from tests.hooks.scripts import hook, write_hooks_toml
 
@@ -313,3 +315,37 @@ async def test_fired_payloads_carry_exactly_the_documented_fields(open_service, 
     assert sorted(seen) == sorted(service_events)
     for event, keys in seen.items():
         assert keys == sorted(SPECS[HookEvent(event)].payload), event
+
+
+async def test_unresponsive_daemon_is_killed_after_timeouts_in_a_row_and_restarted(open_service, scripts,
+                                                                                     cfg: NodeConfig) -> None:
+    _, daemon = scripts
+    svc = await open_service([hook("stuck", ["pre_store"], daemon, mode="daemon", timeout_ms=300)])
+    stuck_pid = 0
+    for i in range(cfg.hooks.daemon_max_timeouts):
+        await svc.memory_store(f"stall {i}")  # fail-open: stored after the timeout
+        stuck_pid = svc.hooks.snapshot()["hooks"][0]["runner"]["pid"] or stuck_pid
+    for _ in range(POLL_MAX):
+        if svc.hooks.snapshot()["hooks"][0]["runner"]["state"] == "backoff":
+            break
+        await asyncio.sleep(POLL_S)
+    assert gone(stuck_pid), "the unresponsive daemon is killed and reaped"
+    await svc.memory_store("answered again")
+    runner = svc.hooks.snapshot()["hooks"][0]["runner"]
+    assert runner["restarts"] == 1 and runner["state"] == "running"
+    assert counts(svc, "stuck") == {"fired": 4, "timeout": 3, "allowed": 1}
+
+
+async def test_daemon_queue_bound_holds_fires_back_instead_of_piling_up(cfg: NodeConfig, scripts) -> None:
+    _, daemon = scripts
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    write_hooks_toml(cfg.hooks_path, [hook("one-at-a-time", ["pre_recall"], daemon)])
+    pipeline = HookPipeline(cfg.hooks_path, dataclasses.replace(cfg.hooks, daemon_queue_max=1))
+    try:
+        payload = {"query": "take a while", "limit": 10, "namespace": None}
+        results = await asyncio.gather(*(pipeline.fire(HookEvent.PRE_RECALL, dict(payload)) for _ in range(4)))
+        assert results == [payload] * 4
+        runner = pipeline.snapshot()["hooks"][0]["runner"]
+        assert runner["peak_outstanding"] == 1
+    finally:
+        await pipeline.close()
