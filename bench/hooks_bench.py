@@ -28,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from node.assemble import open_service  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.hooks import HookEvent, NoHooks  # noqa: E402
 from node.hooks.pipeline import HookPipeline  # noqa: E402
@@ -94,7 +95,7 @@ async def run(memories: int, calls: int, exec_calls: int) -> dict[str, Any]:
             path = base / f"hooks-{i}.toml"
             hooks_toml(path, f"bench-{i}", mode, command)
             pipelines[label] = HookPipeline(path, cfg.hooks)
-        svc = await Service.open(cfg, hooks=NoHooks())
+        svc = await open_service(cfg, hooks=NoHooks())
         try:
             t0 = time.perf_counter()
             for start in range(0, memories, PREFILL_BATCH):

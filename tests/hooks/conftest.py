@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mesh import keys
+from node import assemble
 from node.config import NodeConfig
 from node.service import Service
 from tests.hooks.scripts import write_hooks_toml, write_scripts
@@ -44,7 +45,7 @@ async def open_service(cfg: NodeConfig) -> AsyncIterator[Callable[..., Any]]:
         if hooks is not None:
             cfg.home.mkdir(parents=True, exist_ok=True)
             write_hooks_toml(cfg.hooks_path, hooks)
-        svc = await Service.open(cfg, require_identity=True)
+        svc = await assemble.open_service(cfg, require_identity=True)
         opened.append(svc)
         return svc
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from node.assemble import open_service
 from node.config import from_dict
 from node.hooks.config import Mode, load_hooks, parse_hooks
 from node.hooks.decision import FailMode
 from node.hooks.errors import HookError
 from node.hooks.events import HookEvent
-from node.service import Service
 from tests.node.conftest import make_config
 
 PATH = Path("/etc/node/hooks.toml")
@@ -79,7 +79,7 @@ async def test_service_refuses_to_open_on_an_invalid_hooks_file(tmp_path: Path) 
     cfg.home.mkdir(parents=True)
     cfg.hooks_path.write_text("[[hooks]]\nname = 'x'\nevents = ['pre_store']\ncommand = ['x']\ntimeout_ms = 9000\n")
     with pytest.raises(HookError) as e:
-        await Service.open(cfg)
+        await open_service(cfg)
     assert e.value.code == "config_invalid" and "timeout_ms" in e.value.message
 
 
