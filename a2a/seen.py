@@ -21,15 +21,19 @@ def _until_expires_at(_key: str, expires_at_ms: int, _now: float) -> int:
 class _CountingTLRU(TLRUCache):
     """TLRUCache that counts why entries left: pushed out by size while live, or expired."""
 
-    def __init__(self, maxsize: int, timer: Callable[[], float]) -> None:
+    def __init__(self, maxsize: int, timer: Callable[[], float],
+                 on_evict: Callable[[str, int], None] | None = None) -> None:
         super().__init__(maxsize=maxsize, ttu=_until_expires_at, timer=timer)
         self.evictions_live = 0
+        self.on_evict = on_evict
         self.expired_dropped = 0
 
     def popitem(self) -> tuple[Any, Any]:
         # TLRUCache.popitem first drops expired entries, so what it returns was still live.
         item = super().popitem()
         self.evictions_live += 1
+        if self.on_evict is not None:
+            self.on_evict(item[0], item[1])
         return item
 
     def expire(self, time: float | None = None) -> list[tuple[Any, Any]]:
@@ -45,10 +49,12 @@ class SeenCache:
     and the receiver calls it after the apply committed.
     """
 
-    def __init__(self, maxsize: int = 10_000, clock: Callable[[], float] = wall_clock_ms) -> None:
+    def __init__(self, maxsize: int = 10_000, clock: Callable[[], float] = wall_clock_ms,
+                 on_evict: Callable[[str, int], None] | None = None) -> None:
+        """``on_evict(correlation_id, expires_at_ms)`` is called for each live entry the size bound pushes out."""
         if maxsize < 1:
             raise ValueError(f"maxsize must be at least 1, got {maxsize}")
-        self._cache = _CountingTLRU(maxsize, clock)
+        self._cache = _CountingTLRU(maxsize, clock, on_evict)
         self.maxsize = maxsize
 
     def remember(self, correlation_id: str, expires_at_ms: int) -> None:

@@ -9,19 +9,28 @@ from __future__ import annotations
 
 from node.config import NodeConfig
 from node.federation import Federation
+from node.hooks import Hooks
+from node.hooks.pipeline import HookPipeline
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
 from storage.db import Database
 
 
-async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
-    """Open the store with its federation; ``require_identity`` refuses a home without a node key."""
+async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False,
+                       hooks: Hooks | None = None) -> Service:
+    """Open the store with its federation; ``require_identity`` refuses a home without a node key.
+
+    ``hooks`` defaults to the pipeline of the home's hooks file (docs/hooks.md): hooks apply whichever
+    process writes, as replication does. An invalid hooks file refuses the open (HookError).
+    """
     identity = load_node_identity(cfg, required=require_identity)
     keyring = Keyring(cfg, identity)
+    if hooks is None:
+        hooks = HookPipeline.open(cfg)
     db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
                              synchronous=cfg.storage.synchronous)
-    federation = Federation(cfg, db, keyring, clock)
-    return Service(cfg, db, keyring, clock=clock, replicator=federation)
+    federation = Federation(cfg, db, keyring, clock, hooks=hooks)
+    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks)
 
 
 def federation_of(svc: Service) -> Federation:

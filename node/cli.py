@@ -169,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp_cli.add_parser(sub)
 
+    dr = sub.add_parser("doctor", help="check the node's moving parts (now: --hooks)")
+    dr.add_argument("--hooks", action="store_true",
+                    help="hooks per event in chain order, daemon state, fire/deny/timeout/crash counts (the default)")
+    dr.add_argument("--json", action="store_true")
+
     pe = sub.add_parser("peers", help="peers: key fingerprint, link state, last ACK, outbox, dead letters, sync")
     pe.add_argument("--json", action="store_true")
     return p
@@ -596,6 +601,14 @@ def _peers(args: argparse.Namespace, cfg: NodeConfig) -> int:
         emit(args, rows, human)
         return EXIT_OK
     return with_service(go, cfg)
+
+
+@command("doctor")
+def _doctor(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from node.hooks.doctor import hooks_report, render
+    report = asyncio.run(hooks_report(cfg))
+    emit(args, {"hooks": report}, lambda d: render(d["hooks"]))
+    return EXIT_CHECK if report.get("reload_error") else EXIT_OK
 
 
 if __name__ == "__main__":

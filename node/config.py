@@ -18,6 +18,7 @@ from typing import Any
 
 DEFAULT_HOME = "~/.config/ai-memory"
 HOME_ENV = "AI_MEMORY_HOME"
+HOOKS_CONFIG_ENV = "AI_MEMORY_HOOKS_CONFIG"
 
 
 class ConfigError(Exception):
@@ -123,6 +124,25 @@ class McpConfig:
 
 
 @dataclass(frozen=True)
+class HooksConfig:
+    # The hooks file (docs/hooks.md); no file = no hooks. AI_MEMORY_HOOKS_CONFIG overrides it.
+    config: Path = Path("hooks.toml")
+    # How often a fire looks at the file's mtime for a hot reload.
+    reload_check_s: float = 1.0
+    # Requests one daemon hook holds at once; more fires wait for a slot within their deadline.
+    daemon_queue_max: int = 64
+    # Restart delay after a daemon dies: jittered exponential between these.
+    daemon_restart_min_s: float = 0.1
+    daemon_restart_max_s: float = 10.0
+    # A daemon that lets this many requests in a row time out is killed and restarted.
+    daemon_max_timeouts: int = 3
+    # On stop or reload, how long a daemon gets to exit after its stdin closes before SIGKILL.
+    daemon_stop_grace_s: float = 1.0
+    # Largest answer a hook may print (one stdout document, one NDJSON line).
+    max_reply_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = "info"
 
@@ -137,6 +157,7 @@ class NodeConfig:
     mesh: MeshConfig = MeshConfig()
     federation: FederationConfig = FederationConfig()
     mcp: McpConfig = McpConfig()
+    hooks: HooksConfig = HooksConfig()
     log: LogConfig = LogConfig()
 
     # Derived paths: one place for the home layout (DESIGN.md section 2).
@@ -164,6 +185,10 @@ class NodeConfig:
     def socket_path(self) -> Path:
         return self._in_home(self.mcp.socket)
 
+    @property
+    def hooks_path(self) -> Path:
+        return self._in_home(self.hooks.config)
+
     def _in_home(self, p: Path) -> Path:
         p = p.expanduser()
         return p if p.is_absolute() else self.home / p
@@ -183,6 +208,7 @@ _SECTIONS: dict[str, type] = {
     "mesh": MeshConfig,
     "federation": FederationConfig,
     "mcp": McpConfig,
+    "hooks": HooksConfig,
     "log": LogConfig,
 }
 
@@ -218,6 +244,8 @@ def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None) -> Node
     home = Path(_expect(str, "home", home_raw)).expanduser()
     agent_id = _expect(str, "agent_id", raw.pop("agent_id", ""))
     sections = {name: _section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
+    if env.get(HOOKS_CONFIG_ENV):
+        sections["hooks"] = dataclasses.replace(sections["hooks"], config=Path(env[HOOKS_CONFIG_ENV]))
     cfg = NodeConfig(agent_id=agent_id, home=home.absolute(), **sections)
     _validate(cfg)
     return cfg
@@ -308,6 +336,15 @@ def _positive(key: str, value: float) -> None:
         raise ConfigError("config_invalid", f"{key} must be > 0, got {value!r}")
 
 
+def _validate_hooks(hooks: HooksConfig) -> None:
+    for f in dataclasses.fields(HooksConfig):
+        if f.name != "config":
+            _positive(f"hooks.{f.name}", getattr(hooks, f.name))
+    if hooks.daemon_restart_min_s > hooks.daemon_restart_max_s:
+        raise ConfigError("config_invalid", f"hooks.daemon_restart_min_s ({hooks.daemon_restart_min_s}) must "
+                                            f"not exceed hooks.daemon_restart_max_s ({hooks.daemon_restart_max_s})")
+
+
 def _validate(cfg: NodeConfig) -> None:
     for section_name in ("limits",):
         section = getattr(cfg, section_name)
@@ -355,5 +392,6 @@ def _validate(cfg: NodeConfig) -> None:
     _positive("federation.sync_park_after", cfg.federation.sync_park_after)
     if cfg.mesh.trust not in ("pinned", "ca"):
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
+    _validate_hooks(cfg.hooks)
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

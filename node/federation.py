@@ -30,6 +30,7 @@ from node import attest
 from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.hooks import HookError, HookEvent, Hooks, NoHooks
 from node.limits import check_db_budget, check_memory_fields, check_text
 from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
@@ -115,8 +116,11 @@ def _settle(done: asyncio.Future[list[bool]], batch: list[Any]) -> None:
 class Federation:
     """The node's replication policy; the service's ``Replicator``."""
 
-    def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, clock: Clock) -> None:
+    def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, clock: Clock,
+                 hooks: Hooks | None = None) -> None:
         self.cfg = cfg
+        # Operator hooks on inbound changes (pre/post_federated_*, docs/hooks.md).
+        self.hooks: Hooks = hooks if hooks is not None else NoHooks()
         self.db = db
         self.keyring = keyring
         self.clock = clock
@@ -266,9 +270,13 @@ class Federation:
         row = _memory_row(body, level, sender)
         try:
             check_db_budget(self.cfg)
-        except ServiceError as e:
+            await self.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
+        except (ServiceError, HookError) as e:  # a hook refusal is permanent and carries the hook's code
             return self._refused(e.code, sender, m)
-        return await self._store_memory(row, sender)
+        applied = await self._store_memory(row, sender)
+        await self.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m,
+                                                                "stored": applied.changed})
+        return applied
 
     def _memory_out_of_bounds(self, m: dict[str, Any]) -> str | None:
         """The same limits as a local write, and times within ``max_clock_skew_s`` of this node's clock."""
@@ -371,8 +379,10 @@ class Federation:
         level = await self._attest(payload, signature, payload.observed_by, sender, what=link_id)
         if isinstance(level, Applied):
             return level
-        if not await self._ends_visible(sender, {payload.src_id, payload.dst_id}):
-            return Applied("unknown_memory")
+        hook_payload = {"sender": sender, "link": body["link"], "signed_by": signed_by, "attest_level": str(level)}
+        refused = await self._admit_link(hook_payload, sender, {payload.src_id, payload.dst_id})
+        if refused is not None:
+            return Applied(refused)
         attested = level is AttestLevel.PEER_ATTESTED
         # confidence is outside the signature: taken only from the link's own observer, never from a relay.
         confidence = body["link"].get("confidence") if sender == payload.observed_by else None
@@ -392,6 +402,7 @@ class Federation:
 
         stored = await self.db.write(write)
         self.counters[f"link:{level}" if stored else "link:duplicate"] += 1
+        await self.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**hook_payload, "stored": stored})
         return OK_CHANGED if stored else OK_UNCHANGED
 
     def _link_out_of_bounds(self, payload: LinkPayload, now: int) -> str | None:
@@ -407,6 +418,15 @@ class Federation:
         if payload.valid_until is not None and payload.valid_until < now:
             return "expired_link"
         return None
+
+    async def _admit_link(self, hook_payload: dict[str, Any], sender: str, ids: set[str]) -> str | None:
+        """None when the pre_federated_link hooks let it in and its ends are here for the sender, else the
+        reject code (a hook refusal is permanent and carries the hook's code)."""
+        try:
+            await self.hooks.fire(HookEvent.PRE_FEDERATED_LINK, hook_payload)
+        except HookError as e:
+            return e.code
+        return None if await self._ends_visible(sender, ids) else "unknown_memory"
 
     async def _ends_visible(self, sender: str, ids: set[str]) -> bool:
         """True once every id is stored and ``sender`` may see it; waits up to ``orphan_hold_s`` for a

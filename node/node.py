@@ -28,6 +28,7 @@ from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
 from node.assemble import federation_of, open_service
 from node.config import NodeConfig
+from node.hooks import HookEvent
 from node.outbox import OutboxSender
 from node.peers import peer_rows
 from node.service import Service
@@ -47,7 +48,7 @@ class Node:
         self.svc = service
         self.started_at = time.time()
         self.fed = federation_of(service)
-        self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size)
+        self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size, on_evict=self._seen_evicted)
         ident = service.identity
         assert ident is not None
         self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
@@ -76,6 +77,11 @@ class Node:
     def is_member(self, agent_id: str) -> bool:
         """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
         return self.cfg.mesh.trust == "ca" or self.svc.keyring.is_member(agent_id)
+
+    def _seen_evicted(self, correlation_id: str, expires_at: int) -> None:
+        self.svc.hooks.notify(HookEvent.ON_INDEX_EVICTION, {
+            "index": "seen_cache", "key": correlation_id, "expires_at": expires_at, "size": len(self.seen),
+            "maxsize": self.seen.maxsize})
 
     def pinned_keys(self) -> dict:
         """Keys certificates must match: every trusted peer's, and our own (a CA-issued certificate naming

@@ -18,6 +18,7 @@ from node import attest
 from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.hooks import HookEvent, Hooks, NoHooks
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
@@ -53,8 +54,10 @@ class Service:
     """Operations on one node's store. Built by ``node.assemble.open_service(cfg)``; close with ``close()``."""
 
     def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, *, clock: Clock = now_ms,
-                 replicator: Replicator | None = None) -> None:
+                 replicator: Replicator | None = None, hooks: Hooks | None = None) -> None:
         self.cfg = cfg
+        # Operator hooks (docs/hooks.md) fired around each operation; NoHooks when none are wanted.
+        self.hooks: Hooks = hooks if hooks is not None else NoHooks()
         self.db = db
         self.keyring = keyring
         self.identity = keyring.identity
@@ -64,6 +67,7 @@ class Service:
         self.runtime: Any = None
 
     async def close(self) -> None:
+        await self.hooks.close()
         if self.replicator is not None:
             self.replicator.close()
         await self.db.close()
@@ -85,18 +89,29 @@ class Service:
         """Store a new memory; returns it with its minted UUIDv4 ``id`` and times in unix ms."""
         check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
         self._check_db_budget()
+        memory_id = str(uuid.uuid4())
+        p = await self.hooks.fire(HookEvent.PRE_STORE, {
+            "id": memory_id, "content": content, "title": title, "namespace": namespace, "tags": list(tags),
+            "priority": priority, "confidence": confidence, "source": source, "agent_id": self.agent_id})
+        content, title, namespace, tags, priority, confidence, source = (
+            p[k] for k in ("content", "title", "namespace", "tags", "priority", "confidence", "source"))
+        check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
         ts = self.clock()
+        proposed = self._proposed_link_rows(memory_id, p.get("links", ()), ts)
+        linked: list[dict[str, Any]] = []
         row = self._signed(MemoryRow(
-            id=str(uuid.uuid4()), namespace=namespace, title=title, content=content, tags=tuple(tags),
+            id=memory_id, namespace=namespace, title=title, content=content, tags=tuple(tags),
             priority=priority, confidence=float(confidence), source=source, origin=self.agent_id,
             writer=self.agent_id, version=1, created_at=ts, updated_at=ts, share_with=self._share_with(namespace)))
 
         def write(conn: Any) -> Queued:
             memories.insert(conn, row)
-            return self._record_version(conn, row, ts)
+            return self._record_version(conn, row, ts) + self._insert_proposed_links(conn, row, proposed, ts, linked)
 
         queued = await self.db.write(write)
-        return {**memory_dict(row), **await self._after_write(queued, [namespace])}
+        await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
+        made = {"links": linked} if linked else {}
+        return {**memory_dict(row), **made, **await self._after_write(queued, [namespace])}
 
     async def memory_update(self, memory_id: str, *, content: str | None = None, title: str | None = None,
                             tags: Sequence[str] | None = None, priority: int | None = None,
@@ -111,6 +126,10 @@ class Service:
         current = await self.db.read(memories.get, memory_id)
         if current is None:
             raise ServiceError("not_found", f"no memory with id {memory_id!r}")
+        fields = ("content", "title", "tags", "priority", "confidence", "source")
+        p = await self.hooks.fire(HookEvent.PRE_UPDATE, {"id": memory_id, "current": memory_dict(current),
+                                                         **{k: given.get(k) for k in fields}})
+        given = {k: p[k] for k in fields if p[k] is not None}
         merged = {**memory_dict(current), **given}
         check_memory_fields(self.cfg.limits, merged["content"], merged["title"], merged["namespace"],
                             merged["tags"], merged["priority"], merged["confidence"], merged["source"])
@@ -126,6 +145,7 @@ class Service:
             return row, self._record_version(conn, row, ts)
 
         row, queued = await self.db.write(write)
+        await self.hooks.fire(HookEvent.POST_UPDATE, {"memory": memory_dict(row)})
         return {**memory_dict(row), **await self._after_write(queued, [row.namespace])}
 
     def _signed(self, row: MemoryRow) -> MemoryRow:
@@ -177,6 +197,8 @@ class Service:
     async def memory_recall(self, query: str, *, limit: int = 10,
                             namespace: str | None = None) -> list[dict[str, Any]]:
         """Full-text recall ranked by BM25 (best first); any user string is safe as a query."""
+        p = await self.hooks.fire(HookEvent.PRE_RECALL, {"query": query, "limit": limit, "namespace": namespace})
+        query, limit, namespace = p["query"], p["limit"], p["namespace"]
         if not isinstance(query, str) or not query.strip():
             raise ServiceError("bad_input", "query must be a non-empty string")
         if len(query) > self.cfg.limits.max_query_chars:
@@ -184,13 +206,19 @@ class Service:
                                f"query is {len(query)} chars, the limit is {self.cfg.limits.max_query_chars}")
         self._check_limit(limit)
         hits = await self.db.read(memories.recall, query, limit, namespace)
-        return [{**memory_dict(r), "score": score} for r, score in hits]
+        results = [{**memory_dict(r), "score": score} for r, score in hits]
+        await self.hooks.fire(HookEvent.POST_RECALL, {"query": query, "limit": limit, "namespace": namespace,
+                                                      "results": results})
+        return results
 
     # ---- links ----------------------------------------------------------------------------
 
     async def memory_link(self, src_id: str, dst_id: str, relation: str, *, valid_until: int | None = None,
                           confidence: float | None = None) -> dict[str, Any]:
         """Link two stored memories; signed with the node key (self_signed) when it has one."""
+        p = await self.hooks.fire(HookEvent.PRE_LINK, {"src_id": src_id, "dst_id": dst_id, "relation": relation,
+                                                       "valid_until": valid_until, "confidence": confidence})
+        relation, valid_until, confidence = p["relation"], p["valid_until"], p["confidence"]
         self._check_id("src_id", src_id)
         self._check_id("dst_id", dst_id)
         if not isinstance(relation, str) or not relation.strip():
@@ -228,12 +256,19 @@ class Service:
             return namespaces, self._replicate(conn, "link.put", link_wire(row), namespaces, ts)
 
         namespaces, queued = await self.db.write(write)
+        await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
         return {**link_dict(row), **await self._after_write(queued, namespaces)}
 
     async def memory_verify(self, id: str) -> dict[str, Any]:
         """Re-derive the signed payload from the stored row (a link by link_id, a memory's current version
         by memory id) and check its id and signature against the signer's keyring."""
         self._check_id("id", id)
+        await self.hooks.fire(HookEvent.PRE_VERIFY, {"id": id})
+        result = await self._verify(id)
+        await self.hooks.fire(HookEvent.POST_VERIFY, {"id": id, "result": result})
+        return result
+
+    async def _verify(self, id: str) -> dict[str, Any]:
         link = await self.db.read(links.get, id)
         if link is not None:
             verified, reason = self._verify_link_row(link)
@@ -268,6 +303,42 @@ class Service:
         if not attest.verify_any(keys, payload, signature):
             return False, "signature does not verify against the signer's keys (row altered or forged)"
         return True, None
+
+    def _proposed_link_rows(self, src_id: str, proposals: Sequence[dict[str, Any]], ts: int) -> list[LinkRow]:
+        """Signed rows for the links a pre_store hook proposed (Modify ``links``, docs/hooks.md)."""
+        rows = []
+        for p in proposals:
+            if p["dst_id"] == src_id or len(p["relation"]) > self.cfg.limits.max_relation_chars:
+                continue
+            try:
+                payload = LinkPayload(src_id=src_id, dst_id=p["dst_id"], relation=p["relation"],
+                                      observed_by=self.agent_id, valid_from=ts, valid_until=None)
+            except attest.AttestError:
+                continue
+            signature = attest.sign(self.identity.private_key, payload) if self.identity else None
+            level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
+            rows.append(LinkRow(link_id=payload.link_id, **payload.to_dict(),
+                                confidence=float(p.get("confidence", 1.0)), signature=signature,
+                                attest_level=str(level), signed_by=self.agent_id if signature else None,
+                                received_from=None, created_at=ts))
+        return rows
+
+    def _insert_proposed_links(self, conn: Any, src: MemoryRow, rows: list[LinkRow], ts: int,
+                               made: list[dict[str, Any]]) -> Queued:
+        """Inside the new memory's transaction: its proposed links whose other memory is stored here."""
+        ends = memories.get_many(conn, {r.dst_id for r in rows}) if rows else {}
+        queued: Queued = []
+        for row in rows:
+            if row.dst_id not in ends:
+                continue
+            links.insert(conn, row)
+            events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts)
+            changelog.append(conn, "link", row.link_id, 1, ts)
+            # A link goes only where both of its ends go (as memory_link).
+            namespaces = sorted({src.namespace, ends[row.dst_id].namespace})
+            queued += self._replicate(conn, "link.put", link_wire(row), namespaces, ts)
+            made.append(link_dict(row))
+        return queued
 
     async def links_list(self, *, attest_level: str | None = None, limit: int = 50,
                          offset: int = 0) -> list[dict[str, Any]]:
@@ -323,6 +394,7 @@ class Service:
             "write_quorum": self.cfg.federation.write_quorum,
             "limits": asdict(self.cfg.limits),
             "node_running": self.runtime is not None,
+            "hooks": self.hooks.snapshot(),
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()

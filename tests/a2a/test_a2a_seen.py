@@ -115,3 +115,17 @@ def test_size_bound_always_holds(maxsize: int, ops: list[tuple[int, int]]) -> No
         seen.remember(ids[index], int(clock.now_ms) + ttl)
         clock.now_ms += 7
         assert len(seen) <= maxsize
+
+
+def test_live_evictions_are_reported_to_on_evict_and_expiries_are_not() -> None:
+    clock = FakeClock(0)
+    evicted: list[tuple[str, int]] = []
+    seen = SeenCache(maxsize=2, clock=clock, on_evict=lambda key, exp: evicted.append((key, exp)))
+    a, b, c = cid(), cid(), cid()
+    seen.remember(a, 100)
+    seen.remember(b, 60_000)
+    seen.remember(c, 60_000)
+    assert evicted == [(a, 100)]
+    clock.now_ms = 70_000
+    seen.remember(cid(), 90_000)
+    assert evicted == [(a, 100)]
