@@ -134,12 +134,12 @@ class Member:
                 return Answer(r.status, error=_json(data))
         return asyncio.run(go())
 
-    def sync_all(self, target: NodeSpec, *, limit: int = 500) -> list[dict[str, Any]]:
+    def sync_all(self, target: NodeSpec, *, limit: int = 500, **query: Any) -> list[dict[str, Any]]:
         """Every item ``target`` serves this member, from seq 0 to the end of its change log."""
         items: list[dict[str, Any]] = []
         since = 0
         for _ in range(1000):
-            answer = self.sync(target, since=since, limit=limit)
+            answer = self.sync(target, since=since, limit=limit, **query)
             assert answer.status == 200 and answer.page is not None, answer
             items += answer.page["items"]
             since = answer.page["next"]
