@@ -128,6 +128,7 @@ MEMORY = {
     "confidence": Field(number()),
     "source": Field(string()),
     "origin": Field(string(nonempty=True)),
+    "writer": Field(string(nonempty=True)),
     "version": Field(integer(minimum=1)),
     "created_at": Field(integer(minimum=0)),
     "updated_at": Field(integer(minimum=0)),
@@ -146,7 +147,13 @@ LINK = {
 # kind -> fields of the payload other than "kind" itself.
 SCHEMAS: dict[str, Mapping[str, Field]] = {
     "ping": {"sent_at": Field(integer(minimum=0), required=False)},
-    "memory.put": {"memory": Field(record(MEMORY))},
+    "memory.put": {
+        "memory": Field(record(MEMORY)),
+        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+        "signed_by": Field(nullable(string(nonempty=True))),
+        # The origin's namespace peer list when the namespace is restricted; travels with the memory.
+        "share_with": Field(nullable(list_of(string(nonempty=True))), required=False),
+    },
     "link.put": {
         "link": Field(record(LINK)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
@@ -164,6 +171,7 @@ def _signature_pairs_with_signer(payload: Mapping[str, Any]) -> None:
 
 # kind -> checks across fields, run after every field passed.
 CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
+    "memory.put": (_signature_pairs_with_signer,),
     "link.put": (_signature_pairs_with_signer,),
 }
 

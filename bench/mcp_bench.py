@@ -33,6 +33,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mesh import keys  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.mcp_server import start_http, start_local_socket  # noqa: E402
+from node.assemble import open_service  # noqa: E402
 from node.service import Service  # noqa: E402
 from node.tools import ServiceBackend  # noqa: E402
 
@@ -129,7 +130,7 @@ async def run(memories: int, calls: int) -> dict:
         toml = home / "node.toml"
         toml.write_text(f'agent_id = "{AGENT}"\nhome = "{home}"\n[limits]\nrequests_per_second = 1000000\n',
                         encoding="utf-8")
-        svc = await Service.open(cfg, require_identity=True)
+        svc = await open_service(cfg, require_identity=True)
         try:
             t0 = time.perf_counter()
             for start in range(0, memories, PREFILL_BATCH):

@@ -35,7 +35,7 @@ from storage import memories  # noqa: E402
 from storage.memories import MemoryRow  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
-from node.service import Service  # noqa: E402
+from node.assemble import open_service  # noqa: E402
 
 SEED = 20240611
 
@@ -179,7 +179,7 @@ async def bench_writes(tmp: Path, corpus: Corpus, sizes: Sizes) -> tuple[dict, D
     result["group_commit"] = {"rows": len(rows), "seconds": round(secs, 3), "inserts_per_s": round(len(rows) / secs),
                               "commits": commits, "mean_batch": round(jobs / max(commits, 1), 1)}
     result["ratio"] = round(result["group_commit"]["inserts_per_s"] / result["per_commit"]["inserts_per_s"], 2)
-    svc = await Service.open(from_dict({"agent_id": "ai:bench@local", "home": str(tmp / "svc")}, env={}))
+    svc = await open_service(from_dict({"agent_id": "ai:bench@local", "home": str(tmp / "svc")}, env={}))
     try:
         secs = await run_writers(ServiceTarget(svc), rows, sizes.writers)
         commits, jobs = svc.db.commit_stats

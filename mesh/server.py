@@ -35,7 +35,13 @@ WS_READ_SLACK = 4
 # Messages handled at once per WebSocket; more wait, which pushes back on the sender over TCP.
 WS_INFLIGHT = 512
 
-SyncHandler = Callable[[str, int, int], Awaitable[Mapping[str, Any]]]
+SyncHandler = Callable[[str, int, int, list[str]], Awaitable[Mapping[str, Any]]]
+MemberCheck = Callable[[str], bool]
+# Bounds of GET /a2a/v1/sync parameters (since is a change-log seq, a signed 64-bit integer).
+SYNC_SINCE_MAX = 2**63 - 1
+SYNC_LIMIT_MAX = 10_000
+SYNC_SKIP_MAX = 64
+SYNC_SKIP_ID_MAX = 128
 HealthHandler = Callable[[], Mapping[str, Any]]
 
 
@@ -50,6 +56,8 @@ class ServerHooks:
     pinned: Callable[[], Mapping[str, Ed25519PublicKey]]
     health: HealthHandler
     sync: SyncHandler | None = None
+    # Membership: an authenticated peer this returns False for is refused (403 not_a_member). None = all.
+    member: MemberCheck | None = None
 
 
 def build_app(hooks: ServerHooks) -> web.Application:
@@ -84,10 +92,16 @@ def _peer_identity(hooks: ServerHooks):
         if der is None:
             return json_error(401, "no_client_certificate", "this endpoint requires a mesh client certificate")
         try:
-            request[PEER_KEY] = verify_peer(der, expected_agent_id=None, pinned=hooks.pinned())
+            peer = verify_peer(der, expected_agent_id=None, pinned=hooks.pinned())
         except MeshError as e:
             log.warning(e.code, extra={"ev": {"remote": request.remote, "detail": e.message}})
             return json_error(403, e.code, e.message)
+        if hooks.member is not None and not hooks.member(peer):
+            log.warning("not_a_member", extra={"ev": {"remote": request.remote, "peer": peer}})
+            return json_error(403, "not_a_member",
+                              f"{peer} holds a mesh certificate but is not a member of this node's federation "
+                              "(no .pub in its peers/; mesh.trust = \"pinned\")")
+        request[PEER_KEY] = peer
         return await handler(request)
     return middleware
 
@@ -159,19 +173,37 @@ def _sync(hooks: ServerHooks):
         if hooks.sync is None:
             return json_error(404, "not_found", "this node does not serve a change log")
         try:
-            since = int(request.query.get("since", "0"))
-            limit = int(request.query.get("limit", "100"))
-        except ValueError:
-            return json_error(400, "bad_input", "since and limit must be integers")
-        if since < 0 or limit < 1:
-            return json_error(400, "bad_input", "since must be >= 0 and limit >= 1")
+            since, limit, skip = _sync_params(request.query)
+        except ValueError as e:
+            return json_error(400, "bad_input", str(e))
         try:
-            page = await hooks.sync(request[PEER_KEY], since, limit)
+            page = await hooks.sync(request[PEER_KEY], since, limit, skip)
         except Exception as e:
+            log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
             code = getattr(e, "code", "internal")
             return json_error(400 if hasattr(e, "code") else 500, code, getattr(e, "message", str(e)))
         return web.Response(body=cbor2.dumps(dict(page)), content_type=CBOR)
     return handler
+
+
+def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
+    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX) and skip (space-separated agent ids); ValueError says why."""
+    raw_since, raw_limit = query.get("since", "0"), query.get("limit", "100")
+    if not (_is_decimal(raw_since) and _is_decimal(raw_limit)):
+        raise ValueError("since and limit must be non-negative decimal integers")
+    since, limit = int(raw_since), int(raw_limit)
+    if since > SYNC_SINCE_MAX:
+        raise ValueError(f"since must be in 0..{SYNC_SINCE_MAX}, got {raw_since[:40]}")
+    if not 1 <= limit <= SYNC_LIMIT_MAX:
+        raise ValueError(f"limit must be in 1..{SYNC_LIMIT_MAX}, got {raw_limit[:40]}")
+    skip = query.get("skip", "").split()
+    if len(skip) > SYNC_SKIP_MAX or any(len(a) > SYNC_SKIP_ID_MAX for a in skip):
+        raise ValueError(f"skip names at most {SYNC_SKIP_MAX} agent ids of at most {SYNC_SKIP_ID_MAX} chars")
+    return since, limit, skip
+
+
+def _is_decimal(text: str) -> bool:
+    return 0 < len(text) <= 20 and text.isascii() and text.isdigit()
 
 
 def _health(hooks: ServerHooks):

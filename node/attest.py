@@ -1,8 +1,13 @@
-"""Link attestation: canonical CBOR payload, link_id, Ed25519 sign and verify (DESIGN.md section 3).
+"""Attestation: canonical CBOR payloads, their ids, Ed25519 sign and verify (DESIGN.md section 3).
 
-The signed payload is canonical CBOR (RFC 8949 section 4.2.1) of exactly the six fields in
+Links: the signed payload is canonical CBOR (RFC 8949 section 4.2.1) of exactly the six fields in
 ``SIGNED_FIELDS``; times are integer unix milliseconds and ``valid_until`` may be None.
 ``link_id`` is the hex SHA-256 of those bytes. ``shared/vectors/link-signing.json`` is normative.
+
+Memory versions: canonical CBOR of ``{"type": "memory.version"}`` plus the fields in
+``MEMORY_SIGNED_FIELDS`` (tags as an array, confidence always a float), signed by the version's
+writer. The ``type`` entry keeps a memory signature from ever verifying as anything else.
+``tests/node/test_attest_vectors.py`` pins a vector for it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from storage.links import AttestLevel as AttestLevel
 
 SIGNED_FIELDS = ("src_id", "dst_id", "relation", "observed_by", "valid_from", "valid_until")
+MEMORY_SIGNED_FIELDS = ("id", "namespace", "title", "content", "tags", "priority", "confidence", "source",
+                        "origin", "writer", "version", "created_at", "updated_at")
+MEMORY_PAYLOAD_TYPE = "memory.version"
 SIGNATURE_BYTES = 64
 
 
@@ -47,10 +55,11 @@ class LinkPayload:
             if not isinstance(value, str) or not value:
                 raise AttestError("bad_link_field", f"link field {name} must be a non-empty string, got {value!r}")
         if not _is_int(self.valid_from) or self.valid_from < 0:
-            raise AttestError("bad_link_field", f"valid_from must be an integer >= 0 (unix ms), got {self.valid_from!r}")
-        if self.valid_until is not None and (not _is_int(self.valid_until) or self.valid_until < self.valid_from):
             raise AttestError("bad_link_field",
-                              f"valid_until must be null or an integer >= valid_from (unix ms), got {self.valid_until!r}")
+                              f"valid_from must be an integer >= 0 (unix ms), got {self.valid_from!r}")
+        if self.valid_until is not None and (not _is_int(self.valid_until) or self.valid_until < self.valid_from):
+            raise AttestError("bad_link_field", "valid_until must be null or an integer >= valid_from (unix ms), "
+                                                f"got {self.valid_until!r}")
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> LinkPayload:
@@ -70,16 +79,51 @@ class LinkPayload:
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryPayload:
+    """The signed fields of one memory version (from a stored row or a wire record)."""
+
+    fields: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> MemoryPayload:
+        missing = [f for f in MEMORY_SIGNED_FIELDS if f not in m]
+        if missing:
+            raise AttestError("bad_memory_field", f"memory is missing field(s) {', '.join(missing)}")
+        norm = {f: m[f] for f in MEMORY_SIGNED_FIELDS}
+        norm["tags"] = list(norm["tags"])
+        norm["confidence"] = float(norm["confidence"])
+        return cls(tuple(norm.items()))
+
+    @classmethod
+    def of(cls, obj: Any) -> MemoryPayload:
+        """From any object with the signed fields as attributes (a MemoryRow)."""
+        return cls.from_mapping({f: getattr(obj, f) for f in MEMORY_SIGNED_FIELDS})
+
+    def canonical_bytes(self) -> bytes:
+        return cbor2.dumps({"type": MEMORY_PAYLOAD_TYPE, **dict(self.fields)}, canonical=True)
+
+    @property
+    def version_hash(self) -> str:
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def sign(private_key: Ed25519PrivateKey, payload: LinkPayload) -> bytes:
+def sign(private_key: Ed25519PrivateKey, payload: LinkPayload | MemoryPayload) -> bytes:
     """Ed25519 signature (64 bytes) over the canonical payload."""
     return private_key.sign(payload.canonical_bytes())
 
 
-def verify(public_key: Ed25519PublicKey, payload: LinkPayload, signature: bytes | None) -> bool:
+def verify_any(keys: Iterable[Ed25519PublicKey], payload: LinkPayload | MemoryPayload,
+               signature: bytes | None) -> bool:
+    """True when ``signature`` verifies under one of ``keys`` (a signer's current key, then its retired ones)."""
+    return any(verify(k, payload, signature) for k in keys)
+
+
+def verify(public_key: Ed25519PublicKey, payload: LinkPayload | MemoryPayload, signature: bytes | None) -> bool:
     """True when ``signature`` is a valid Ed25519 signature of the canonical payload by ``public_key``."""
     if not isinstance(signature, (bytes, bytearray)) or len(signature) != SIGNATURE_BYTES:
         return False
@@ -90,6 +134,8 @@ def verify(public_key: Ed25519PublicKey, payload: LinkPayload, signature: bytes 
     return True
 
 
-def verify_many(items: Iterable[tuple[Ed25519PublicKey, LinkPayload, bytes | None]]) -> list[bool]:
-    """Verify a batch; run on a worker thread so the event loop keeps serving between verifications."""
-    return [verify(pk, p, s) for pk, p, s in items]
+def verify_many(items: Iterable[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None]]
+                ) -> list[bool]:
+    """Verify a batch, each against a signer's keyring; run on a worker thread so the event loop keeps
+    serving between verifications."""
+    return [verify_any(keys, p, s) for keys, p, s in items]

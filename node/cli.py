@@ -101,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--json", action="store_true")
 
-    v = sub.add_parser("verify", help="re-derive a link's payload and check its signature (exit 3 if it fails)")
-    v.add_argument("link_id")
+    v = sub.add_parser("verify", help="re-derive a link's or a memory version's signed payload and check its "
+                                      "signature (exit 3 if it fails)")
+    v.add_argument("id", help="a link_id, or a memory id (its current version is checked)")
     v.add_argument("--json", action="store_true")
 
     a = sub.add_parser("audit", help="the append-only signed event chain")
@@ -198,10 +199,10 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> No
 
 
 def with_service(fn: Callable[[Any], Awaitable[int]], cfg: NodeConfig, *, require_identity: bool = False) -> int:
-    from node.service import Service
+    from node.assemble import open_service
 
     async def go() -> int:
-        svc = await Service.open(cfg, require_identity=require_identity)
+        svc = await open_service(cfg, require_identity=require_identity)
         try:
             return await fn(svc)
         finally:
@@ -341,11 +342,12 @@ def _links(args: argparse.Namespace, cfg: NodeConfig) -> int:
 @command("verify")
 def _verify(args: argparse.Namespace, cfg: NodeConfig) -> int:
     async def go(svc) -> int:
-        r = await svc.memory_verify(args.link_id)
+        r = await svc.memory_verify(args.id)
 
         def human(r: dict[str, Any]) -> str:
             verdict = "VERIFIED" if r["signature_verified"] else f"NOT VERIFIED ({r['reason']})"
-            return f"{r['link_id']}  {verdict}  attest_level={r['attest_level']}  signed_by={r['signed_by']}"
+            what = r["link_id"] if "link_id" in r else f"{r['memory_id']} v{r['version']}"
+            return f"{what}  {verdict}  attest_level={r['attest_level']}  signed_by={r['signed_by']}"
 
         emit(args, r, human)
         return EXIT_OK if r["signature_verified"] else EXIT_CHECK

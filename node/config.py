@@ -82,11 +82,15 @@ class MeshConfig:
     reconnect_min_s: float = 0.2
     reconnect_max_s: float = 10.0
     drain_timeout_s: float = 5.0
+    # "pinned": inbound connections only from peers with a .pub in <home>/peers; "ca": any mesh-CA certificate.
+    trust: str = "pinned"
 
 
 @dataclass(frozen=True)
 class NamespacePolicy:
     peers: tuple[str, ...] = ()
+    # Agents besides a memory's creator allowed to write versions of memories in this namespace.
+    writers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,12 @@ class FederationConfig:
     sync_interval_s: float = 30.0
     # How long an inbound link whose memories are not here yet is held before rejecting it.
     orphan_hold_s: float = 2.0
+    # An inbound version's updated_at may be at most this far ahead of this node's clock.
+    max_clock_skew_s: float = 300.0
+    # An inbound version may be at most this many versions ahead of the stored one (a new memory: of 0).
+    max_version_step: int = 1_000_000
+    # A sync item that cannot be applied for this many pull rounds is parked and the cursor moves on.
+    sync_park_after: int = 3
 
 
 @dataclass(frozen=True)
@@ -281,10 +291,13 @@ def _namespaces(value: Any) -> dict[str, NamespacePolicy]:
     out = {}
     for ns, policy in table.items():
         key = f"federation.namespaces.{ns!r}"
-        if not isinstance(policy, dict) or set(policy) - {"peers"}:
-            raise ConfigError("config_invalid", f"{key} must be a table with only 'peers', got {policy!r}")
+        if not isinstance(policy, dict) or set(policy) - {"peers", "writers"}:
+            raise ConfigError("config_invalid", f"{key} must be a table with only 'peers' and 'writers', "
+                                                f"got {policy!r}")
         peers = _expect(list, f"{key}.peers", policy.get("peers", []))
-        out[ns] = NamespacePolicy(peers=tuple(_expect(str, f"{key}.peers[]", p) for p in peers))
+        writers = _expect(list, f"{key}.writers", policy.get("writers", []))
+        out[ns] = NamespacePolicy(peers=tuple(_expect(str, f"{key}.peers[]", p) for p in peers),
+                                  writers=tuple(_expect(str, f"{key}.writers[]", w) for w in writers))
     return out
 
 
@@ -334,5 +347,10 @@ def _validate(cfg: NodeConfig) -> None:
     if cfg.federation.orphan_hold_s < 0:
         raise ConfigError("config_invalid", f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
     _positive("federation.sync_interval_s", cfg.federation.sync_interval_s)
+    _positive("federation.max_clock_skew_s", cfg.federation.max_clock_skew_s)
+    _positive("federation.max_version_step", cfg.federation.max_version_step)
+    _positive("federation.sync_park_after", cfg.federation.sync_park_after)
+    if cfg.mesh.trust not in ("pinned", "ca"):
+        raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

@@ -9,14 +9,14 @@ import tempfile
 from pathlib import Path
 
 from mesh import keys
+from node.assemble import open_service
 from node.config import from_dict
-from node.service import Service
 
 
 async def walkthrough(home: Path) -> dict:
     cfg = from_dict({"agent_id": "ai:demo@local", "home": str(home)}, env={})
     ident = keys.generate_identity(cfg.keys_dir, cfg.agent_id)
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     try:
         a = await svc.memory_store("The mesh signs every link with Ed25519 over canonical CBOR.",
                                    title="signing", tags=["design"])

@@ -1,9 +1,14 @@
 """Federation policy: what goes to which peer, how inbound changes are applied, catch-up pages, quorum.
 
 Outbound: each local write enqueues one envelope per target peer in its own transaction.
-Inbound: ``apply(env, sender)`` validates the payload, verifies link signatures off the event loop
-(in batches on a worker thread: Ed25519 verify holds the GIL for each ~70 us call, but the loop gets
-the GIL back between calls, so a burst never stalls it for a whole batch), commits, then the ACK is sent.
+Inbound: ``apply(env, sender)`` validates the payload, bounds it as a local write is bounded, checks who
+may write what (a memory version by its creator or a named writer, signed; a link where the sender may
+see both ends), verifies signatures off the event loop (in batches on a worker thread: Ed25519 verify
+holds the GIL for each ~70 us call, but the loop gets the GIL back between calls, so a burst never
+stalls it for a whole batch), commits, then the ACK is sent.
+
+Nothing here imports the service: the node builds both (``node.assemble``) and the service reaches
+this module only through its ``Replicator`` protocol.
 """
 
 from __future__ import annotations
@@ -11,24 +16,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
+import cbor2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
-from node.attest import AttestLevel, LinkPayload
+from node.attest import AttestLevel, LinkPayload, MemoryPayload
+from node.config import NodeConfig
 from node.errors import ServiceError
-from node.service import Service, link_wire, memory_wire
+from node.limits import check_db_budget, check_memory_fields, check_text
+from node.trust import Keyring
+from node.wire import link_wire, memory_put_body
 from storage import changelog, events, links, memories, outbox
+from storage.db import Database
 from storage.errors import StorageError
 from storage.links import LinkRow
 from storage.memories import MemoryRow
 
 log = logging.getLogger("node.federation")
+
+Clock = Callable[[], int]
+Queued = list[tuple[str, str]]
 
 # Most signatures verified in one hop to the thread pool.
 VERIFY_BATCH_MAX = 256
@@ -37,6 +51,21 @@ QUORUM_RECHECK_S = 0.05
 # Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
 SYNCED_KINDS = ("memory.put", "link.put")
 ORPHAN_RECHECK_S = 0.1
+# Pending sync items retried per peer per pull round.
+PENDING_RETRY_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """How an inbound change went: ``code`` None is accepted (ACK ok), else the reject code;
+    ``changed`` is True only when something was stored (not for duplicates, stale or hidden versions)."""
+
+    code: str | None
+    changed: bool = False
+
+
+OK_UNCHANGED = Applied(None)
+OK_CHANGED = Applied(None, True)
 
 
 class VerifyBatcher:
@@ -44,15 +73,18 @@ class VerifyBatcher:
 
     def __init__(self, executor: ThreadPoolExecutor) -> None:
         self.executor = executor
-        self._queue: list[tuple[Ed25519PublicKey, LinkPayload, bytes | None, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None,
+                                asyncio.Future[bool]]] = []
         self._scheduled = False
         self.batches = 0
         self.verified = 0
 
-    async def verify(self, key: Ed25519PublicKey, payload: LinkPayload, signature: bytes | None) -> bool:
+    async def verify(self, keys: tuple[Ed25519PublicKey, ...], payload: LinkPayload | MemoryPayload,
+                     signature: bytes | None) -> bool:
+        """True when ``signature`` verifies under one of ``keys`` (a signer's keyring)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
-        self._queue.append((key, payload, signature, fut))
+        self._queue.append((keys, payload, signature, fut))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -69,7 +101,7 @@ class VerifyBatcher:
             work.add_done_callback(lambda done, batch=batch: _settle(done, batch))
 
 
-def _settle(done: asyncio.Future[list[bool]], batch: list) -> None:
+def _settle(done: asyncio.Future[list[bool]], batch: list[Any]) -> None:
     exc = done.exception()
     for i, (*_, fut) in enumerate(batch):
         if fut.done():
@@ -81,23 +113,31 @@ def _settle(done: asyncio.Future[list[bool]], batch: list) -> None:
 
 
 class Federation:
-    def __init__(self, service: Service) -> None:
-        self.svc = service
-        self.cfg = service.cfg
-        self.peers = {p.agent_id: p for p in self.cfg.mesh.peers}
+    """The node's replication policy; the service's ``Replicator``."""
+
+    def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, clock: Clock) -> None:
+        self.cfg = cfg
+        self.db = db
+        self.keyring = keyring
+        self.clock = clock
+        self.peers = {p.agent_id: p for p in cfg.mesh.peers}
         self.counters: Counter[str] = Counter()
         # One worker: verification is GIL-bound, so more threads would add switching, not throughput.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.verifier = VerifyBatcher(self._executor)
         self._ack_changed = asyncio.Condition()
         self._memory_arrived = asyncio.Condition()
-        service.replicate = self.enqueue
-        service.await_quorum = self.await_quorum
+        # Set by the running node: wakes its outbox sender after a commit.
+        self.on_enqueued: Callable[[], None] | None = None
+
+    @property
+    def agent_id(self) -> str:
+        return self.keyring.agent_id
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # ---- outbound -------------------------------------------------------------------------
+    # ---- who sees what --------------------------------------------------------------------
 
     def targets(self, namespace: str) -> list[str]:
         """Peers a change in ``namespace`` goes to: the namespace's configured peers, else all."""
@@ -106,27 +146,55 @@ class Federation:
             return [p for p in policy.peers if p in self.peers]
         return list(self.peers)
 
-    def enqueue(self, conn, payload: dict[str, Any], namespace: str, ts: int) -> list[tuple[str, str]]:
-        """Inside the write transaction: one outbox row per target peer. Returns (peer, correlation_id)."""
+    def shares(self, peer: str, namespace: str) -> bool:
+        """This node's own policy lets ``peer`` see ``namespace``."""
+        policy = self.cfg.federation.namespaces.get(namespace)
+        return policy is None or peer in policy.peers
+
+    def visible_to(self, peer: str, m: MemoryRow) -> bool:
+        """``peer`` may see memory ``m``: by this node's policy and by the list that travelled with it."""
+        return self.shares(peer, m.namespace) and (m.share_with is None or peer in m.share_with)
+
+    def may_write(self, writer: str, origin: str, namespace: str) -> bool:
+        """A version of a memory created by ``origin`` may be written by ``writer``."""
+        policy = self.cfg.federation.namespaces.get(namespace)
+        return writer == origin or (policy is not None and writer in policy.writers)
+
+    # ---- outbound (the service's Replicator) ----------------------------------------------
+
+    def enqueue(self, conn: Any, payload: dict[str, Any], namespaces: Sequence[str], ts: int) -> Queued:
+        """Inside the write transaction: one outbox row per peer that may see every one of ``namespaces``
+        (a link goes only where both its ends go). Returns (peer, correlation_id) pairs."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
         queued = []
-        for peer in self.targets(namespace):
-            env = new_envelope(self.svc.agent_id, [peer], payload, ts, ttl_ms)
+        for peer in self._targets_all(namespaces):
+            env = new_envelope(self.agent_id, [peer], payload, ts, ttl_ms)
             outbox.enqueue(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
             queued.append((peer, env.correlation_id))
         return queued
+
+    def _targets_all(self, namespaces: Sequence[str]) -> list[str]:
+        peers: list[str] | None = None
+        for ns in namespaces:
+            these = self.targets(ns)
+            peers = these if peers is None else [p for p in peers if p in these]
+        return peers or []
+
+    def wake(self) -> None:
+        if self.on_enqueued is not None:
+            self.on_enqueued()
 
     async def record_ack(self, peer: str, correlation_id: str) -> None:
         async with self._ack_changed:
             self._ack_changed.notify_all()
 
-    async def await_quorum(self, queued: list[tuple[str, str]], namespace: str) -> int:
+    async def await_quorum(self, queued: Queued, namespaces: Sequence[str]) -> int:
         """Wait until the configured write quorum has ACKed (self counts as one); returns nodes that ACKed.
 
         A row leaves the outbox only on its peer's ACK, so "gone from the outbox" is the ACK, whichever
         process (this node or a CLI beside it) made the write.
         """
-        nodes = 1 + len(self.targets(namespace))
+        nodes = 1 + len(self._targets_all(namespaces))
         need = self.cfg.quorum_size(nodes)
         if need <= 1:
             return 1
@@ -135,14 +203,14 @@ class Federation:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            acked = 1 + len(cids) - await self.svc.db.read(outbox.undelivered_count, cids)
+            acked = 1 + len(cids) - await self.db.read(outbox.undelivered_count, cids)
             if acked >= need:
                 return acked
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise ServiceError(
                     "quorum_not_reached",
-                    f"{acked} of {need} required nodes ({nodes} in the federation for this namespace) ACKed "
+                    f"{acked} of {need} required nodes ({nodes} in the federation for this write) ACKed "
                     f"within {timeout:g} s; the write is committed locally and keeps replicating")
             try:
                 async with self._ack_changed:
@@ -154,88 +222,166 @@ class Federation:
 
     async def apply(self, env: Envelope, sender: str) -> Ack:
         """The mesh receiver's apply: commit the change, then answer Ack.ok / Ack.rejected(code)."""
-        validate_payload(env.payload)
-        me = self.svc.agent_id
-        cid = env.correlation_id
-        kind = env.kind
+        cid, me = env.correlation_id, self.agent_id
+        applied = await self.apply_payload(env.payload, sender)
+        if applied.code is None:
+            return Ack.ok(cid, me)
+        return Ack.rejected(cid, me, applied.code)
+
+    async def apply_payload(self, payload: Any, sender: str) -> Applied:
+        """Validate and apply one payload from ``sender`` (live or pulled); ProtocolError when malformed."""
+        validate_payload(payload)
+        kind = payload["kind"]
         if kind == "ping":
-            return Ack.ok(cid, me)
+            return OK_UNCHANGED
         if kind == "memory.put":
-            code = await self.apply_memory(env.payload["memory"], sender)
+            applied = await self.apply_memory(payload, sender)
         elif kind == "link.put":
-            code = await self.apply_link(env.payload, sender)
+            applied = await self.apply_link(payload, sender)
         else:  # validate_payload knows the kind but this node has no handler for it
-            code = "unsupported_kind"
-        if code is None:
-            return Ack.ok(cid, me)
-        self.counters[f"rejected:{code}"] += 1
-        return Ack.rejected(cid, me, code)
+            applied = Applied("unsupported_kind")
+        if applied.code is not None:
+            self.counters[f"rejected:{applied.code}"] += 1
+        return applied
 
-    async def apply_memory(self, m: dict[str, Any], sender: str) -> str | None:
-        policy = self.cfg.federation.namespaces.get(m["namespace"])
-        if policy is not None and sender not in policy.peers:
-            log.warning("namespace_not_allowed", extra={"ev": {"peer": sender, "namespace": m["namespace"],
-                                                               "memory_id": m["id"]}})
-            return "namespace_not_allowed"
-        row = MemoryRow(id=m["id"], namespace=m["namespace"], title=m["title"], content=m["content"],
-                        tags=tuple(m["tags"]), priority=m["priority"], confidence=float(m["confidence"]),
-                        source=m["source"], origin=m["origin"], version=m["version"], created_at=m["created_at"],
-                        updated_at=m["updated_at"])
+    async def apply_memory(self, body: dict[str, Any], sender: str) -> Applied:
+        """Bound, authorise, verify and store one memory version; see docs/security.md for the rules."""
+        m = body["memory"]
+        code = self._memory_out_of_bounds(m) or self._memory_not_allowed(body, sender)
+        if code is not None:
+            return self._refused(code, sender, m)
+        stored = await self.db.read(memories.get, m["id"])
+        if stored is not None and not self.visible_to(sender, stored):
+            # Answered as if absent: an ACK never tells a peer whether a memory it may not see exists.
+            log.warning("hidden_id_conflict", extra={"ev": {"peer": sender, "memory_id": m["id"]}})
+            self.counters["memory:hidden_conflict"] += 1
+            return OK_UNCHANGED
+        code = _against_stored(stored, m, self.cfg.federation.max_version_step)
+        if code is not None:
+            return self._refused(code, sender, m)
+        level = await self._attest(MemoryPayload.from_mapping(m), body["signature"], m["writer"], sender,
+                                   what=m["id"])
+        if isinstance(level, Applied):
+            return level
+        row = _memory_row(body, level, sender)
+        try:
+            check_db_budget(self.cfg)
+        except ServiceError as e:
+            return self._refused(e.code, sender, m)
+        return await self._store_memory(row, sender)
 
-        def write(conn) -> str:
-            result = memories.apply_remote(conn, row)
-            if result in ("inserted", "updated"):
-                changelog.append(conn, "memory", row.id, row.version, self.svc.clock())
-                changelog.incr(conn, f"applied:memory.{result}")
-            return result
-
-        result = await self.svc.db.write(write)
-        self.counters[f"memory:{result}"] += 1
-        async with self._memory_arrived:
-            self._memory_arrived.notify_all()
+    def _memory_out_of_bounds(self, m: dict[str, Any]) -> str | None:
+        """The same limits as a local write, and times within ``max_clock_skew_s`` of this node's clock."""
+        try:
+            check_memory_fields(self.cfg.limits, m["content"], m["title"], m["namespace"], m["tags"],
+                                m["priority"], m["confidence"], m["source"])
+            for name in ("origin", "writer"):
+                check_text(name, m[name], self.cfg.limits.max_id_chars, allow_empty=False)
+        except ServiceError as e:
+            return e.code
+        skew_ms = int(self.cfg.federation.max_clock_skew_s * 1000)
+        if m["created_at"] > m["updated_at"] or m["updated_at"] > self.clock() + skew_ms:
+            return "clock_skew"
         return None
 
-    async def apply_link(self, body: dict[str, Any], sender: str) -> str | None:
-        """Verify and store one received link; returns None when stored (or already here), else a reject code."""
+    def _memory_not_allowed(self, body: dict[str, Any], sender: str) -> str | None:
+        m = body["memory"]
+        if not self.shares(sender, m["namespace"]):
+            return "namespace_not_allowed"
+        if body["signed_by"] is not None and body["signed_by"] != m["writer"]:
+            return "signer_mismatch"
+        if not self.may_write(m["writer"], m["origin"], m["namespace"]):
+            return "writer_not_allowed"
+        return None
+
+    def _refused(self, code: str, sender: str, m: dict[str, Any]) -> Applied:
+        log.warning("memory_refused", extra={"ev": {"peer": sender, "code": code, "memory_id": m.get("id"),
+                                                    "writer": m.get("writer"), "origin": m.get("origin")}})
+        return Applied(code)
+
+    async def _attest(self, payload: LinkPayload | MemoryPayload, signature: bytes | None, signer: str,
+                      sender: str, *, what: str) -> AttestLevel | Applied:
+        """PEER_ATTESTED when ``signature`` verifies under ``signer``'s keyring; UNSIGNED when the signer
+        is unknown here (or did not sign) and sent it itself; otherwise the rejection."""
+        keys = self.keyring.keys_for(signer)
+        if signature is not None and keys:
+            if await self.verifier.verify(keys, payload, signature):
+                return AttestLevel.PEER_ATTESTED
+            self.counters["bad_signature"] += 1
+            log.warning("bad_signature", extra={"ev": {"peer": sender, "id": what, "claimed_signer": signer}})
+            await self.db.write(changelog.incr, "rejected:bad_signature")
+            return Applied("bad_signature")
+        if signer != sender:
+            # Relaying another node's change is only legitimate when its signature verifies here.
+            log.warning("unverified_relay", extra={"ev": {"peer": sender, "id": what, "signer": signer}})
+            return Applied("unverified_relay")
+        return AttestLevel.UNSIGNED
+
+    async def _store_memory(self, row: MemoryRow, sender: str) -> Applied:
+        step = self.cfg.federation.max_version_step
+
+        def write(conn: Any) -> Applied:
+            # Checked again inside the transaction: another version may have landed since the read.
+            stored = memories.get(conn, row.id)
+            if stored is not None and not self.visible_to(sender, stored):
+                return OK_UNCHANGED
+            code = _against_stored(stored, memory_wire_fields(row), step)
+            if code is not None:
+                return Applied(code)
+            if stored is not None and stored.share_with is not None:
+                row_ = _keep_narrower(row, stored)
+            else:
+                row_ = row
+            result = memories.apply_remote(conn, row_)
+            if result not in ("inserted", "updated"):
+                return OK_UNCHANGED
+            now = self.clock()
+            events.append(conn, "memory", None, row_.author, MemoryPayload.of(row_).version_hash,
+                          row_.signature, now)
+            changelog.append(conn, "memory", row_.id, row_.version, now)
+            changelog.incr(conn, f"applied:memory.{result}")
+            return OK_CHANGED
+
+        applied = await self.db.write(write)
+        self.counters["memory:stored" if applied.changed else "memory:unchanged"] += 1
+        if applied.changed:
+            async with self._memory_arrived:
+                self._memory_arrived.notify_all()
+        return applied
+
+    async def apply_link(self, body: dict[str, Any], sender: str) -> Applied:
+        """Verify and store one received link; stored only where the sender may see both its ends."""
         try:
             payload = LinkPayload.from_mapping(body["link"])
         except attest.AttestError as e:
             raise ProtocolError("bad_payload", e.message) from None
         link_id = payload.link_id
-        now = self.svc.clock()
-        if payload.valid_until is not None and payload.valid_until < now:
-            return "expired_link"
-        if await self.svc.db.read(links.get, link_id) is not None:
+        now = self.clock()
+        code = self._link_out_of_bounds(payload, now)
+        if code is not None:
+            return Applied(code)
+        if await self.db.read(links.get, link_id) is not None:
             self.counters["link:duplicate"] += 1
-            return None
+            return OK_UNCHANGED
         signature, signed_by = body["signature"], body["signed_by"]
         if signed_by is not None and signed_by != payload.observed_by:
             log.warning("signer_mismatch", extra={"ev": {"peer": sender, "link_id": link_id,
                                                          "signed_by": signed_by, "observed_by": payload.observed_by}})
-            return "signer_mismatch"
-        key = self.svc.key_for(payload.observed_by)
-        level = AttestLevel.UNSIGNED
-        if signature is not None and key is not None:
-            if not await self.verifier.verify(key, payload, signature):
-                self.counters["bad_signature"] += 1
-                log.warning("bad_signature", extra={"ev": {"peer": sender, "link_id": link_id,
-                                                           "claimed_signer": payload.observed_by}})
-                await self.svc.db.write(changelog.incr, "rejected:bad_signature")
-                return "bad_signature"
-            level = AttestLevel.PEER_ATTESTED
-        elif payload.observed_by != sender:
-            # Relaying another node's link is only legitimate when its signature verifies here.
-            log.warning("unverified_relay", extra={"ev": {"peer": sender, "link_id": link_id,
-                                                          "observed_by": payload.observed_by}})
-            return "unverified_relay"
-        if not await self._memories_present({payload.src_id, payload.dst_id}):
-            return "unknown_memory"
-        row = LinkRow(link_id=link_id, **payload.to_dict(), confidence=body["link"].get("confidence"),
-                      signature=signature if level is AttestLevel.PEER_ATTESTED else None,
-                      attest_level=str(level), signed_by=signed_by if level is AttestLevel.PEER_ATTESTED else None,
-                      received_from=sender, created_at=now)
+            return Applied("signer_mismatch")
+        level = await self._attest(payload, signature, payload.observed_by, sender, what=link_id)
+        if isinstance(level, Applied):
+            return level
+        if not await self._ends_visible(sender, {payload.src_id, payload.dst_id}):
+            return Applied("unknown_memory")
+        attested = level is AttestLevel.PEER_ATTESTED
+        # confidence is outside the signature: taken only from the link's own observer, never from a relay.
+        confidence = body["link"].get("confidence") if sender == payload.observed_by else None
+        row = LinkRow(link_id=link_id, **payload.to_dict(),
+                      confidence=None if confidence is None else float(confidence),
+                      signature=signature if attested else None, attest_level=str(level),
+                      signed_by=signed_by if attested else None, received_from=sender, created_at=now)
 
-        def write(conn) -> bool:
+        def write(conn: Any) -> bool:
             if links.get(conn, link_id) is not None:
                 return False
             links.insert(conn, row)
@@ -244,16 +390,34 @@ class Federation:
             changelog.incr(conn, f"applied:link.{level}")
             return True
 
-        stored = await self.svc.db.write(write)
+        stored = await self.db.write(write)
         self.counters[f"link:{level}" if stored else "link:duplicate"] += 1
+        return OK_CHANGED if stored else OK_UNCHANGED
+
+    def _link_out_of_bounds(self, payload: LinkPayload, now: int) -> str | None:
+        lim = self.cfg.limits
+        try:
+            for name in ("src_id", "dst_id", "observed_by"):
+                check_text(name, getattr(payload, name), lim.max_id_chars, allow_empty=False)
+            check_text("relation", payload.relation, lim.max_relation_chars, allow_empty=False)
+        except ServiceError as e:
+            return e.code
+        if payload.valid_from > now + int(self.cfg.federation.max_clock_skew_s * 1000):
+            return "clock_skew"
+        if payload.valid_until is not None and payload.valid_until < now:
+            return "expired_link"
         return None
 
-    async def _memories_present(self, ids: set[str]) -> bool:
-        """True once every id is stored; waits up to ``orphan_hold_s`` for memory.put still in flight."""
+    async def _ends_visible(self, sender: str, ids: set[str]) -> bool:
+        """True once every id is stored and ``sender`` may see it; waits up to ``orphan_hold_s`` for a
+        memory.put still in flight. A memory the sender may not see answers exactly as a missing one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.federation.orphan_hold_s
         while True:
-            if await self.svc.db.read(memories.exists, ids) == ids:
+            found = await self.db.read(memories.get_many, ids)
+            if any(not self.visible_to(sender, m) for m in found.values()):
+                return False
+            if set(found) == ids:
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -265,73 +429,143 @@ class Federation:
             except TimeoutError:
                 pass
 
-    # ---- catch-up -------------------------------------------------------------------------
+    # ---- catch-up: serving ----------------------------------------------------------------
 
-    async def sync_page(self, peer: str, since: int, limit: int) -> dict[str, Any]:
-        """One page of this node's change log after ``since`` (served at GET /a2a/v1/sync)."""
+    async def sync_page(self, peer: str, since: int, limit: int, skip: Sequence[str] = ()) -> dict[str, Any]:
+        """One page of this node's change log after ``since`` (served at GET /a2a/v1/sync).
+
+        Only what ``peer`` may see (a link only where it may see both ends), and nothing written by
+        ``peer`` itself or by the agents in ``skip`` (the puller gets those from their writers).
+        """
         limit = min(limit, self.cfg.federation.sync_page_limit)
+        omit = {peer, *skip}
 
-        def read(conn) -> dict[str, Any]:
-            items = []
+        def read(conn: Any) -> dict[str, Any]:
             rows = changelog.page(conn, since, limit)
-            for r in rows:
-                if r.kind == "memory":
-                    m = memories.get(conn, r.ref_id)
-                    if m is not None and self._shares(peer, m.namespace):
-                        items.append({"seq": r.seq, "kind": "memory.put", "memory": memory_wire(m)})
-                else:
-                    link = links.get(conn, r.ref_id)
-                    src = memories.get(conn, link.src_id) if link is not None else None
-                    # A link goes where its source memory's namespace goes (as on the live path).
-                    if link is not None and (src is None or self._shares(peer, src.namespace)):
-                        items.append({"seq": r.seq, "kind": "link.put", **link_wire(link)})
+            items = [item for r in rows if (item := self._sync_item(conn, peer, omit, r)) is not None]
             last = rows[-1].seq if rows else since
             return {"items": items, "next": last, "more": len(rows) == limit}
 
-        read_at = self.svc.clock()
-        page = await self.svc.db.read(read)
+        read_at = self.clock()
+        page = await self.db.read(read)
         if not page["more"]:
             # Only changes the log carries are covered by the catch-up (a dead ping stays for replay), and
             # only letters dead before this page was read: a later one may carry a change made since.
-            cleared = await self.svc.db.write(outbox.clear_dead_letters, peer, SYNCED_KINDS, read_at)
+            cleared = await self.db.write(outbox.clear_dead_letters, peer, SYNCED_KINDS, read_at)
             if cleared:
                 log.info("dead_letters_cleared", extra={"ev": {"peer": peer, "count": cleared,
                                                                "reason": "peer caught up through sync"}})
         return page
 
-    def _shares(self, peer: str, namespace: str) -> bool:
-        policy = self.cfg.federation.namespaces.get(namespace)
-        return policy is None or peer in policy.peers
+    def _sync_item(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow) -> dict[str, Any] | None:
+        if r.kind == "memory":
+            m = memories.get(conn, r.ref_id)
+            if m is None or m.author in omit or not self.visible_to(peer, m):
+                return None
+            return {"seq": r.seq, "kind": "memory.put", **memory_put_body(m)}
+        link = links.get(conn, r.ref_id)
+        if link is None or link.observed_by in omit:
+            return None
+        ends = memories.get_many(conn, {link.src_id, link.dst_id})
+        if len(ends) != len({link.src_id, link.dst_id}) or not all(self.visible_to(peer, m) for m in ends.values()):
+            return None
+        return {"seq": r.seq, "kind": "link.put", **link_wire(link)}
+
+    # ---- catch-up: pulling ----------------------------------------------------------------
 
     async def apply_sync_items(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
         """Apply one pulled page (memories first, so links find their memories).
 
-        ``outcome.retry`` counts items that could not be stored now (storage trouble, a link whose memory
-        is not here yet); the caller then keeps its place in the peer's log and fetches them again.
+        An item that cannot be stored now (storage trouble, a link whose memory is not here yet) is kept
+        in ``sync_pending`` and retried on the next rounds (``retry_pending``), so the cursor moves on.
         """
         outcome = SyncOutcome()
-        items = [i for i in items if isinstance(i, dict)]
-        for item in sorted(items, key=lambda i: i.get("kind") != "memory.put"):
-            payload = {k: v for k, v in item.items() if k != "seq"}
-            try:
-                validate_payload(payload)
-                if payload["kind"] == "memory.put":
-                    code = await self.apply_memory(payload["memory"], peer)
-                else:
-                    code = await self.apply_link(payload, peer)
-            except ProtocolError as e:
-                code = e.code
-            except StorageError as e:
-                code = e.code
-                outcome.retry += 1
-            else:
-                if code in RETRYABLE_REJECT_CODES:
-                    outcome.retry += 1
-            outcome[code or "applied"] += 1
+        good = [i for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)]
+        for item in sorted(good, key=lambda i: i.get("kind") != "memory.put"):
+            await self._apply_sync_item(peer, item, outcome)
         return outcome
 
+    async def retry_pending(self, peer: str) -> SyncOutcome:
+        """Apply again the items from ``peer`` that could not be applied on earlier rounds."""
+        outcome = SyncOutcome()
+        waiting = await self.db.read(changelog.pending, peer, PENDING_RETRY_MAX)
+        for p in sorted(waiting, key=lambda p: p.kind != "memory.put"):
+            try:
+                item = cbor2.loads(p.item)
+            except (cbor2.CBORDecodeError, ValueError):
+                await self.db.write(changelog.drop_pending, peer, p.seq)
+                continue
+            await self._apply_sync_item(peer, item, outcome)
+        return outcome
 
-class SyncOutcome(Counter):
-    """How a pulled page's items went, by code; ``retry`` counts those to fetch again."""
+    async def _apply_sync_item(self, peer: str, item: dict[str, Any], outcome: SyncOutcome) -> None:
+        payload = {k: v for k, v in item.items() if k != "seq"}
+        try:
+            applied = await self.apply_payload(payload, peer)
+        except ProtocolError as e:
+            applied, retryable = Applied(e.code), False
+        except StorageError as e:
+            applied, retryable = Applied(e.code), True
+        else:
+            retryable = applied.code in RETRYABLE_REJECT_CODES
+        if applied.code is not None and retryable:
+            await self._note_pending(peer, item, applied.code, outcome)
+            return
+        await self.db.write(changelog.drop_pending, peer, item["seq"])
+        outcome[applied.code or ("applied" if applied.changed else "unchanged")] += 1
 
-    retry: int = 0
+    async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
+        kind = str(item.get("kind"))
+        ref = item.get("memory", {}).get("id") if kind == "memory.put" else item.get("link", {}).get("src_id")
+        pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref), code,
+                                      cbor2.dumps(item), self.cfg.federation.sync_park_after, self.clock())
+        if pending.parked:
+            outcome["parked"] += 1
+            log.warning("sync_item_parked", extra={"ev": {"peer": peer, "seq": item["seq"], "kind": kind,
+                                                          "code": code, "rounds": pending.rounds}})
+        else:
+            outcome["pending"] += 1
+
+
+class SyncOutcome(Counter[str]):
+    """How a pulled page's items went, by code: ``applied`` changed something, ``unchanged`` did not,
+    ``pending`` will be retried next round, ``parked`` gave up after ``sync_park_after`` rounds."""
+
+
+def _against_stored(stored: MemoryRow | None, m: dict[str, Any], step: int) -> str | None:
+    """Why version ``m`` may not follow ``stored`` (a remote write never changes origin or namespace)."""
+    if stored is None:
+        return "version_out_of_range" if m["version"] > step else None
+    if stored.origin != m["origin"]:
+        return "origin_mismatch"
+    if stored.namespace != m["namespace"]:
+        return "namespace_mismatch"
+    if m["version"] > stored.version + step:
+        return "version_out_of_range"
+    return None
+
+
+def memory_wire_fields(row: MemoryRow) -> dict[str, Any]:
+    return {f: getattr(row, f) for f in attest.MEMORY_SIGNED_FIELDS}
+
+
+def _memory_row(body: dict[str, Any], level: AttestLevel, sender: str) -> MemoryRow:
+    m = body["memory"]
+    attested = level is AttestLevel.PEER_ATTESTED
+    share = body.get("share_with")
+    return MemoryRow(id=m["id"], namespace=m["namespace"], title=m["title"], content=m["content"],
+                     tags=tuple(m["tags"]), priority=m["priority"], confidence=float(m["confidence"]),
+                     source=m["source"], origin=m["origin"], writer=m["writer"], version=m["version"],
+                     created_at=m["created_at"], updated_at=m["updated_at"],
+                     signature=body["signature"] if attested else None,
+                     signed_by=body["signed_by"] if attested else None, attest_level=str(level),
+                     share_with=None if share is None else tuple(share), received_from=sender)
+
+
+def _keep_narrower(row: MemoryRow, stored: MemoryRow) -> MemoryRow:
+    """Who may see a memory never widens on a later version: a relay cannot lift a restriction."""
+    if row.share_with is None:
+        return replace(row, share_with=stored.share_with)
+    assert stored.share_with is not None
+    return replace(row, share_with=tuple(a for a in row.share_with if a in stored.share_with))
+

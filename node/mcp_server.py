@@ -101,8 +101,9 @@ def render(name: str, result: JSON) -> str:
     elif name == "memory_link":
         head = f"link {result.get('link_id')} ({result.get('attest_level')})"
     elif name == "memory_verify":
-        head = f"link {result.get('link_id')}: " + ("verified" if result.get("signature_verified")
-                                                   else f"NOT verified ({result.get('reason')})")
+        what = f"link {result['link_id']}" if "link_id" in result else f"memory {result.get('memory_id')}"
+        head = f"{what}: " + ("verified" if result.get("signature_verified")
+                              else f"NOT verified ({result.get('reason')})")
     else:
         head = name
     return head + "\n" + orjson.dumps(result).decode()
@@ -130,9 +131,9 @@ async def open_backend(cfg: NodeConfig) -> tuple[ToolBackend, dict[str, Any], An
     else:
         return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path)}, client.close
 
-    from node.service import Service
+    from node.assemble import open_service
 
-    service = await Service.open(cfg)
+    service = await open_service(cfg)
     return ServiceBackend(service), {"transport": "stdio", "mode": "embedded"}, service.close
 
 

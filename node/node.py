@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import cbor2
@@ -25,6 +26,7 @@ from mesh.errors import MeshError
 from mesh.link import LinkState, PeerLink
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
+from node.assemble import federation_of, open_service
 from node.config import NodeConfig
 from node.outbox import OutboxSender
 from node.peers import peer_rows
@@ -44,7 +46,7 @@ class Node:
         self.cfg = cfg
         self.svc = service
         self.started_at = time.time()
-        self.fed = service.federation
+        self.fed = federation_of(service)
         self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size)
         ident = service.identity
         assert ident is not None
@@ -62,14 +64,18 @@ class Node:
         }
         self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
                                    self.fed.record_ack)
-        service.outbox_wake = self.sender.wake
+        self.fed.on_enqueued = self.sender.wake
         service.runtime = self
         self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
-                                             health=self.health, sync=self.fed.sync_page),
+                                             health=self.health, sync=self.fed.sync_page, member=self.is_member),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
         self._sync_wanted = {peer: asyncio.Event() for peer in self.links}
         self.sync_stats: Counter[str] = Counter()
         self.extra_services: list[Any] = []
+
+    def is_member(self, agent_id: str) -> bool:
+        """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
+        return self.cfg.mesh.trust == "ca" or self.svc.keyring.is_member(agent_id)
 
     def pinned_keys(self) -> dict:
         """Keys certificates must match: every trusted peer's, and our own (a CA-issued certificate naming
@@ -79,7 +85,7 @@ class Node:
 
     @classmethod
     async def open(cls, cfg: NodeConfig) -> Node:
-        svc = await Service.open(cfg, require_identity=True)
+        svc = await open_service(cfg, require_identity=True)
         try:
             return cls(cfg, svc)
         except BaseException:
@@ -90,6 +96,7 @@ class Node:
 
     async def run(self, stop: asyncio.Event) -> None:
         port = await self.server.start()
+        self._warn_unpinned_peers()
         for peer, link in self.links.items():
             link.on_up(lambda peer=peer: (self.sender.wake(peer), self._sync_wanted[peer].set()))
         try:
@@ -111,6 +118,15 @@ class Node:
             await self.svc.close()
             self._status_path.unlink(missing_ok=True)
             log.info("node_stopped", extra={"ev": {}})
+
+    def _warn_unpinned_peers(self) -> None:
+        for peer in self.links:
+            if peer not in self.svc.peer_keys:
+                log.warning("peer_without_pub", extra={"ev": {
+                    "peer": peer, "trust": self.cfg.mesh.trust,
+                    "effect": ("its connections are refused (not_a_member) and its links cannot be pinned; import "
+                               "its .pub with `ai-memory identity import`") if self.cfg.mesh.trust == "pinned"
+                    else "trusted on the mesh CA alone; its signatures cannot be verified (unsigned)"}})
 
     async def _drain(self, sender: asyncio.Task, peer_tasks: list[asyncio.Task]) -> None:
         """Stop accepting, let in-flight sends finish (bounded), then close links and stop their tasks."""
@@ -180,31 +196,35 @@ class Node:
                 log.warning("sync_failed", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
 
     async def pull(self, peer: str) -> int:
-        """Apply the peer's changes since our last sync seq; returns how many items were applied."""
+        """Retry what earlier rounds could not apply, then apply the peer's changes since our last sync seq.
+
+        The cursor always moves on: an item that cannot be applied yet waits in ``sync_pending`` and is
+        parked after ``federation.sync_park_after`` rounds. Writers we are linked to directly are skipped
+        (we get their changes from them). Returns how many items changed something here.
+        """
         link = self.links[peer]
+        outcome = await self.fed.retry_pending(peer)
         state = await self.svc.db.read(changelog.get_peer_state, peer)
         since = state.last_sync_seq if state else 0
-        applied = 0
+        skip = " ".join(sorted(p for p, other in self.links.items() if p != peer and other.state is LinkState.UP))
         for _ in range(SYNC_MAX_PAGES):
-            body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit},
+            body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit,
+                                                "skip": skip},
                                     timeout_s=max(self.cfg.a2a.ack_timeout_s, 10.0))
             page = cbor2.loads(body)
             if not isinstance(page, dict) or not isinstance(page.get("items"), list) \
                     or not isinstance(page.get("next"), int) or not isinstance(page.get("more"), bool):
                 raise MeshError("bad_sync_page", f"{peer} answered a sync page of the wrong shape")
-            outcome = await self.fed.apply_sync_items(peer, page["items"])
-            applied += sum(outcome.values())
-            self.sync_stats.update(outcome)
-            if outcome.retry:
-                # Something could not be stored now: keep our place, so the next round fetches it again.
-                log.warning("sync_incomplete", extra={"ev": {"peer": peer, "since": since, "retry": outcome.retry}})
-                break
-            since = page["next"]
-            await self.svc.db.write(lambda conn: changelog.set_peer_state(conn, peer, last_sync_seq=since))
+            outcome.update(await self.fed.apply_sync_items(peer, page["items"]))
+            if page["next"] > since:
+                since = page["next"]
+                await self.svc.db.write(partial(changelog.set_peer_state, peer=peer, last_sync_seq=since))
             if not page["more"]:
                 break
-        log.info("synced", extra={"ev": {"peer": peer, "items": applied, "last_sync_seq": since}})
-        return applied
+        self.sync_stats.update(outcome)
+        level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] else logging.DEBUG
+        log.log(level, "synced", extra={"ev": {"peer": peer, "last_sync_seq": since, **outcome}})
+        return outcome["applied"]
 
     # ---- live state -----------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ async def peer_rows(svc: Any, links: dict[str, Any] | None = None,
     def read(conn) -> dict[str, Any]:
         return {"states": {s.peer: s for s in changelog.list_peer_states(conn)},
                 "depth": {p: outbox.depth(conn, p) for p in names},
-                "dead": {p: outbox.dead_letter_count(conn, p) for p in names}}
+                "dead": {p: outbox.dead_letter_count(conn, p) for p in names},
+                "parked": {p: changelog.parked_count(conn, p) for p in names}}
 
     data = await svc.db.read(read)
     now = time.time()
@@ -42,5 +43,7 @@ async def peer_rows(svc: Any, links: dict[str, Any] | None = None,
             "last_ack_age_s": round(now - last_ack, 3) if last_ack else None,
             "outbox_depth": data["depth"][p], "in_flight": sender.inflight(p) if sender else 0,
             "dead_letters": data["dead"][p], "last_sync_seq": state.last_sync_seq if state else 0,
+            # Sync items from this peer given up on after federation.sync_park_after rounds.
+            "parked": data["parked"][p],
         })
     return out

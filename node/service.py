@@ -9,96 +9,73 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, replace
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from mesh import keys as mesh_keys
-from mesh.errors import MeshError
 from node import attest
-from node.attest import AttestLevel, LinkPayload
+from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
+from node.trust import Keyring
+from node.wire import link_dict, link_wire, memory_dict, memory_put_body
 from storage import changelog, events, links, memories, outbox
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
 
 Clock = Callable[[], int]
+Queued = list[tuple[str, str]]
+# SQLite INTEGER is signed 64-bit: a version or time at the top cannot be moved past.
+INT64_MAX = 2**63 - 1
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Service:
-    """Operations on one node's store. Create with ``await Service.open(cfg)``; close with ``close()``."""
+class Replicator(Protocol):
+    """What the service needs of federation: enqueue a change in the write's transaction, wake the
+    sender after the commit, wait for a write quorum, and close."""
 
-    def __init__(self, cfg: NodeConfig, db: Database, identity: mesh_keys.Identity | None,
-                 *, clock: Clock = now_ms) -> None:
+    def enqueue(self, conn: Any, payload: dict[str, Any], namespaces: Sequence[str], ts: int) -> Queued: ...
+
+    def wake(self) -> None: ...
+
+    def await_quorum(self, queued: Queued, namespaces: Sequence[str]) -> Awaitable[int]: ...
+
+    def close(self) -> None: ...
+
+
+class Service:
+    """Operations on one node's store. Built by ``node.assemble.open_service(cfg)``; close with ``close()``."""
+
+    def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, *, clock: Clock = now_ms,
+                 replicator: Replicator | None = None) -> None:
         self.cfg = cfg
         self.db = db
-        self.identity = identity
+        self.keyring = keyring
+        self.identity = keyring.identity
         self.clock = clock
-        self._peer_keys: dict[str, Ed25519PublicKey] = {}
-        self._peers_stamp: tuple[int, int] | None = None
-        self.reload_peer_keys()
-        # Set by the node when federation runs: ``replicate`` is called inside each write transaction,
-        # ``outbox_wake`` after its commit, ``await_quorum`` to wait for peer ACKs.
-        self.replicate: Callable[..., list[tuple[str, str]]] | None = None
-        self.outbox_wake: Callable[[], None] | None = None
-        self.await_quorum: Callable[[list[tuple[str, str]], str], Awaitable[int]] | None = None
-        self.federation: Any = None
+        self.replicator = replicator
         # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
         self.runtime: Any = None
 
-    @classmethod
-    async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
-        identity = load_node_identity(cfg, required=require_identity)
-        db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
-                                 synchronous=cfg.storage.synchronous)
-        svc = cls(cfg, db, identity, clock=clock)
-        # Writes replicate whichever process makes them (node or CLI): the outbox is in the database.
-        from node.federation import Federation
-        svc.federation = Federation(svc)
-        return svc
-
     async def close(self) -> None:
-        if self.federation is not None:
-            self.federation.close()
+        if self.replicator is not None:
+            self.replicator.close()
         await self.db.close()
 
     @property
     def agent_id(self) -> str:
-        if self.identity is not None:
-            return self.identity.agent_id
-        return self.cfg.agent_id or "anonymous"
+        return self.keyring.agent_id
 
     @property
     def peer_keys(self) -> dict[str, Ed25519PublicKey]:
         """Trusted peer keys, re-read when <home>/peers changes (an `identity import` takes effect live)."""
-        if self._stamp() != self._peers_stamp:
-            self.reload_peer_keys()
-        return self._peer_keys
-
-    def _stamp(self) -> tuple[int, int] | None:
-        try:
-            st = self.cfg.peers_dir.stat()
-        except FileNotFoundError:
-            return None
-        return st.st_mtime_ns, st.st_ino
-
-    def reload_peer_keys(self) -> None:
-        self._peers_stamp = self._stamp()
-        keys, _bad = mesh_keys.load_peer_keys(self.cfg.peers_dir)
-        self._peer_keys = keys
-
-    def key_for(self, agent_id: str) -> Ed25519PublicKey | None:
-        """The public key this node trusts for ``agent_id``: its own, or a peer's .pub."""
-        if self.identity is not None and agent_id == self.identity.agent_id:
-            return self.identity.public_key
-        return self.peer_keys.get(agent_id)
+        return self.keyring.peer_keys
 
     # ---- memories -------------------------------------------------------------------------
 
@@ -106,25 +83,26 @@ class Service:
                            tags: Sequence[str] = (), priority: int = 5, confidence: float = 1.0,
                            source: str = "") -> dict[str, Any]:
         """Store a new memory; returns it with its minted UUIDv4 ``id`` and times in unix ms."""
-        self._check_memory_fields(content, title, namespace, tags, priority, confidence, source)
+        check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
         self._check_db_budget()
         ts = self.clock()
-        row = MemoryRow(id=str(uuid.uuid4()), namespace=namespace, title=title, content=content,
-                        tags=tuple(tags), priority=priority, confidence=float(confidence), source=source,
-                        origin=self.agent_id, version=1, created_at=ts, updated_at=ts)
+        row = self._signed(MemoryRow(
+            id=str(uuid.uuid4()), namespace=namespace, title=title, content=content, tags=tuple(tags),
+            priority=priority, confidence=float(confidence), source=source, origin=self.agent_id,
+            writer=self.agent_id, version=1, created_at=ts, updated_at=ts, share_with=self._share_with(namespace)))
 
-        def write(conn):
+        def write(conn: Any) -> Queued:
             memories.insert(conn, row)
-            changelog.append(conn, "memory", row.id, row.version, ts)
-            return self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, namespace, ts)
+            return self._record_version(conn, row, ts)
 
         queued = await self.db.write(write)
-        return {**memory_dict(row), **await self._after_write(queued, namespace)}
+        return {**memory_dict(row), **await self._after_write(queued, [namespace])}
 
     async def memory_update(self, memory_id: str, *, content: str | None = None, title: str | None = None,
                             tags: Sequence[str] | None = None, priority: int | None = None,
                             confidence: float | None = None, source: str | None = None) -> dict[str, Any]:
-        """Change the given fields; bumps ``version`` and ``updated_at`` (unix ms) and replicates the new version."""
+        """Change the given fields as a new signed version (version + 1, ``updated_at`` in unix ms) and
+        replicate it. Only the memory's creator, or an agent its namespace's ``writers`` names, may."""
         self._check_id("id", memory_id)
         given = {k: v for k, v in {"content": content, "title": title, "tags": tags, "priority": priority,
                                    "confidence": confidence, "source": source}.items() if v is not None}
@@ -134,17 +112,52 @@ class Service:
         if current is None:
             raise ServiceError("not_found", f"no memory with id {memory_id!r}")
         merged = {**memory_dict(current), **given}
-        self._check_memory_fields(merged["content"], merged["title"], merged["namespace"], merged["tags"],
-                                  merged["priority"], merged["confidence"], merged["source"])
+        check_memory_fields(self.cfg.limits, merged["content"], merged["title"], merged["namespace"],
+                            merged["tags"], merged["priority"], merged["confidence"], merged["source"])
         ts = self.clock()
 
-        def write(conn):
-            row = memories.update(conn, memory_id, origin=self.agent_id, updated_at=ts, **given)
-            changelog.append(conn, "memory", row.id, row.version, ts)
-            return row, self._replicate(conn, "memory.put", {"memory": memory_wire(row)}, row.namespace, ts)
+        def write(conn: Any) -> tuple[MemoryRow, Queued]:
+            old = memories.get(conn, memory_id)
+            if old is None:
+                raise ServiceError("not_found", f"no memory with id {memory_id!r}")
+            self._check_may_write(old)
+            row = self._signed(memories.next_version(old, writer=self.agent_id, updated_at=ts, **given))
+            memories.overwrite(conn, row)
+            return row, self._record_version(conn, row, ts)
 
         row, queued = await self.db.write(write)
-        return {**memory_dict(row), **await self._after_write(queued, row.namespace)}
+        return {**memory_dict(row), **await self._after_write(queued, [row.namespace])}
+
+    def _signed(self, row: MemoryRow) -> MemoryRow:
+        """``row`` signed by this node's key (self_signed), or left unsigned when the node has no key."""
+        if self.identity is None:
+            return replace(row, signature=None, signed_by=None, attest_level=str(AttestLevel.UNSIGNED))
+        signature = attest.sign(self.identity.private_key, MemoryPayload.of(row))
+        return replace(row, signature=signature, signed_by=self.agent_id, attest_level=str(AttestLevel.SELF_SIGNED))
+
+    def _record_version(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
+        """In the write's transaction: the audit event, the change-log entry and the outbox rows."""
+        events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, ts)
+        changelog.append(conn, "memory", row.id, row.version, ts)
+        return self._replicate(conn, "memory.put", memory_put_body(row), [row.namespace], ts)
+
+    def _check_may_write(self, old: MemoryRow) -> None:
+        """Versions of a memory are written by its creator or by a writer its namespace names; and a
+        version or time at the int64 top (stored before inbound bounds existed) cannot be moved past."""
+        policy = self.cfg.federation.namespaces.get(old.namespace)
+        if self.agent_id != old.origin and (policy is None or self.agent_id not in policy.writers):
+            raise ServiceError("writer_not_allowed",
+                               f"memory {old.id!r} was created by {old.origin!r}; namespace {old.namespace!r} "
+                               f"names no other writers, so its peers would refuse a version written here")
+        if old.version >= INT64_MAX or old.updated_at >= INT64_MAX:
+            raise ServiceError("version_exhausted",
+                               f"memory {old.id!r} is at version {old.version}, updated_at {old.updated_at}: "
+                               "no later version can be stored")
+
+    def _share_with(self, namespace: str) -> tuple[str, ...] | None:
+        """The namespace's peer list (with this node) when it is restricted; travels with its memories."""
+        policy = self.cfg.federation.namespaces.get(namespace)
+        return None if policy is None else tuple(sorted({*policy.peers, self.agent_id}))
 
     async def memory_get(self, memory_id: str) -> dict[str, Any]:
         self._check_id("id", memory_id)
@@ -186,7 +199,7 @@ class Service:
             raise ServiceError("too_large",
                                f"relation is {len(relation)} chars, the limit is {self.cfg.limits.max_relation_chars}")
         if confidence is not None:
-            self._check_confidence(confidence)
+            check_confidence(confidence)
         ts = self.clock()
         try:
             payload = LinkPayload(src_id=src_id, dst_id=dst_id, relation=relation, observed_by=self.agent_id,
@@ -202,45 +215,58 @@ class Service:
                       attest_level=str(level), signed_by=self.agent_id if signature else None,
                       received_from=None, created_at=ts)
 
-        def write(conn):
-            found = memories.exists(conn, {src_id, dst_id})
-            missing = sorted({src_id, dst_id} - found)
+        def write(conn: Any) -> tuple[list[str], Queued]:
+            ends = memories.get_many(conn, {src_id, dst_id})
+            missing = sorted({src_id, dst_id} - set(ends))
             if missing:
                 raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
             links.insert(conn, row)
             events.append(conn, "link", row.link_id, self.agent_id, row.link_id, signature, ts)
             changelog.append(conn, "link", row.link_id, 1, ts)
-            namespace = memories.get(conn, src_id).namespace
-            return namespace, self._replicate(conn, "link.put", link_wire(row), namespace, ts)
+            # A link goes only where both of its ends go.
+            namespaces = sorted({ends[src_id].namespace, ends[dst_id].namespace})
+            return namespaces, self._replicate(conn, "link.put", link_wire(row), namespaces, ts)
 
-        namespace, queued = await self.db.write(write)
-        return {**link_dict(row), **await self._after_write(queued, namespace)}
+        namespaces, queued = await self.db.write(write)
+        return {**link_dict(row), **await self._after_write(queued, namespaces)}
 
-    async def memory_verify(self, link_id: str) -> dict[str, Any]:
-        """Re-derive the signed payload from the stored row and check link_id and signature."""
-        self._check_id("link_id", link_id)
-        row = await self.db.read(links.get, link_id)
-        if row is None:
-            raise ServiceError("not_found", f"no link with id {link_id!r}")
-        verified, reason = self._verify_row(row)
-        return {"link_id": row.link_id, "signature_verified": verified, "attest_level": row.attest_level,
-                "signed_by": row.signed_by, "signed_at": row.valid_from if row.signature else None,
-                "reason": reason}
+    async def memory_verify(self, id: str) -> dict[str, Any]:
+        """Re-derive the signed payload from the stored row (a link by link_id, a memory's current version
+        by memory id) and check its id and signature against the signer's keyring."""
+        self._check_id("id", id)
+        link = await self.db.read(links.get, id)
+        if link is not None:
+            verified, reason = self._verify_link_row(link)
+            return {"link_id": link.link_id, "signature_verified": verified, "attest_level": link.attest_level,
+                    "signed_by": link.signed_by, "signed_at": link.valid_from if link.signature else None,
+                    "reason": reason}
+        memory = await self.db.read(memories.get, id)
+        if memory is None:
+            raise ServiceError("not_found", f"no link or memory with id {id!r}")
+        verified, reason = self._verify_signature(MemoryPayload.of(memory), memory.signature, memory.signed_by,
+                                                  "memory version")
+        return {"memory_id": memory.id, "version": memory.version, "signature_verified": verified,
+                "attest_level": memory.attest_level, "signed_by": memory.signed_by,
+                "signed_at": memory.updated_at if memory.signature else None, "reason": reason}
 
-    def _verify_row(self, row: LinkRow) -> tuple[bool, str | None]:
+    def _verify_link_row(self, row: LinkRow) -> tuple[bool, str | None]:
         try:
             payload = LinkPayload.from_mapping(asdict(row))
         except attest.AttestError as e:
             return False, f"stored row no longer forms a valid payload: {e.message}"
         if payload.link_id != row.link_id:
             return False, "stored fields do not hash to the link_id (row altered)"
-        if row.signature is None or row.signed_by is None:
-            return False, "link is unsigned"
-        key = self.key_for(row.signed_by)
-        if key is None:
-            return False, f"signer {row.signed_by!r} is not a trusted key on this node"
-        if not attest.verify(key, payload, row.signature):
-            return False, "signature does not verify against the signer's key"
+        return self._verify_signature(payload, row.signature, row.signed_by, "link")
+
+    def _verify_signature(self, payload: LinkPayload | MemoryPayload, signature: bytes | None,
+                          signed_by: str | None, what: str) -> tuple[bool, str | None]:
+        if signature is None or signed_by is None:
+            return False, f"{what} is unsigned"
+        keys = self.keyring.keys_for(signed_by)
+        if not keys:
+            return False, f"signer {signed_by!r} is not a trusted key on this node"
+        if not attest.verify_any(keys, payload, signature):
+            return False, "signature does not verify against the signer's keys (row altered or forged)"
         return True, None
 
     async def links_list(self, *, attest_level: str | None = None, limit: int = 50,
@@ -269,8 +295,10 @@ class Service:
 
     async def capabilities(self) -> dict[str, Any]:
         """Honest live state: only what this process actually does and holds right now."""
-        def read(conn) -> dict[str, Any]:
+        def read(conn: Any) -> dict[str, Any]:
             return {"links": links.counts_by_attest_level(conn), "memories": memories.count(conn),
+                    "memories_by_attest_level": memories.counts_by_attest_level(conn),
+                    "sync_parked": changelog.parked_count(conn),
                     "outbox_depth": outbox.depth(conn), "dead_letters": outbox.dead_letter_count(conn),
                     "change_log_seq": changelog.last_seq(conn), "counters": changelog.all_counters(conn)}
 
@@ -282,7 +310,10 @@ class Service:
             "key_fingerprint": self.identity.fingerprint if self.identity else None,
             "signing": self.identity is not None,
             "memories": stored["memories"],
+            "memories_by_attest_level": stored["memories_by_attest_level"],
             "links_by_attest_level": stored["links"],
+            "sync_parked": stored["sync_parked"],
+            "mesh_trust": self.cfg.mesh.trust,
             "outbox_depth": stored["outbox_depth"],
             "dead_letters": stored["dead_letters"],
             "change_log_seq": stored["change_log_seq"],
@@ -298,110 +329,34 @@ class Service:
             caps["transports"] = self.runtime.transports()
         return caps
 
-    # ---- replication hook -----------------------------------------------------------------
+    # ---- replication --------------------------------------------------------------------
 
-    def _replicate(self, conn, kind: str, body: dict[str, Any], namespace: str, ts: int) -> list[tuple[str, str]]:
+    def _replicate(self, conn: Any, kind: str, body: dict[str, Any], namespaces: Sequence[str],
+                   ts: int) -> Queued:
         """Enqueue the change for the peers (same transaction); returns (peer, correlation_id) pairs."""
-        if self.replicate is None:
+        if self.replicator is None:
             return []
-        return self.replicate(conn, {"kind": kind, **body}, namespace, ts)
+        return self.replicator.enqueue(conn, {"kind": kind, **body}, namespaces, ts)
 
-    async def _after_write(self, queued: list[tuple[str, str]], namespace: str) -> dict[str, Any]:
+    async def _after_write(self, queued: Queued, namespaces: Sequence[str]) -> dict[str, Any]:
         """Wake the sender; with a write quorum above 1, wait for it. Returns fields for the result."""
-        if not queued:
+        if not queued or self.replicator is None:
             return {}
-        if self.outbox_wake is not None:
-            self.outbox_wake()
+        self.replicator.wake()
         result: dict[str, Any] = {"replicating_to": sorted(p for p, _ in queued)}
-        if self.await_quorum is not None and self.cfg.federation.write_quorum != 1:
-            result["acked_nodes"] = await self.await_quorum(queued, namespace)
+        if self.cfg.federation.write_quorum != 1:
+            result["acked_nodes"] = await self.replicator.await_quorum(queued, namespaces)
         return result
 
     # ---- validation -----------------------------------------------------------------------
 
-    def _check_memory_fields(self, content: Any, title: Any, namespace: Any, tags: Any, priority: Any,
-                             confidence: Any, source: Any) -> None:
-        lim = self.cfg.limits
-        if not isinstance(content, str) or not content.strip():
-            raise ServiceError("content_empty", "content must be a non-empty string")
-        size = len(content.encode("utf-8"))
-        if size > lim.max_content_bytes:
-            raise ServiceError("too_large", f"content is {size} bytes, the limit is {lim.max_content_bytes}")
-        _check_text("title", title, lim.max_title_chars, allow_empty=True)
-        _check_text("namespace", namespace, lim.max_namespace_chars, allow_empty=False)
-        _check_text("source", source, lim.max_source_chars, allow_empty=True)
-        if isinstance(tags, str) or not isinstance(tags, Sequence):
-            raise ServiceError("bad_input", f"tags must be a list of strings, got {tags!r}")
-        if len(tags) > lim.max_tags:
-            raise ServiceError("too_large", f"{len(tags)} tags, the limit is {lim.max_tags}")
-        for t in tags:
-            _check_text("tag", t, lim.max_tag_chars, allow_empty=False)
-        if not isinstance(priority, int) or isinstance(priority, bool) or not 1 <= priority <= 10:
-            raise ServiceError("bad_input", f"priority must be an integer 1..10, got {priority!r}")
-        self._check_confidence(confidence)
-
     def _check_db_budget(self) -> None:
-        """Refuse new memories once the database (with its WAL) is past ``limits.max_db_bytes``."""
-        path = self.cfg.db_path
-        size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
-        if size > self.cfg.limits.max_db_bytes:
-            raise ServiceError("storage_full", f"the database holds {size} bytes, past limits.max_db_bytes "
-                                               f"({self.cfg.limits.max_db_bytes}); new memories are refused")
-
-    @staticmethod
-    def _check_confidence(confidence: Any) -> None:
-        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
-            raise ServiceError("bad_input", f"confidence must be a number in 0..1, got {confidence!r}")
+        check_db_budget(self.cfg)
 
     def _check_id(self, name: str, value: Any) -> None:
-        _check_text(name, value, self.cfg.limits.max_id_chars, allow_empty=False)
+        check_text(name, value, self.cfg.limits.max_id_chars, allow_empty=False)
 
     def _check_limit(self, limit: Any) -> None:
         top = self.cfg.limits.max_recall_limit
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= top:
             raise ServiceError("bad_input", f"limit must be an integer 1..{top}, got {limit!r}")
-
-
-def _check_text(name: str, value: Any, max_chars: int, *, allow_empty: bool) -> None:
-    if not isinstance(value, str):
-        raise ServiceError("bad_input", f"{name} must be a string, got {value!r}")
-    if not allow_empty and not value.strip():
-        raise ServiceError("bad_input", f"{name} must not be empty")
-    if len(value) > max_chars:
-        raise ServiceError("too_large", f"{name} is {len(value)} chars, the limit is {max_chars}")
-    if any(ord(c) < 32 and c not in "\t\n\r" for c in value):
-        raise ServiceError("bad_input", f"{name} contains control characters")
-
-
-def load_node_identity(cfg: NodeConfig, *, required: bool) -> mesh_keys.Identity | None:
-    """The node's identity from <home>/keys (by cfg.agent_id when set); None when absent and not required."""
-    try:
-        return mesh_keys.load_identity(cfg.keys_dir, cfg.agent_id or None)
-    except MeshError as e:
-        if e.code == "no_identity" and not required:
-            return None
-        raise
-
-
-def memory_dict(row: MemoryRow) -> dict[str, Any]:
-    d = asdict(row)
-    d["tags"] = list(row.tags)
-    return d
-
-
-def memory_wire(row: MemoryRow) -> dict[str, Any]:
-    return memory_dict(row)
-
-
-def link_dict(row: LinkRow) -> dict[str, Any]:
-    d = asdict(row)
-    d["signature"] = row.signature.hex() if row.signature else None
-    return d
-
-
-def link_wire(row: LinkRow) -> dict[str, Any]:
-    """The link.put body: the six signed fields, the raw 64-byte signature and the signer."""
-    link = {f: getattr(row, f) for f in attest.SIGNED_FIELDS}
-    if row.confidence is not None:
-        link["confidence"] = row.confidence
-    return {"link": link, "signature": row.signature, "signed_by": row.signed_by}

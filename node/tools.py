@@ -111,8 +111,10 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
                        "confidence": confidence},
                       ("src_id", "dst_id", "relation"))),
         ToolSpec("memory_verify",
-                 "Re-derive a stored link's signed payload and check its signature; signed_at is unix ms.",
-                 _obj({"link_id": _text("link id (hex SHA-256)", lim.max_id_chars, min_chars=1)}, ("link_id",))),
+                 "Re-derive a stored link's (link_id) or a memory's current version's (memory_id) signed payload "
+                 "and check its signature against the signer's keys; give exactly one; signed_at is unix ms.",
+                 _obj({"link_id": _text("link id (hex SHA-256)", lim.max_id_chars, min_chars=1),
+                       "memory_id": _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)}, ())),
         ToolSpec("memory_peers", "List the peers this node trusts, with what it knows of each right now.", _obj({})),
         ToolSpec("memory_capabilities",
                  "Report this node's live state: schema version, key, attest counts, limits in force.", _obj({})),
@@ -200,7 +202,10 @@ class ServiceBackend:
             case "memory_link":
                 return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
             case "memory_verify":
-                return await s.memory_verify(args["link_id"])
+                given = [args[k] for k in ("link_id", "memory_id") if k in args]
+                if len(given) != 1:
+                    raise ServiceError("bad_input", "give exactly one of link_id or memory_id")
+                return await s.memory_verify(given[0])
             case "memory_peers":
                 return await s.peers()
             case "memory_capabilities":

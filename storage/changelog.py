@@ -80,3 +80,60 @@ def get_counter(conn: sqlite3.Connection, name: str) -> int:
 
 def all_counters(conn: sqlite3.Connection) -> dict[str, int]:
     return dict(conn.execute("SELECT name, value FROM counters ORDER BY name"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PendingItem:
+    """A sync item pulled from ``peer`` that could not be applied yet (``item`` is its CBOR bytes)."""
+
+    peer: str
+    seq: int
+    kind: str
+    ref_id: str
+    code: str
+    rounds: int
+    item: bytes
+    parked: bool
+
+
+def note_pending(conn: sqlite3.Connection, peer: str, seq: int, kind: str, ref_id: str, code: str, item: bytes,
+                 park_after: int, now_ms: int) -> PendingItem:
+    """Count one more failed round for a sync item; it is parked once it failed ``park_after`` rounds."""
+    conn.execute(
+        "INSERT INTO sync_pending (peer, seq, kind, ref_id, code, rounds, item, parked, updated_at) "
+        "VALUES (?,?,?,?,?,1,?,0,?) ON CONFLICT (peer, seq) DO UPDATE SET rounds = rounds + 1, "
+        "code = excluded.code, updated_at = excluded.updated_at",
+        (peer, seq, kind, ref_id, code, item, now_ms))
+    conn.execute("UPDATE sync_pending SET parked = 1 WHERE peer = ? AND seq = ? AND rounds >= ?",
+                 (peer, seq, park_after))
+    row = _pending(conn, "WHERE peer = ? AND seq = ?", (peer, seq))
+    return row[0]
+
+
+def pending(conn: sqlite3.Connection, peer: str, limit: int) -> list[PendingItem]:
+    """Items from ``peer`` still to retry (not parked), oldest first."""
+    return _pending(conn, "WHERE peer = ? AND parked = 0 ORDER BY seq LIMIT ?", (peer, limit))
+
+
+def parked(conn: sqlite3.Connection, peer: str | None = None, limit: int = 100) -> list[PendingItem]:
+    if peer is None:
+        return _pending(conn, "WHERE parked = 1 ORDER BY peer, seq LIMIT ?", (limit,))
+    return _pending(conn, "WHERE peer = ? AND parked = 1 ORDER BY seq LIMIT ?", (peer, limit))
+
+
+def drop_pending(conn: sqlite3.Connection, peer: str, seq: int) -> None:
+    conn.execute("DELETE FROM sync_pending WHERE peer = ? AND seq = ?", (peer, seq))
+
+
+def parked_count(conn: sqlite3.Connection, peer: str | None = None) -> int:
+    if peer is None:
+        n = conn.execute("SELECT count(*) FROM sync_pending WHERE parked = 1").fetchone()[0]
+    else:
+        n = conn.execute("SELECT count(*) FROM sync_pending WHERE parked = 1 AND peer = ?", (peer,)).fetchone()[0]
+    return int(n)
+
+
+def _pending(conn: sqlite3.Connection, where: str, args: tuple[object, ...]) -> list[PendingItem]:
+    rows = conn.execute("SELECT peer, seq, kind, ref_id, code, rounds, item, parked FROM sync_pending " + where, args)
+    return [PendingItem(peer=r[0], seq=r[1], kind=r[2], ref_id=r[3], code=r[4], rounds=r[5], item=bytes(r[6]),
+                        parked=bool(r[7])) for r in rows]

@@ -21,12 +21,13 @@ import re
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from storage.errors import StorageError
 
 _COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, origin, "
-            "version, created_at, updated_at")
+            "version, created_at, updated_at, writer, signature, signed_by, attest_level, share_with, received_from")
+_MARKS = ",".join("?" * len(_COLUMNS.split(",")))
 # Letters and digits only: '_' and punctuation are separators for FTS5's unicode61 tokenizer too.
 _WORD = re.compile(r"[^\W_]+")
 # Bounds the cost of a pasted paragraph: the first words carry the intent.
@@ -48,30 +49,50 @@ class MemoryRow:
     priority: int = 5
     confidence: float = 1.0
     source: str = ""
-    origin: str                 # agent_id of the writer of this version
+    origin: str                 # agent_id of the memory's creator; the same for every version
     version: int = 1
     created_at: int             # unix ms
     updated_at: int             # unix ms
+    writer: str = ""            # agent_id that wrote this version ("" = the origin)
+    signature: bytes | None = None   # Ed25519 by the writer over the canonical version payload
+    signed_by: str | None = None
+    attest_level: str = "unsigned"
+    share_with: tuple[str, ...] | None = None  # agents the origin shares the namespace with; None = all
+    received_from: str | None = None            # peer this version arrived from; None = written here
+
+    def __post_init__(self) -> None:
+        if not self.writer:
+            object.__setattr__(self, "writer", self.origin)
+
+    @property
+    def author(self) -> str:
+        """Who wrote this version."""
+        return self.writer or self.origin
 
 
 ApplyResult = Literal["inserted", "updated", "stale", "duplicate"]
+Row = tuple[Any, ...]
 
 
-def _row(r: tuple) -> MemoryRow:
+def _row(r: Row) -> MemoryRow:
     return MemoryRow(id=r[0], namespace=r[1], title=r[2], content=r[3], tags=tuple(json.loads(r[4])),
                      priority=r[5], confidence=r[6], source=r[7], origin=r[8], version=r[9],
-                     created_at=r[10], updated_at=r[11])
+                     created_at=r[10], updated_at=r[11], writer=r[12], signature=r[13], signed_by=r[14],
+                     attest_level=r[15], share_with=None if r[16] is None else tuple(json.loads(r[16])),
+                     received_from=r[17])
 
 
-def _params(m: MemoryRow) -> tuple:
+def _params(m: MemoryRow) -> Row:
     return (m.id, m.namespace, m.title, m.content, json.dumps(list(m.tags), ensure_ascii=False),
-            m.priority, m.confidence, m.source, m.origin, m.version, m.created_at, m.updated_at)
+            m.priority, m.confidence, m.source, m.origin, m.version, m.created_at, m.updated_at,
+            m.writer or m.origin, m.signature, m.signed_by, m.attest_level,
+            None if m.share_with is None else json.dumps(list(m.share_with), ensure_ascii=False), m.received_from)
 
 
 def insert(conn: sqlite3.Connection, m: MemoryRow) -> None:
     """Insert a new memory; an existing id raises StorageError('duplicate_memory')."""
     try:
-        conn.execute(f"INSERT INTO memories ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", _params(m))
+        conn.execute(f"INSERT INTO memories ({_COLUMNS}) VALUES ({_MARKS})", _params(m))
     except sqlite3.IntegrityError as e:
         if "memories.id" in str(e):
             raise StorageError("duplicate_memory", f"a memory with id {m.id!r} already exists") from e
@@ -97,33 +118,48 @@ def list_(conn: sqlite3.Connection, namespace: str | None = None, limit: int = 5
 
 def count(conn: sqlite3.Connection, namespace: str | None = None) -> int:
     if namespace is None:
-        return conn.execute("SELECT count(*) FROM memories").fetchone()[0]
-    return conn.execute("SELECT count(*) FROM memories WHERE namespace = ?", (namespace,)).fetchone()[0]
+        n = conn.execute("SELECT count(*) FROM memories").fetchone()[0]
+    else:
+        n = conn.execute("SELECT count(*) FROM memories WHERE namespace = ?", (namespace,)).fetchone()[0]
+    return int(n)
+
+
+def counts_by_attest_level(conn: sqlite3.Connection) -> dict[str, int]:
+    return {r[0]: int(r[1]) for r in conn.execute("SELECT attest_level, count(*) FROM memories GROUP BY 1")}
 
 
 def exists(conn: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
     """The subset of ``ids`` present in the table."""
-    ids = list(dict.fromkeys(ids))
+    wanted = list(dict.fromkeys(ids))
     found: set[str] = set()
-    for i in range(0, len(ids), _CHUNK):
-        chunk = ids[i:i + _CHUNK]
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
         marks = ",".join("?" * len(chunk))
         found.update(r[0] for r in conn.execute(f"SELECT id FROM memories WHERE id IN ({marks})", chunk))
     return found
 
 
-def update(conn: sqlite3.Connection, id: str, *, origin: str, updated_at: int, title: str | None = None,
-           content: str | None = None, tags: Iterable[str] | None = None, priority: int | None = None,
-           confidence: float | None = None, source: str | None = None) -> MemoryRow:
-    """Change the given fields of a memory, bump its version and return the new row.
+def get_many(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, MemoryRow]:
+    """The stored rows among ``ids``, by id."""
+    wanted = list(dict.fromkeys(ids))
+    found: dict[str, MemoryRow] = {}
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for r in conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
+            found[r[0]] = _row(r)
+    return found
 
-    ``updated_at`` is raised to the old value + 1 ms when the clock is behind, so a local edit always
-    supersedes the version it edits under last-writer-wins. Missing id → StorageError('not_found').
+
+def next_version(old: MemoryRow, *, writer: str, updated_at: int, title: str | None = None,
+                 content: str | None = None, tags: Iterable[str] | None = None, priority: int | None = None,
+                 confidence: float | None = None, source: str | None = None) -> MemoryRow:
+    """The version after ``old`` with the given fields changed, written by ``writer``, not yet signed.
+
+    ``updated_at`` is raised to the old value + 1 ms when the clock is behind, so the new version's
+    time never goes backwards; its version is one more, so it supersedes ``old`` everywhere.
     """
-    old = get(conn, id)
-    if old is None:
-        raise StorageError("not_found", f"no memory with id {id!r}")
-    new = replace(
+    return replace(
         old,
         title=old.title if title is None else title,
         content=old.content if content is None else content,
@@ -131,33 +167,38 @@ def update(conn: sqlite3.Connection, id: str, *, origin: str, updated_at: int, t
         priority=old.priority if priority is None else priority,
         confidence=old.confidence if confidence is None else confidence,
         source=old.source if source is None else source,
-        origin=origin, version=old.version + 1, updated_at=max(updated_at, old.updated_at + 1),
+        writer=writer, version=old.version + 1, updated_at=max(updated_at, old.updated_at + 1),
+        signature=None, signed_by=None, attest_level="unsigned", received_from=None,
     )
-    _overwrite(conn, new)
-    return new
 
 
-def _overwrite(conn: sqlite3.Connection, m: MemoryRow) -> None:
+def overwrite(conn: sqlite3.Connection, m: MemoryRow) -> None:
+    """Replace the stored version of ``m.id`` with ``m`` (the caller decided it supersedes it)."""
     p = _params(m)
-    conn.execute("UPDATE memories SET namespace=?, title=?, content=?, tags=?, priority=?, confidence=?, "
-                 "source=?, origin=?, version=?, created_at=?, updated_at=? WHERE id=?", p[1:] + p[:1])
+    sets = ", ".join(f"{c.strip()}=?" for c in _COLUMNS.split(",")[1:])
+    conn.execute(f"UPDATE memories SET {sets} WHERE id=?", p[1:] + p[:1])
+
+
+def lww_key(m: MemoryRow) -> tuple[int, int, str]:
+    """Last-writer-wins order of versions: version, then updated_at (unix ms), then writer."""
+    return m.version, m.updated_at, m.author
 
 
 def apply_remote(conn: sqlite3.Connection, m: MemoryRow) -> ApplyResult:
-    """Apply a memory received from a peer, last-writer-wins on (updated_at, origin).
+    """Apply a verified memory version received from a peer, last-writer-wins on ``lww_key``.
 
-    'inserted': unknown id. 'duplicate': the same write again (same version, updated_at and origin),
-    a no-op. 'updated': the incoming write is newer and replaced the row. 'stale': the stored write
-    is newer (or ties on (updated_at, origin) with a different version); nothing changed.
+    'inserted': unknown id. 'duplicate': the same version again, a no-op. 'updated': the incoming
+    version is newer and replaced the row. 'stale': the stored version is newer; nothing changed.
+    Policy (who may write, namespaces, bounds) is the caller's: this only orders versions.
     """
     old = get(conn, m.id)
     if old is None:
         insert(conn, m)
         return "inserted"
-    if (old.version, old.updated_at, old.origin) == (m.version, m.updated_at, m.origin):
+    if lww_key(old) == lww_key(m):
         return "duplicate"
-    if (m.updated_at, m.origin) > (old.updated_at, old.origin):
-        _overwrite(conn, m)
+    if lww_key(m) > lww_key(old):
+        overwrite(conn, m)
         return "updated"
     return "stale"
 

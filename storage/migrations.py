@@ -7,6 +7,7 @@ migration twice is a no-op; each migration runs inside one transaction together 
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,24 +147,57 @@ _M2_FEDERATION = Migration(2, "federation", (
     )""",
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION)
+_M3_TRUST = Migration(3, "trust", (
+    # Signed memory versions: ``origin`` stays the creator, ``writer`` wrote this version and signed it.
+    "ALTER TABLE memories ADD COLUMN writer TEXT NOT NULL DEFAULT ''",
+    "UPDATE memories SET writer = origin WHERE writer = ''",
+    "ALTER TABLE memories ADD COLUMN signature BLOB NULL",
+    "ALTER TABLE memories ADD COLUMN signed_by TEXT NULL",
+    "ALTER TABLE memories ADD COLUMN attest_level TEXT NOT NULL DEFAULT 'unsigned' "
+    "CHECK (attest_level IN ('unsigned','self_signed','peer_attested'))",
+    # JSON list of the agents the origin shares this memory's namespace with; NULL = unrestricted.
+    "ALTER TABLE memories ADD COLUMN share_with TEXT NULL",
+    "ALTER TABLE memories ADD COLUMN received_from TEXT NULL",
+    # Sync items a pull could not apply yet: retried on later rounds, parked after federation.sync_park_after.
+    """CREATE TABLE IF NOT EXISTS sync_pending (
+        peer TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        ref_id TEXT NOT NULL,
+        code TEXT NOT NULL,
+        rounds INTEGER NOT NULL DEFAULT 1,
+        item BLOB NOT NULL,
+        parked INTEGER NOT NULL DEFAULT 0,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (peer, seq)
+    )""",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
 OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
-    "change_log", "peer_state", "counters", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "change_log", "peer_state", "counters", "sync_pending", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
 })
 
 
 def run_statements(conn: sqlite3.Connection, migration: Migration) -> None:
     """Execute one migration's statements on ``conn`` (no transaction, no version bump).
 
-    Idempotent by construction; exposed so tests can prove that repeating a migration changes nothing.
+    Idempotent by construction (an ``ALTER TABLE ... ADD COLUMN`` is skipped when the column exists);
+    exposed so tests can prove that repeating a migration changes nothing.
     """
     for sql in migration.statements:
+        added = _ADD_COLUMN.match(sql)
+        if added and added["column"] in {r[1] for r in conn.execute(f"PRAGMA table_info({added['table']})")}:
+            continue
         conn.execute(sql)
+
+
+_ADD_COLUMN = re.compile(r"ALTER TABLE (?P<table>\w+) ADD COLUMN (?P<column>\w+) ")
 
 
 def apply(conn: sqlite3.Connection, migration: Migration) -> bool:
@@ -194,7 +228,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     try:
         for m in MIGRATIONS:
             apply(conn, m)
-        return conn.execute("PRAGMA user_version").fetchone()[0]
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.Error as e:
         raise translate(e, "running schema migrations") from e
 

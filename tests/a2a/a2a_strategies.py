@@ -44,6 +44,7 @@ def memory(**overrides: object) -> dict:
         "confidence": 0.9,
         "source": "mcp",
         "origin": "ai:node-1@lab",
+        "writer": "ai:node-1@lab",
         "version": 1,
         "created_at": 1_700_000_000_000,
         "updated_at": 1_700_000_000_000,

@@ -44,6 +44,14 @@ def dump(spec: NodeSpec) -> tuple[set, set]:
             {(r["link_id"], r["relation"], r["observed_by"]) for r in links})
 
 
+def trust_ca_alone(spec: NodeSpec) -> None:
+    """Opt ``spec``'s node into `mesh.trust = "ca"`: peers without a .pub may connect (their writes unsigned)."""
+    config = spec.home / "config.toml"
+    text = config.read_text()
+    assert "\n[mesh]\n" in text
+    config.write_text(text.replace("\n[mesh]\n", '\n[mesh]\ntrust = "ca"\n', 1))
+
+
 @pytest.fixture
 def mesh3(tmp_path: Path):
     layouts: list[LocalMesh] = []
@@ -63,7 +71,8 @@ def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None
     layout, m = mesh3()
     a, b, c = layout.nodes
     (a.home / "peers" / f"{a.agent_id}.pub").unlink(missing_ok=True)
-    (c.home / "peers" / f"{a.agent_id}.pub").unlink()  # C does not trust A's key
+    (c.home / "peers" / f"{a.agent_id}.pub").unlink()  # C does not trust A's key,
+    trust_ca_alone(c)                                  # but takes A on the mesh CA's word
     m.start()
     m1 = ok(a, "store", "first memory from A")
     m2 = ok(a, "store", "second memory from A")
@@ -141,8 +150,13 @@ def test_update_replicates_as_a_new_version_everywhere(mesh3) -> None:
     m.start()
     mem = ok(a, "store", "version one")
     wait_for(lambda: maybe(c, "get", mem["id"]), "v1 on C")
-    ok(b, "update", mem["id"], "--content", "version two from B")
-    for spec in (a, c):
+    # Only the memory's creator writes its versions unless its namespace names other writers.
+    rc, _, err = run_cli(b, "update", mem["id"], "--content", "version two from B")
+    assert rc == 1 and "writer_not_allowed" in err
+    ok(a, "update", mem["id"], "--content", "version two from A")
+    for spec in (b, c):
         wait_for(lambda spec=spec: (maybe(spec, "get", mem["id"]) or {}).get("version") == 2, "v2")
         got = ok(spec, "get", mem["id"])
-        assert got["content"] == "version two from B" and got["origin"] == b.agent_id
+        assert got["content"] == "version two from A" and got["writer"] == a.agent_id
+        assert got["origin"] == a.agent_id and got["attest_level"] == "peer_attested"
+        assert ok(spec, "verify", mem["id"])["signature_verified"] is True

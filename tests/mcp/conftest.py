@@ -15,6 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from mesh import keys
 from node.config import NodeConfig, from_dict
+from node.assemble import open_service
 from node.service import Service
 
 AGENT = "ai:mcp-test@lab"
@@ -48,7 +49,7 @@ def home(tmp_path: Path) -> Home:
 
 @pytest.fixture
 async def service(home: Home):
-    svc = await Service.open(home.cfg, require_identity=True)
+    svc = await open_service(home.cfg, require_identity=True)
     try:
         yield svc
     finally:

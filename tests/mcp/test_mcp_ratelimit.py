@@ -9,6 +9,7 @@ import anyio
 from mesh import keys
 from node.config import from_dict
 from node.mcp_server import start_http
+from node.assemble import open_service
 from node.service import Service
 from node.tools import ServiceBackend
 from tests.mcp.conftest import AGENT, http_session, ok
@@ -20,7 +21,7 @@ async def test_agent_past_its_budget_is_rate_limited_and_others_are_served(tmp_p
     home = tmp_path / "h"
     cfg = from_dict({"agent_id": AGENT, "home": str(home), "limits": {"requests_per_second": 3}}, env={})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     handle = await start_http(ServiceBackend(svc), "127.0.0.1", 0)
     try:
         with anyio.fail_after(TEST_TIMEOUT_S):

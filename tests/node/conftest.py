@@ -4,6 +4,7 @@ import pytest
 
 from mesh import keys
 from node.config import NodeConfig, from_dict
+from node.assemble import open_service
 from node.service import Service
 
 AGENT = "ai:test-node@lab"
@@ -22,6 +23,6 @@ def cfg(tmp_path: Path) -> NodeConfig:
 
 @pytest.fixture
 async def svc(cfg: NodeConfig):
-    s = await Service.open(cfg, require_identity=True)
+    s = await open_service(cfg, require_identity=True)
     yield s
     await s.close()

@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
-from node.attest import AttestError, LinkPayload, sign, verify
+from node.attest import AttestError, LinkPayload, MemoryPayload, sign, verify
 
 VECTORS = json.loads(
     (Path(__file__).resolve().parents[3] / "shared" / "vectors" / "link-signing.json").read_text(encoding="utf-8"))
@@ -74,3 +74,27 @@ def test_bad_link_field_is_refused(field: str, value: object) -> None:
     with pytest.raises(AttestError) as err:
         LinkPayload.from_mapping({**CASES[1]["link"], field: value})
     assert err.value.code == "bad_link_field"
+
+
+MEMORY_VECTORS = json.loads((Path(__file__).parent / "vectors" / "memory-version.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", MEMORY_VECTORS["cases"], ids=_ids)
+def test_memory_version_payload_signature_and_hash_match_vector(case: dict) -> None:
+    payload = MemoryPayload.from_mapping(case["memory"])
+    data = payload.canonical_bytes()
+    assert data.hex() == case["canonical_cbor_hex"]
+    # A canonical map of 14 entries whose first key, by encoded bytes, is "id".
+    assert data[:4] == bytes([0xAE, 0x62]) + b"id"
+    assert payload.version_hash == case["version_hash_sha256_hex"]
+    key = Ed25519PrivateKey.from_private_bytes(SEED)
+    assert sign(key, payload).hex() == case["signature_hex"]  # Ed25519 is deterministic
+    assert verify(key.public_key(), payload, bytes.fromhex(case["signature_hex"]))
+
+
+def test_memory_signature_never_verifies_as_a_link_or_for_a_changed_field() -> None:
+    case = MEMORY_VECTORS["cases"][0]
+    sig = bytes.fromhex(case["signature_hex"])
+    pk = Ed25519PrivateKey.from_private_bytes(SEED).public_key()
+    for field, value in (("content", "changed"), ("writer", "ai:node-2@lab"), ("version", 2), ("namespace", "x")):
+        assert not verify(pk, MemoryPayload.from_mapping({**case["memory"], field: value}), sig)

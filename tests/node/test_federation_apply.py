@@ -10,6 +10,7 @@ from mesh import keys
 from node import attest
 from node.attest import LinkPayload
 from node.config import NodeConfig
+from node.assemble import open_service
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
 
@@ -24,10 +25,17 @@ def peer_key(cfg: NodeConfig, tmp_path: Path) -> Ed25519PrivateKey:
     return ident.private_key
 
 
-def _memory(mid: str, origin: str = PEER, namespace: str = "default", version: int = 1, ts: int = 1_000) -> dict:
+def _memory(mid: str, origin: str = PEER, namespace: str = "default", version: int = 1, ts: int = 1_000,
+            writer: str | None = None) -> dict:
     return {"id": mid, "namespace": namespace, "title": "", "content": f"content of {mid}", "tags": [],
-            "priority": 5, "confidence": 1.0, "source": "", "origin": origin, "version": version,
-            "created_at": ts, "updated_at": ts}
+            "priority": 5, "confidence": 1.0, "source": "", "origin": origin, "writer": writer or origin,
+            "version": version, "created_at": ts, "updated_at": ts}
+
+
+def _mput(memory: dict, key: Ed25519PrivateKey | None = None) -> dict:
+    """A memory.put body, signed by ``key`` as the memory's writer when given."""
+    sig = attest.sign(key, attest.MemoryPayload.from_mapping(memory)) if key else None
+    return {"kind": "memory.put", "memory": memory, "signature": sig, "signed_by": memory["writer"] if key else None}
 
 
 def _env(sender: str, payload: dict) -> Envelope:
@@ -48,14 +56,13 @@ M1, M2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222
 
 async def _seed(svc: Service) -> None:
     for mid in (M1, M2):
-        ack = await svc.federation.apply(_env(PEER, {"kind": "memory.put", "memory": _memory(mid)}), PEER)
+        ack = await svc.replicator.apply(_env(PEER, _mput(_memory(mid))), PEER)
         assert ack.accepted
 
 
 async def test_link_signed_by_known_peer_is_peer_attested(svc: Service, peer_key) -> None:
-    svc.reload_peer_keys()
     await _seed(svc)
-    ack = await svc.federation.apply(_env(PEER, _link_put(peer_key, M1, M2)), PEER)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(peer_key, M1, M2)), PEER)
     assert ack.accepted
     [link] = await svc.links_list()
     assert link["attest_level"] == "peer_attested" and link["received_from"] == PEER
@@ -63,22 +70,20 @@ async def test_link_signed_by_known_peer_is_peer_attested(svc: Service, peer_key
 
 
 async def test_forged_signature_is_rejected_and_not_stored(svc: Service, peer_key) -> None:
-    svc.reload_peer_keys()
     await _seed(svc)
-    ack = await svc.federation.apply(_env(PEER, _link_put(Ed25519PrivateKey.generate(), M1, M2)), PEER)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(Ed25519PrivateKey.generate(), M1, M2)), PEER)
     assert ack.reason == "rejected:bad_signature" and ack.permanent
     assert await svc.links_list() == []
-    assert svc.federation.counters["bad_signature"] == 1
+    assert svc.replicator.counters["bad_signature"] == 1
 
 
 async def test_field_tampered_after_signing_is_rejected(svc: Service, peer_key) -> None:
-    svc.reload_peer_keys()
     await _seed(svc)
     genuine = LinkPayload(src_id=M1, dst_id=M2, relation="related_to", observed_by=PEER,
                           valid_from=now_ms() - 1000, valid_until=None)
     tampered = _link_put(peer_key, M1, M2, relation="contradicts", sign_over=genuine)
     tampered["link"]["valid_from"] = genuine.valid_from
-    ack = await svc.federation.apply(_env(PEER, tampered), PEER)
+    ack = await svc.replicator.apply(_env(PEER, tampered), PEER)
     assert ack.reason == "rejected:bad_signature"
     assert await svc.links_list() == []
 
@@ -86,7 +91,7 @@ async def test_field_tampered_after_signing_is_rejected(svc: Service, peer_key) 
 async def test_unknown_signer_is_stored_unsigned(svc: Service) -> None:
     await _seed(svc)
     stranger = Ed25519PrivateKey.generate()
-    ack = await svc.federation.apply(_env(PEER, _link_put(stranger, M1, M2)), PEER)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(stranger, M1, M2)), PEER)
     assert ack.accepted
     [link] = await svc.links_list()
     assert link["attest_level"] == "unsigned"
@@ -94,32 +99,30 @@ async def test_unknown_signer_is_stored_unsigned(svc: Service) -> None:
 
 async def test_unverified_relay_of_another_nodes_link_is_rejected(svc: Service) -> None:
     await _seed(svc)
-    ack = await svc.federation.apply(_env(OTHER, _link_put(None, M1, M2, observed_by=PEER)), OTHER)
+    ack = await svc.replicator.apply(_env(OTHER, _link_put(None, M1, M2, observed_by=PEER)), OTHER)
     assert ack.reason == "rejected:unverified_relay"
 
 
 async def test_verified_relay_is_peer_attested_with_relayer_recorded(svc: Service, peer_key) -> None:
-    svc.reload_peer_keys()
     await _seed(svc)
-    ack = await svc.federation.apply(_env(OTHER, _link_put(peer_key, M1, M2)), OTHER)
+    ack = await svc.replicator.apply(_env(OTHER, _link_put(peer_key, M1, M2)), OTHER)
     assert ack.accepted
     [link] = await svc.links_list()
     assert link["attest_level"] == "peer_attested" and link["received_from"] == OTHER
 
 
 async def test_expired_link_is_rejected(svc: Service, peer_key) -> None:
-    svc.reload_peer_keys()
     await _seed(svc)
-    ack = await svc.federation.apply(_env(PEER, _link_put(peer_key, M1, M2, valid_until=now_ms() - 500)), PEER)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(peer_key, M1, M2, valid_until=now_ms() - 500)), PEER)
     assert ack.reason == "rejected:expired_link"
 
 
 async def test_link_before_its_memories_is_held_then_rejected_retryable(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "h", federation={"orphan_hold_s": 0.2})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     try:
-        ack = await svc.federation.apply(_env(PEER, _link_put(None, M1, M2)), PEER)
+        ack = await svc.replicator.apply(_env(PEER, _link_put(None, M1, M2)), PEER)
         assert ack.reason == "rejected:unknown_memory" and not ack.permanent
         assert await svc.links_list() == []
     finally:
@@ -127,23 +130,22 @@ async def test_link_before_its_memories_is_held_then_rejected_retryable(tmp_path
 
 
 async def test_replayed_link_put_after_seen_cache_eviction_is_a_no_op(svc: Service, peer_key) -> None:
-    svc.reload_peer_keys()
     await _seed(svc)
     body = _link_put(peer_key, M1, M2)
     for _ in range(3):  # fresh correlation ids: the seen-cache cannot help, storage idempotence must
-        assert (await svc.federation.apply(_env(PEER, body), PEER)).accepted
+        assert (await svc.replicator.apply(_env(PEER, body), PEER)).accepted
     assert len(await svc.links_list()) == 1
-    assert (await svc.audit_verify())["checked"] == 1
+    assert (await svc.audit_verify())["checked"] == 3  # the two seeded memory versions and the link, once
 
 
 async def test_memory_put_is_idempotent_and_last_writer_wins(svc: Service) -> None:
-    fed = svc.federation
-    await fed.apply(_env(PEER, {"kind": "memory.put", "memory": _memory(M1, ts=1_000)}), PEER)
-    await fed.apply(_env(PEER, {"kind": "memory.put", "memory": _memory(M1, ts=1_000)}), PEER)
+    fed = svc.replicator
+    await fed.apply(_env(PEER, _mput(_memory(M1, ts=1_000))), PEER)
+    await fed.apply(_env(PEER, _mput(_memory(M1, ts=1_000))), PEER)
     newer = {**_memory(M1, version=2, ts=2_000), "content": "newer"}
-    await fed.apply(_env(PEER, {"kind": "memory.put", "memory": newer}), PEER)
-    older = {**_memory(M1, version=3, ts=1_500), "content": "older"}
-    await fed.apply(_env(PEER, {"kind": "memory.put", "memory": older}), PEER)
+    await fed.apply(_env(PEER, _mput(newer)), PEER)
+    older = {**_memory(M1, version=2, ts=1_500), "content": "older"}
+    await fed.apply(_env(PEER, _mput(older)), PEER)
     assert (await svc.memory_get(M1))["content"] == "newer"
     assert len(await svc.memory_list()) == 1
 
@@ -151,10 +153,10 @@ async def test_memory_put_is_idempotent_and_last_writer_wins(svc: Service) -> No
 async def test_memory_put_for_namespace_peer_is_not_configured_for_is_rejected(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "ns", federation={"namespaces": {"team/x": {"peers": [OTHER]}}})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     try:
-        ack = await svc.federation.apply(
-            _env(PEER, {"kind": "memory.put", "memory": _memory(M1, namespace="team/x")}), PEER)
+        ack = await svc.replicator.apply(
+            _env(PEER, _mput(_memory(M1, namespace="team/x"))), PEER)
         assert ack.reason == "rejected:namespace_not_allowed"
         assert await svc.memory_list() == []
     finally:
@@ -163,14 +165,14 @@ async def test_memory_put_for_namespace_peer_is_not_configured_for_is_rejected(t
 
 async def test_malformed_payload_is_a_protocol_error(svc: Service) -> None:
     with pytest.raises(ProtocolError):
-        await svc.federation.apply(_env(PEER, {"kind": "memory.put", "memory": {"id": "x"}}), PEER)
+        await svc.replicator.apply(_env(PEER, {"kind": "memory.put", "memory": {"id": "x"}}), PEER)
 
 
 async def test_local_writes_enqueue_one_message_per_configured_peer(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "q", mesh={"peers": [{"agent_id": PEER, "url": "https://127.0.0.1:1"},
                                                        {"agent_id": OTHER, "url": "https://127.0.0.1:2"}]})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     try:
         a = await svc.memory_store("one")
         b = await svc.memory_store("two")
@@ -185,13 +187,13 @@ async def test_local_writes_enqueue_one_message_per_configured_peer(tmp_path: Pa
 async def test_sync_page_keeps_a_restricted_namespace_from_other_peers(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "sync", federation={"namespaces": {"team/x": {"peers": [PEER]}}})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     try:
         a = await svc.memory_store("secret one", namespace="team/x")
         b = await svc.memory_store("secret two", namespace="team/x")
         await svc.memory_link(a["id"], b["id"], "related_to")
         for peer, expected in ((PEER, 3), (OTHER, 0)):
-            page = await svc.federation.sync_page(peer, 0, 100)
+            page = await svc.replicator.sync_page(peer, 0, 100)
             assert len(page["items"]) == expected, peer
     finally:
         await svc.close()
@@ -199,5 +201,5 @@ async def test_sync_page_keeps_a_restricted_namespace_from_other_peers(tmp_path:
 
 async def test_sync_items_that_cannot_be_stored_yet_are_counted_for_retry(svc: Service) -> None:
     orphan = _link_put(None, M1, M2)  # its memories are not here
-    outcome = await svc.federation.apply_sync_items(PEER, [{"seq": 1, **orphan}])
-    assert outcome.retry == 1 and outcome["unknown_memory"] == 1
+    outcome = await svc.replicator.apply_sync_items(PEER, [{"seq": 1, **orphan}])
+    assert outcome["pending"] == 1

@@ -6,6 +6,7 @@ import pytest
 
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.assemble import open_service
 from node.service import Service
 from tests.node.conftest import AGENT, make_config
 
@@ -46,7 +47,7 @@ async def test_link_is_self_signed_and_verifies(svc: Service) -> None:
 
 
 async def test_link_without_key_is_unsigned(tmp_path) -> None:
-    svc = await Service.open(make_config(tmp_path / "nokey"))
+    svc = await open_service(make_config(tmp_path / "nokey"))
     try:
         a, b = await _two(svc)
         link = await svc.memory_link(a["id"], b["id"], "related_to")
@@ -136,11 +137,11 @@ async def test_hostile_recall_queries_never_raise_sql_errors(svc: Service, query
 
 
 async def test_data_survives_restart(cfg: NodeConfig) -> None:
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     a, b = await _two(svc)
     link = await svc.memory_link(a["id"], b["id"], "related_to")
     await svc.close()
-    svc = await Service.open(cfg, require_identity=True)
+    svc = await open_service(cfg, require_identity=True)
     try:
         assert (await svc.memory_get(a["id"]))["id"] == a["id"]
         assert (await svc.memory_verify(link["link_id"]))["signature_verified"] is True
@@ -157,7 +158,7 @@ async def test_concurrent_stores_all_commit(svc: Service) -> None:
 
 async def test_store_past_the_database_budget_is_refused(tmp_path) -> None:
     cfg = make_config(tmp_path / "small", limits={"max_db_bytes": 1})
-    svc = await Service.open(cfg)
+    svc = await open_service(cfg)
     try:
         with pytest.raises(ServiceError) as err:
             await svc.memory_store("does not fit")

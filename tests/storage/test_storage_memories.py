@@ -57,26 +57,19 @@ async def test_exists_returns_the_present_subset(db: Database):
 async def test_update_bumps_version_and_reindexes(db: Database):
     row = make_memory(content="apples")
     await db.write(memories.insert, row)
-    new = await db.write(lambda c: memories.update(c, row.id, origin="ai:b", updated_at=row.updated_at + 10,
-                                                   content="oranges"))
-    assert new.version == 2 and new.content == "oranges" and new.origin == "ai:b"
+    new = memories.next_version(row, writer="ai:b", updated_at=row.updated_at + 10, content="oranges")
+    await db.write(memories.overwrite, new)
+    assert new.version == 2 and new.content == "oranges" and new.writer == "ai:b" and new.origin == row.origin
     assert await db.read(memories.get, row.id) == new
     assert await db.read(memories.recall, "apples") == []
     assert [m.id for m, _ in await db.read(memories.recall, "oranges")] == [row.id]
 
 
-async def test_update_with_a_clock_behind_still_supersedes(db: Database):
+def test_next_version_with_a_clock_behind_still_moves_time_forward():
     row = make_memory()
-    await db.write(memories.insert, row)
-    new = await db.write(lambda c: memories.update(c, row.id, origin="ai:a", updated_at=row.updated_at - 1000,
-                                                   title="x"))
-    assert new.updated_at == row.updated_at + 1
-
-
-async def test_update_of_a_missing_memory_is_not_found(db: Database):
-    with pytest.raises(StorageError) as err:
-        await db.write(lambda c: memories.update(c, "nope", origin="a", updated_at=1, title="x"))
-    assert err.value.code == "not_found"
+    new = memories.next_version(row, writer="ai:a", updated_at=row.updated_at - 1000, title="x")
+    assert new.updated_at == row.updated_at + 1 and new.version == row.version + 1
+    assert memories.lww_key(new) > memories.lww_key(row)
 
 
 async def test_apply_remote_inserts_an_unknown_memory(db: Database):
@@ -94,7 +87,7 @@ async def test_apply_remote_same_write_twice_is_duplicate(db: Database):
 async def test_apply_remote_newer_write_wins(db: Database):
     row = make_memory(origin="ai:a", content="old")
     await db.write(memories.insert, row)
-    newer = make_memory(id=row.id, origin="ai:b", content="new", version=2, created_at=row.created_at,
+    newer = make_memory(id=row.id, origin="ai:a", writer="ai:b", content="new", version=2, created_at=row.created_at,
                         updated_at=row.updated_at + 1)
     assert await db.write(memories.apply_remote, newer) == "updated"
     assert await db.read(memories.get, row.id) == newer
@@ -102,18 +95,21 @@ async def test_apply_remote_newer_write_wins(db: Database):
 
 
 async def test_apply_remote_older_write_is_stale(db: Database):
-    row = make_memory(origin="ai:a", content="current", updated_at=2_000_000_000_000)
+    row = make_memory(origin="ai:a", content="current", version=5)
     await db.write(memories.insert, row)
-    older = make_memory(id=row.id, origin="ai:z", content="older", version=5, updated_at=row.updated_at - 1)
+    older = make_memory(id=row.id, origin="ai:a", writer="ai:z", content="older", version=4,
+                        updated_at=row.updated_at + 1000)
     assert await db.write(memories.apply_remote, older) == "stale"
     assert await db.read(memories.get, row.id) == row
 
 
-async def test_apply_remote_tie_on_updated_at_is_broken_by_origin(db: Database):
+async def test_apply_remote_tie_on_version_and_updated_at_is_broken_by_writer(db: Database):
     row = make_memory(origin="ai:b", content="from b", version=2)
     await db.write(memories.insert, row)
-    from_a = make_memory(id=row.id, origin="ai:a", content="from a", version=2, updated_at=row.updated_at)
-    from_c = make_memory(id=row.id, origin="ai:c", content="from c", version=2, updated_at=row.updated_at)
+    from_a = make_memory(id=row.id, origin="ai:b", writer="ai:a", content="from a", version=2,
+                         updated_at=row.updated_at)
+    from_c = make_memory(id=row.id, origin="ai:b", writer="ai:c", content="from c", version=2,
+                         updated_at=row.updated_at)
     assert await db.write(memories.apply_remote, from_a) == "stale"
     assert await db.write(memories.apply_remote, from_c) == "updated"
     assert (await db.read(memories.get, row.id)).content == "from c"

@@ -1,0 +1,83 @@
+"""Whose signatures this node trusts: its own identity and its peers' keys, each with its retired keys.
+
+One ``Keyring`` is shared by the service (local writes, ``memory_verify``) and the federation
+(inbound verification). ``<home>/peers`` is read again whenever the directory changes, so an
+`identity import` (or a removed file) takes effect on a running node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from mesh import keys as mesh_keys
+from mesh.errors import MeshError
+from node.config import NodeConfig
+
+
+class Keyring:
+    def __init__(self, cfg: NodeConfig, identity: mesh_keys.Identity | None) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self._peer_keys: dict[str, Ed25519PublicKey] = {}
+        self._peer_rings: dict[str, tuple[Ed25519PublicKey, ...]] = {}
+        self._own_retired: tuple[Ed25519PublicKey, ...] = ()
+        self._stamp_seen: tuple[tuple[int, int] | None, ...] | None = None
+        self._reload_if_changed()
+
+    @property
+    def agent_id(self) -> str:
+        if self.identity is not None:
+            return self.identity.agent_id
+        return self.cfg.agent_id or "anonymous"
+
+    @property
+    def peer_keys(self) -> dict[str, Ed25519PublicKey]:
+        """Each trusted peer's current key (what TLS pins)."""
+        self._reload_if_changed()
+        return self._peer_keys
+
+    def keys_for(self, agent_id: str) -> tuple[Ed25519PublicKey, ...]:
+        """Keys a signature by ``agent_id`` may verify under: current first, then retired; () if unknown."""
+        self._reload_if_changed()
+        if self.identity is not None and agent_id == self.identity.agent_id:
+            return (self.identity.public_key, *self._own_retired)
+        return self._peer_rings.get(agent_id, ())
+
+    def is_member(self, agent_id: str) -> bool:
+        """A peer with a trusted .pub (membership under ``mesh.trust = "pinned"``)."""
+        return agent_id in self.peer_keys
+
+    def _stamps(self) -> tuple[tuple[int, int] | None, ...]:
+        return tuple(_stamp(d) for d in self._watched())
+
+    def _watched(self) -> tuple[Path, ...]:
+        return (self.cfg.peers_dir,)
+
+    def _reload_if_changed(self) -> None:
+        stamps = self._stamps()
+        if stamps == self._stamp_seen:
+            return
+        self._stamp_seen = stamps
+        self._peer_keys = dict(mesh_keys.load_peer_keys(self.cfg.peers_dir).keys)
+        self._peer_rings = {agent: (key,) for agent, key in self._peer_keys.items()}
+        self._own_retired = ()
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_ino
+
+
+def load_node_identity(cfg: NodeConfig, *, required: bool) -> mesh_keys.Identity | None:
+    """The node's identity from <home>/keys (by cfg.agent_id when set); None when absent and not required."""
+    try:
+        return mesh_keys.load_identity(cfg.keys_dir, cfg.agent_id or None)
+    except MeshError as e:
+        if e.code == "no_identity" and not required:
+            return None
+        raise
