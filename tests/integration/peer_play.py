@@ -240,6 +240,16 @@ def db_rows(spec: NodeSpec) -> dict[str, list[tuple]]:
         conn.close()
 
 
+def change_log_seq(spec: NodeSpec) -> int:
+    """The last seq of the node's change log (what a peer that pulled it to the end has as its cursor)."""
+    path = spec.home / "data" / "memory.db"
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchone()[0]
+    finally:
+        conn.close()
+
+
 def ok(spec: NodeSpec, *args: str) -> Any:
     rc, out, err = run_cli(spec, *args)
     assert rc == 0, f"{spec.agent_id}: {args} -> {rc}: {err}"
