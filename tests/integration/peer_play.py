@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import ssl
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 import aiohttp
 import cbor2
 import orjson
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from a2a import Ack, decode_frame, new_envelope
@@ -173,6 +175,78 @@ def _json(data: bytes) -> dict[str, Any] | None:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return {"raw": data[:200].decode(errors="replace")}
+
+
+class PeerServer:
+    """The test serving as ``member`` on ``spec``'s mesh port, with the member's own certificate and key.
+
+    It accepts the WebSocket nodes dial (and ACKs every envelope on it) and answers GET /a2a/v1/sync
+    with ``items`` (each a sync item with its ``seq``), so nodes pull whatever the test wants them to.
+    Use as a context manager; it runs on its own thread and event loop.
+    """
+
+    def __init__(self, member: Member, spec: NodeSpec, items: list[dict[str, Any]]) -> None:
+        self.member = member
+        self.spec = spec
+        self.items = items
+        self.sync_requests: list[tuple[str, dict[str, str]]] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="peer-server", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._sockets: set[web.WebSocketResponse] = set()
+
+    def __enter__(self) -> PeerServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(15)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._runner is not None:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(15)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(15)
+            self._loop.close()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get(WS_PATH, self._ws)
+        app.router.add_get(SYNC_PATH, self._sync)
+        app.on_shutdown.append(self._close_sockets)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        ctx = tls.server_context(self.member.cert, self.member.key_path, self.member.ca_cert)
+        await web.TCPSite(self._runner, "127.0.0.1", self.spec.port, ssl_context=ctx).start()
+
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._sockets.add(ws)
+        try:
+            async for msg in ws:
+                if msg.type is aiohttp.WSMsgType.BINARY:
+                    env = decode_frame(msg.data, MAX_BYTES)
+                    await ws.send_bytes(Ack.ok(env.correlation_id, self.member.agent_id).to_wire())
+        finally:
+            self._sockets.discard(ws)
+        return ws
+
+    async def _close_sockets(self, app: web.Application) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
+
+    async def _sync(self, request: web.Request) -> web.StreamResponse:
+        peer = tls.agent_id_from_cert(request.transport.get_extra_info("ssl_object").getpeercert(binary_form=True))
+        self.sync_requests.append((peer, dict(request.query)))
+        since = int(request.query.get("since", "0"))
+        items = [i for i in self.items if i["seq"] > since]
+        page = {"items": items, "next": max([since, *(i["seq"] for i in items)]), "more": False}
+        return web.Response(body=cbor2.dumps(page), content_type="application/cbor")
+
+    @property
+    def last_seq(self) -> int:
+        return max(i["seq"] for i in self.items)
 
 
 # ---------------------------------------------------------------- memory.put (issue 10 wire shape)

@@ -25,6 +25,7 @@ from tests.integration.peer_play import (
     TEN_YEARS_MS,
     Answer,
     Member,
+    PeerServer,
     add_config,
     change_log_seq,
     db_rows,
@@ -127,6 +128,11 @@ def assert_refused(victim: NodeSpec, by: Member, cases: dict[str, tuple[str | se
 
 def assert_accepted(answer: Answer) -> None:
     assert answer.status == 200 and answer.ack is not None and answer.ack.accepted, answer
+
+
+def peer_row(spec: NodeSpec, peer: str) -> dict:
+    """``spec``'s row for ``peer`` in ``ai-memory peers``."""
+    return next(r for r in ok(spec, "peers") if r["agent_id"] == peer)
 
 
 def stored_on(spec: NodeSpec, memory_id: str, timeout_s: float = 30.0) -> dict:
@@ -382,6 +388,50 @@ def test_sync_skip_omits_the_items_of_the_named_writers(trust: Trust) -> None:
     assert own["id"] in skipped and from_n1["id"] not in skipped
 
 
+def test_forgeries_served_by_a_peers_change_log_are_refused_like_pushed_ones(trust: Trust) -> None:
+    """Node 1 pulls node 2's change log; node 2 (the test, on node 2's port and certificate) serves forgeries."""
+    n2, n3 = trust.id(2), trust.id(3)
+    attacker = trust.attacker
+    created = ok(trust.n3, "store", "node 3's, to be forged through sync")
+    secret = ok(trust.n1, "store", "hidden from node 2", "--namespace", SECRET)
+    a = ok(trust.n3, "store", "link end a")
+    b = ok(trust.n3, "store", "link end b")
+    for m in (created, a, b):
+        stored_on(trust.n1, m["id"])
+    x = memory_on(trust.n1, created["id"])
+    control = new_memory(n2, content="node 2's honest memory, served by sync")
+    link = LinkPayload(src_id=a["id"], dst_id=b["id"], relation="supports", observed_by=n3,
+                       valid_from=now_ms(), valid_until=None)
+    puts = [
+        memory_put(next_version(x, n2, content="forged"), signer=attacker),
+        memory_put(next_version(x, n2, origin=n2, content="forged"), signer=attacker),
+        memory_put(next_version(x, n3, content="forged"), signer=attacker.signing_as(n3)),
+        memory_put(next_version(x, n3, content="forged", updated_at=now_ms() + TEN_YEARS_MS)),
+        memory_put(new_memory(n3, content="node 3 never wrote this")),
+        memory_put(new_memory(n2, updated_at=now_ms() + TEN_YEARS_MS), signer=attacker),
+        memory_put(new_memory(n2, content="x" * 200 * 1024), signer=attacker),
+        memory_put(new_memory(n2, version=INT64_MAX), signer=attacker),
+        memory_put(new_memory(n2, namespace=SECRET), signer=attacker),
+        memory_put({**new_memory(n2, content="moved out"), "id": secret["id"]}, signer=attacker),
+        memory_put(control, signer=attacker),
+        {"kind": "link.put", "link": {**link.to_dict(), "confidence": 0.01},
+         "signature": attest.sign(Member.of(trust.layout, 3).private_key, link), "signed_by": n3},
+    ]
+    before = db_rows(trust.n1)
+    with PeerServer(attacker, trust.layout.node(2), [{"seq": i, **p} for i, p in enumerate(puts, 1)]) as server:
+        wait_for(lambda: peer_row(trust.n1, n2)["last_sync_seq"] >= server.last_seq,
+                 "node 1 to pull node 2's change log to its end")
+    changed = diff(before, db_rows(trust.n1))
+    assert set(changed) <= {"memories", "memory_links", "change_log"}, changed
+    assert not any(t.get("removed") for t in changed.values()), changed
+    assert [r[0] for r in changed["memories"]["added"]] == [control["id"]], changed["memories"]
+    assert [r[0] for r in changed["memory_links"]["added"]] == [link.link_id], changed["memory_links"]
+    row = links_on(trust.n1)[link.link_id]
+    assert row["confidence"] is None and row["attest_level"] == "peer_attested", row
+    assert memory_on(trust.n1, created["id"]) == x
+    assert peer_row(trust.n1, n2)["parked"] == 0
+
+
 # ---------------------------------------------------------------- limits
 
 
@@ -549,8 +599,7 @@ def test_forged_versions_lose_to_the_origins_next_version_everywhere(mesh_factor
     mesh.start([3], want_links=False)
 
     def pulled_to_the_end() -> bool:
-        cursors = {r["agent_id"]: r["last_sync_seq"] for r in ok(n3, "peers")}
-        return all(cursors[p.agent_id] >= change_log_seq(p) for p in (n1, n2))
+        return all(peer_row(n3, p.agent_id)["last_sync_seq"] >= change_log_seq(p) for p in (n1, n2))
 
     wait_for(pulled_to_the_end, "node 3 to pull nodes 1 and 2 to the end of their change logs")
     for spec in nodes:
@@ -581,12 +630,8 @@ def test_a_link_to_an_unshared_memory_does_not_stall_catch_up(mesh_factory) -> N
     later_links = [ok(n1, "link", shared["id"], m, "precedes")["link_id"] for m in later[:2]]
     later.append(ok(n1, "store", "last")["id"])
 
-    def outbox_to_n2_empty() -> bool:
-        rows = {r["agent_id"]: r for r in ok(n1, "peers")}
-        return rows[n2.agent_id]["outbox_depth"] == 0
-
     # Everything live to node 2 has run out of retries: what it gets now, it gets through sync.
-    wait_for(outbox_to_n2_empty, "node 1's outbox to node 2 dead-lettered")
+    wait_for(lambda: peer_row(n1, n2.agent_id)["outbox_depth"] == 0, "node 1's outbox to node 2 dead-lettered")
     start(mesh, 1, 2)
     wait_for(lambda: all(memory_on(n2, m) for m in [shared["id"], *later]), "every later memory on node 2")
     wait_for(lambda: set(later_links) <= set(links_on(n2)), "the later links on node 2")
@@ -595,6 +640,27 @@ def test_a_link_to_an_unshared_memory_does_not_stall_catch_up(mesh_factory) -> N
     items = Member.of(mesh.layout, 2).sync_all(n1)
     assert unshared_link["link_id"] not in link_ids(items)
     assert secret["id"] not in item_ids(items)
+
+
+def test_an_item_the_puller_cannot_apply_is_parked_and_the_cursor_moves_on(mesh_factory) -> None:
+    mesh = mesh_factory(2, mcp_http=False, retry_delays_s=(0.2, 0.4))
+    n1, n2 = mesh.layout.nodes
+    # Node 2 keeps smaller memories than node 1: node 1's big memory never lands there, so the link to it
+    # can never be applied on node 2 (unknown_memory, retryable) although node 2 may see both its ends.
+    add_config(n2, "limits", max_content_bytes=100)
+    add_config(n2, "federation", sync_page_limit=2, sync_interval_s=0.3, orphan_hold_s=0.1)
+    start(mesh, 1, 2)
+    mesh.stop(2)
+    small = ok(n1, "store", "small")
+    big = ok(n1, "store", "b" * 200)
+    stuck = ok(n1, "link", small["id"], big["id"], "refers_to")
+    later = [ok(n1, "store", f"later {i}")["id"] for i in range(4)]
+    wait_for(lambda: peer_row(n1, n2.agent_id)["outbox_depth"] == 0, "node 1's outbox to node 2 dead-lettered")
+    start(mesh, 1, 2)
+    wait_for(lambda: all(memory_on(n2, m) for m in [small["id"], *later]), "every later memory on node 2")
+    row = wait_for(lambda: (r := peer_row(n2, n1.agent_id))["parked"] and r, "the link parked on node 2")
+    assert row["parked"] == 1 and row["last_sync_seq"] >= change_log_seq(n1), row
+    assert memory_on(n2, big["id"]) is None and stuck["link_id"] not in links_on(n2)
 
 
 # ---------------------------------------------------------------- helpers used above
