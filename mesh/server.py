@@ -187,7 +187,7 @@ def _sync(hooks: ServerHooks):
 
 
 def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
-    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX) and skip (space-separated agent ids); ValueError says why."""
+    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX) and skip (comma-separated agent ids); ValueError says why."""
     raw_since, raw_limit = query.get("since", "0"), query.get("limit", "100")
     if not (_is_decimal(raw_since) and _is_decimal(raw_limit)):
         raise ValueError("since and limit must be non-negative decimal integers")
@@ -196,7 +196,7 @@ def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
         raise ValueError(f"since must be in 0..{SYNC_SINCE_MAX}, got {raw_since[:40]}")
     if not 1 <= limit <= SYNC_LIMIT_MAX:
         raise ValueError(f"limit must be in 1..{SYNC_LIMIT_MAX}, got {raw_limit[:40]}")
-    skip = query.get("skip", "").split()
+    skip = [a for a in query.get("skip", "").split(",") if a]
     if len(skip) > SYNC_SKIP_MAX or any(len(a) > SYNC_SKIP_ID_MAX for a in skip):
         raise ValueError(f"skip names at most {SYNC_SKIP_MAX} agent ids of at most {SYNC_SKIP_ID_MAX} chars")
     return since, limit, skip

@@ -206,7 +206,7 @@ class Node:
         outcome = await self.fed.retry_pending(peer)
         state = await self.svc.db.read(changelog.get_peer_state, peer)
         since = state.last_sync_seq if state else 0
-        skip = " ".join(sorted(p for p, other in self.links.items() if p != peer and other.state is LinkState.UP))
+        skip = ",".join(sorted(p for p, other in self.links.items() if p != peer and other.state is LinkState.UP))
         for _ in range(SYNC_MAX_PAGES):
             body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit,
                                                 "skip": skip},
