@@ -314,6 +314,18 @@ def db_rows(spec: NodeSpec) -> dict[str, list[tuple]]:
         conn.close()
 
 
+def queued_for(spec: NodeSpec, peer: str) -> list[dict[str, Any]]:
+    """The payloads of every envelope the node has queued (or dead-lettered) for ``peer``: its live path."""
+    path = spec.home / "data" / "memory.db"
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = [r[0] for table in ("a2a_outbox", "a2a_dead_letters")
+                for r in conn.execute(f"SELECT envelope FROM {table} WHERE peer = ?", (peer,))]
+    finally:
+        conn.close()
+    return [decode_frame(bytes(r), MAX_BYTES).payload for r in rows]
+
+
 def change_log_seq(spec: NodeSpec) -> int:
     """The last seq of the node's change log (what a peer that pulled it to the end has as its cursor)."""
     path = spec.home / "data" / "memory.db"

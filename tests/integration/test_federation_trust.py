@@ -19,7 +19,7 @@ from node import attest
 from node.attest import LinkPayload
 from testbed.build import MeshLayout, NodeSpec, build_layout
 from testbed.local import LocalMesh, health
-from tests.integration.conftest import node_log_events, wait_for
+from tests.integration.conftest import node_log_events, run_cli, wait_for
 from tests.integration.peer_play import (
     INT64_MAX,
     TEN_YEARS_MS,
@@ -36,6 +36,7 @@ from tests.integration.peer_play import (
     next_version,
     now_ms,
     ok,
+    queued_for,
     version_payload,
 )
 
@@ -254,6 +255,11 @@ def test_a_writer_cannot_date_a_version_ahead_of_the_clock(trust: Trust) -> None
     assert (got["version"], got["content"], got.get("writer")) == (2, "by node 2", n2), got
     edited = ok(trust.n1, "update", created["id"], "--content", "origin again")
     assert edited["version"] == 3
+    # Node 2's version 2 again (a replay or a late copy) is an older version: ACK ok, nothing changes.
+    before = db_rows(trust.n1)
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(next_version(stored, n2, content="late copy"),
+                                                             signer=trust.attacker)))
+    assert diff(before, db_rows(trust.n1)) == {}
 
 
 def test_version_or_time_at_the_int64_edge_is_refused_and_the_row_stays_editable(trust: Trust) -> None:
@@ -354,6 +360,9 @@ def test_sync_does_not_serve_links_with_an_end_the_peer_may_not_see(trust: Trust
     into = ok(trust.n1, "link", shared["id"], secret["id"], "refers_to")
     out_of = ok(trust.n1, "link", secret["id"], shared["id"], "refers_to")
     visible = ok(trust.n1, "link", shared["id"], other["id"], "refers_to")
+    # Not sent live either: node 1's queue for node 2 (which is down) holds the visible link only.
+    live = link_ids([p for p in queued_for(trust.n1, trust.id(2)) if p["kind"] == "link.put"])
+    assert visible["link_id"] in live and not {into["link_id"], out_of["link_id"]} & live
     items = trust.attacker.sync_all(trust.n1)
     assert visible["link_id"] in link_ids(items)
     assert not {into["link_id"], out_of["link_id"]} & link_ids(items)
@@ -375,6 +384,18 @@ def test_a_node_without_the_policy_does_not_re_serve_restricted_memories(trust: 
     assert public["id"] in item_ids(items) and own["id"] in item_ids(items)
     assert secret["id"] not in item_ids(items)
     assert link["link_id"] not in link_ids(items)
+
+
+def test_a_node_without_the_policy_does_not_send_links_to_restricted_memories_live(trust: Trust) -> None:
+    secret = ok(trust.n1, "store", "restricted to node 3, linked on node 3", "--namespace", SECRET)
+    stored_on(trust.n3, secret["id"])
+    own = ok(trust.n3, "store", "node 3's own, linked to the restricted one")
+    link = ok(trust.n3, "link", own["id"], secret["id"], "refers_to")
+    # Node 2 is down, so what node 3 sends it live waits in node 3's queue (or its dead letters).
+    live = queued_for(trust.n3, trust.id(2))
+    assert own["id"] in item_ids(live)
+    assert link["link_id"] not in link_ids([p for p in live if p["kind"] == "link.put"])
+    assert secret["id"] not in item_ids(live)
 
 
 def test_sync_skip_omits_the_items_of_the_named_writers(trust: Trust) -> None:
@@ -666,10 +687,20 @@ def test_an_item_the_puller_cannot_apply_is_parked_and_the_cursor_moves_on(mesh_
 # ---------------------------------------------------------------- helpers used above
 
 
-def test_peer_play_signature_matches_a_node_verifying_it(trust: Trust) -> None:
-    """Control for every forged-signature case: node 2's correctly signed own memory is peer_attested."""
-    mem = new_memory(trust.id(2), content="signed by node 2")
-    assert_accepted(trust.attacker.send(trust.n1, memory_put(mem, signer=trust.attacker)))
-    stored = db_rows(trust.n1)["memories"]
-    assert any(mem["id"] in row and "peer_attested" in row for row in stored), \
-        [r for r in stored if mem["id"] in r]
+def test_a_received_version_is_attested_by_its_writers_signature(trust: Trust) -> None:
+    """Also the control for every forged-signature case: node 2's correctly signed memory verifies."""
+    n2 = trust.id(2)
+    signed, unsigned = new_memory(n2, content="signed by node 2"), new_memory(n2, content="unsigned")
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(signed, signer=trust.attacker)))
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(unsigned)))
+    got = memory_on(trust.n1, signed["id"])
+    assert (got["attest_level"], got["writer"], got["received_from"]) == ("peer_attested", n2, n2), got
+    verified = ok(trust.n1, "verify", signed["id"])
+    assert verified["signature_verified"] is True, verified
+    assert memory_on(trust.n1, unsigned["id"])["attest_level"] == "unsigned"
+    rc, out, _ = run_cli(trust.n1, "verify", unsigned["id"])
+    assert rc == 3 and out["signature_verified"] is False, out
+    # A memory node 3 wrote, received from node 3, verifies against node 3's key.
+    created = ok(trust.n3, "store", "node 3's, verified on node 1")
+    stored_on(trust.n1, created["id"])
+    assert ok(trust.n1, "verify", created["id"])["signature_verified"] is True
