@@ -372,6 +372,19 @@ def test_sync_does_not_serve_links_with_an_end_the_peer_may_not_see(trust: Trust
     assert {into["link_id"], out_of["link_id"], visible["link_id"]} <= link_ids(by_n3)
 
 
+def test_a_writer_cannot_narrow_who_sees_the_origins_memory(trust: Trust) -> None:
+    n2 = trust.id(2)
+    created = ok(trust.n1, "store", "node 1's, shared with nodes 2 and 3", "--namespace", SHARED)
+    stored = memory_on(trust.n1, created["id"])
+    # Node 2 may write versions in this namespace, but share_with is the origin's peer list, not node 2's.
+    narrowed = memory_put(next_version(stored, n2, content="by node 2, for node 2's eyes"), signer=trust.attacker,
+                          share_with=[n2])
+    assert_accepted(trust.attacker.send(trust.n1, narrowed))
+    assert memory_on(trust.n1, created["id"])["version"] == 2
+    served_to_n3 = Member.of(trust.layout, 3).sync_all(trust.n1)
+    assert created["id"] in item_ids(served_to_n3), "node 2's share_with hid the origin's memory from node 3"
+
+
 def test_a_node_without_the_policy_does_not_re_serve_restricted_memories(trust: Trust) -> None:
     secret = ok(trust.n1, "store", "restricted to node 3", "--namespace", SECRET)
     public = ok(trust.n1, "store", "for everyone")
