@@ -531,6 +531,26 @@ def test_a_relay_cannot_change_a_signed_links_confidence(trust: Trust) -> None:
     assert ok(trust.n1, "verify", payload.link_id)["signature_verified"] is True
 
 
+def test_an_inbound_link_confidence_outside_0_1_is_never_stored(trust: Trust) -> None:
+    """Beyond the spec's list (which names memory.put): a local link's confidence must be in 0..1, so a
+    received one (even from its observer) is refused or dropped, never stored out of range."""
+    n2 = trust.id(2)
+    a, b = new_memory(n2, content="end a"), new_memory(n2, content="end b")
+    for m in (a, b):
+        assert_accepted(trust.attacker.send(trust.n1, memory_put(m, signer=trust.attacker)))
+    out_of_range = {}
+    for i, confidence in enumerate((1e308, -5.0, 1.5)):
+        payload = LinkPayload(src_id=a["id"], dst_id=b["id"], relation=f"rel{i}", observed_by=n2,
+                              valid_from=now_ms(), valid_until=None)
+        body = {"kind": "link.put", "link": {**payload.to_dict(), "confidence": confidence},
+                "signature": attest.sign(trust.attacker.private_key, payload), "signed_by": n2}
+        answer = trust.attacker.send(trust.n1, body)
+        row = links_on(trust.n1).get(payload.link_id)
+        if row is not None and row["confidence"] is not None and not 0.0 <= row["confidence"] <= 1.0:
+            out_of_range[confidence] = (answer.ack.reason if answer.ack else answer.error, row["confidence"])
+    assert not out_of_range, out_of_range
+
+
 # ---------------------------------------------------------------- the sync route
 
 
