@@ -166,6 +166,28 @@ class Member:
                     return Answer(e.status)
         return asyncio.run(go())
 
+    def ws_session(self, target: NodeSpec, steps: list[Any]) -> list[Answer]:
+        """One WebSocket to ``target`` kept open across ``steps``: a payload dict is sent as an envelope and
+        its ACK awaited (an Answer: 101 + ACK, or 0 when the socket closed instead); a callable is called."""
+        async def go() -> list[Answer]:
+            out: list[Answer] = []
+            async with self._session() as s, s.ws_connect(target.url + WS_PATH) as ws:
+                for step in steps:
+                    if callable(step):
+                        await asyncio.to_thread(step)
+                        continue
+                    env = new_envelope(self.agent_id, [target.agent_id], step, now_ms(), TTL_MS)
+                    await ws.send_bytes(env.to_wire())
+                    msg = await ws.receive(timeout=15)
+                    if msg.type is not aiohttp.WSMsgType.BINARY:
+                        out.append(Answer(0))
+                        continue
+                    ack = decode_frame(msg.data, MAX_BYTES)
+                    assert isinstance(ack, Ack), ack
+                    out.append(Answer(101, ack=ack))
+            return out
+        return asyncio.run(go())
+
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.context()), timeout=TIMEOUT)
 

@@ -597,6 +597,25 @@ def test_a_mesh_ca_certificate_without_a_pub_is_not_a_member(mesh_factory, tmp_p
     assert member.ws_ping(n1).ack.accepted
 
 
+def test_removing_a_members_pub_also_cuts_its_open_websocket(mesh_factory) -> None:
+    """Membership is read again when peers/ changes; a member removed must not keep writing over the
+    WebSocket it opened before (node links are long-lived, so it might never reconnect)."""
+    mesh = mesh_factory(2, mcp_http=False)
+    n1 = mesh.layout.node(1)
+    start(mesh, 1)
+    member = Member.of(mesh.layout, 2)
+    mem = new_memory(member.agent_id, content="written after removal")
+
+    def remove_its_pub() -> None:
+        (n1.home / "peers" / f"{member.agent_id}.pub").unlink()
+        wait_for(lambda: member.sync(n1, since=0).code == "not_a_member", "node 1 to refuse new requests")
+
+    before, after = member.ws_session(n1, [{"kind": "ping"}, remove_its_pub, memory_put(mem, signer=member)])
+    assert before.ack.accepted
+    assert not (after.ack and after.ack.accepted), after
+    assert memory_on(n1, mem["id"]) is None
+
+
 def test_trust_ca_accepts_any_mesh_ca_certificate(mesh_factory, tmp_path) -> None:
     mesh = mesh_factory(2, mcp_http=False)
     n1 = mesh.layout.node(1)
