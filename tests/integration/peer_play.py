@@ -212,6 +212,7 @@ class PeerServer:
         self.spec = spec
         self.items = items
         self.sync_requests: list[tuple[str, dict[str, str]]] = []
+        self.ws_peers: list[str] = []  # agent_id of each WebSocket accepted, in order
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="peer-server", daemon=True)
         self._runner: web.AppRunner | None = None
@@ -244,6 +245,7 @@ class PeerServer:
     async def _ws(self, request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
+        self.ws_peers.append(_peer_of(request))
         self._sockets.add(ws)
         try:
             async for msg in ws:
@@ -259,8 +261,7 @@ class PeerServer:
             await ws.close()
 
     async def _sync(self, request: web.Request) -> web.StreamResponse:
-        peer = tls.agent_id_from_cert(request.transport.get_extra_info("ssl_object").getpeercert(binary_form=True))
-        self.sync_requests.append((peer, dict(request.query)))
+        self.sync_requests.append((_peer_of(request), dict(request.query)))
         since = int(request.query.get("since", "0"))
         items = [i for i in self.items if i["seq"] > since]
         page = {"items": items, "next": max([since, *(i["seq"] for i in items)]), "more": False}
@@ -269,6 +270,22 @@ class PeerServer:
     @property
     def last_seq(self) -> int:
         return max(i["seq"] for i in self.items)
+
+
+def _peer_of(request: web.Request) -> str:
+    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
+    return tls.agent_id_from_cert(ssl_object.getpeercert(binary_form=True)) if ssl_object else "?"
+
+
+def poll(predicate: Any, timeout_s: float, poll_s: float = 0.1) -> Any:
+    """Like wait_for but returns the last (falsy) value at the deadline instead of failing: for bounded
+    "this does not happen" checks that first saw the event it would follow."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last = predicate()
+        if last or time.monotonic() >= deadline:
+            return last
+        time.sleep(poll_s)
 
 
 # ---------------------------------------------------------------- memory.put (issue 10 wire shape)

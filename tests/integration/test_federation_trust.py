@@ -36,6 +36,7 @@ from tests.integration.peer_play import (
     next_version,
     now_ms,
     ok,
+    poll,
     queued_for,
     version_payload,
 )
@@ -595,6 +596,26 @@ def test_a_mesh_ca_certificate_without_a_pub_is_not_a_member(mesh_factory, tmp_p
     assert_accepted(member.send(n1, {"kind": "ping"}))
     assert member.sync(n1, since=0).status == 200
     assert member.ws_ping(n1).ack.accepted
+
+
+def test_a_configured_peer_without_a_pub_cannot_write_through_the_pull_either(mesh_factory) -> None:
+    """Under trust = "pinned" node 3 (in [[mesh.peers]], no .pub) is refused on every inbound route; what node 1
+    pulls from node 3's change log is the same data arriving by another door."""
+    mesh = mesh_factory(3, mcp_http=False)
+    n1, n2, n3 = mesh.layout.nodes
+    (n1.home / "peers" / f"{n3.agent_id}.pub").unlink()
+    start(mesh, 1)
+    member, outsider = Member.of(mesh.layout, 2), Member.of(mesh.layout, 3)
+    good = new_memory(member.agent_id, content="served by a member")
+    bad = new_memory(outsider.agent_id, content="served by a peer that is not a member")
+    with PeerServer(member, n2, [{"seq": 1, **memory_put(good, signer=member)}]), \
+            PeerServer(outsider, n3, [{"seq": 1, **memory_put(bad)}]) as server3:
+        stored_on(n1, good["id"])  # node 1 pulls its peers
+        wait_for(lambda: server3.ws_peers, "node 1 to open its link to node 3's port")
+        # A pull follows the link coming up at once; if one came, wait for it to be applied.
+        if poll(lambda: server3.sync_requests, timeout_s=5):
+            poll(lambda: memory_on(n1, bad["id"]) or peer_row(n1, n3.agent_id)["last_sync_seq"] >= 1, 10)
+    assert memory_on(n1, bad["id"]) is None, server3.sync_requests
 
 
 def test_removing_a_members_pub_also_cuts_its_open_websocket(mesh_factory) -> None:
