@@ -201,6 +201,11 @@ def test_peer_cannot_write_a_memory_as_another_origin(trust: Trust) -> None:
         "signed_by node 3 but writer node 2": ("signer_mismatch",
                                                memory_put(own, signer=trust.attacker, signed_by=n3)),
     })
+    # The WebSocket (the route node links use) answers the same.
+    before = db_rows(trust.n1)
+    [ws] = trust.attacker.ws_session(trust.n1, [memory_put(new_memory(n3, writer=n2), signer=trust.attacker)])
+    assert ws.ack is not None and ws.ack.reason == "rejected:writer_not_allowed", ws
+    assert diff(before, db_rows(trust.n1)) == {}
     # Node 2 writing as itself is fine, signed or not (the sender is the writer).
     assert_accepted(trust.attacker.send(trust.n1, memory_put(new_memory(n2), signer=trust.attacker)))
     assert_accepted(trust.attacker.send(trust.n1, memory_put(new_memory(n2))))
