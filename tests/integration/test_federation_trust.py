@@ -345,17 +345,20 @@ def test_links_into_a_restricted_namespace_are_refused_as_unknown_memory(trust: 
     mine = new_memory(n2)
     assert_accepted(trust.attacker.send(trust.n1, memory_put(mine, signer=trust.attacker)))
 
-    def link(src: str, dst: str) -> dict:
-        payload = LinkPayload(src_id=src, dst_id=dst, relation="points_at", observed_by=n2,
+    def link(src: str, dst: str, by: Member = trust.attacker) -> dict:
+        payload = LinkPayload(src_id=src, dst_id=dst, relation="points_at", observed_by=by.agent_id,
                               valid_from=now_ms(), valid_until=None)
         return {"kind": "link.put", "link": payload.to_dict(),
-                "signature": attest.sign(trust.attacker.private_key, payload), "signed_by": n2}
+                "signature": attest.sign(by.private_key, payload), "signed_by": by.agent_id}
 
     absent = str(uuid.uuid4())
     assert_refused(trust.n1, trust.attacker, {
         "to a restricted memory": ("unknown_memory", link(mine["id"], secret["id"])),
         "from a restricted memory": ("unknown_memory", link(secret["id"], mine["id"])),
         "to an absent memory (the same answer)": ("unknown_memory", link(mine["id"], absent)),
+        # Node 3 may see the restricted end and signed this link; node 2, relaying it, may not.
+        "node 3's signed link relayed by node 2": ("unknown_memory",
+                                                   link(mine["id"], secret["id"], Member.of(trust.layout, 3))),
     })
 
 
