@@ -2,7 +2,7 @@
 
 The attacker is the test itself holding node 2's real key and certificate: a compromised but
 legitimate member. It sends hand-made envelopes to node 1 (the victim), which must refuse each with the
-stable code of the spec (docs: /work/notes/issue10-spec.md) and leave its rows exactly as they were.
+stable code of the issue 10 spec and leave its rows exactly as they were.
 Where a forgery needs a valid signature it is signed with node 2's real key over the canonical
 ``memory.version`` payload: a well-signed version by a node that may not write it.
 """
