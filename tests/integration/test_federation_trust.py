@@ -238,6 +238,19 @@ def test_peer_cannot_overwrite_a_memory_it_may_not_write(trust: Trust, owner: in
     assert got["version"] == 2 and got["origin"] == owner_spec.agent_id
 
 
+def test_a_relayed_version_signed_by_its_writer_is_accepted(trust: Trust) -> None:
+    """The other side of the binding: a peer may relay a version its writer signed (node 2 had it first)."""
+    n2, n3 = trust.id(2), trust.id(3)
+    created = ok(trust.n3, "store", "node 3's, relayed by node 2")
+    stored = stored_on(trust.n1, created["id"])
+    # Node 3's version 2, signed with node 3's key as node 3 would; node 2 delivers it.
+    v2 = next_version(stored, n3, content="node 3's version 2, relayed")
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(v2, signer=Member.of(trust.layout, 3))))
+    got = memory_on(trust.n1, created["id"])
+    assert (got["version"], got["content"], got["writer"]) == (2, v2["content"], n3), got
+    assert (got["attest_level"], got["received_from"]) == ("peer_attested", n2), got
+
+
 def test_a_writer_cannot_date_a_version_ahead_of_the_clock(trust: Trust) -> None:
     n2 = trust.id(2)
     created = ok(trust.n1, "store", "shared with a writer", "--namespace", SHARED)
