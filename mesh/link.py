@@ -118,8 +118,12 @@ class LinkHealth:
 class PeerLink:
     def __init__(self, agent_id: str, url: str, ssl_context: ssl.SSLContext, *,
                  pinned: Callable[[], Mapping[str, Ed25519PublicKey]], backoff: Backoff,
-                 ack_timeout_s: float, max_bytes: int, settle_s: float = LINK_SETTLE_S) -> None:
+                 ack_timeout_s: float, max_bytes: int, settle_s: float = LINK_SETTLE_S,
+                 member: Callable[[str], bool] | None = None) -> None:
         self.agent_id = agent_id
+        # Membership (mesh.trust = "pinned"): a peer this returns False for is not dialled, so nothing is
+        # sent to it and nothing is pulled from it until its .pub is imported. None = dial on CA trust.
+        self.member = member
         self.url = url
         self.ssl_context = ssl_context
         self.pinned = pinned
@@ -216,6 +220,9 @@ class PeerLink:
 
     async def _connect_and_read(self) -> None:
         assert self._session is not None
+        if self.member is not None and not self.member(self.agent_id):
+            raise MeshError("not_a_member", f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
+                                            "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
                                             max_msg_size=self.max_bytes * 4, heartbeat=15.0, autoping=True)
         self._ws = ws

@@ -149,6 +149,11 @@ def _websocket(hooks: ServerHooks):
         try:
             async with asyncio.TaskGroup() as tg:
                 async for msg in ws:
+                    if hooks.member is not None and not hooks.member(peer):
+                        # Membership is read again when peers/ changes: a removed member's open socket ends too.
+                        log.warning("not_a_member", extra={"ev": {"peer": peer, "route": "ws", "closing": True}})
+                        await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"not_a_member")
+                        break
                     if msg.type is WSMsgType.BINARY:
                         await slots.acquire()
                         tg.create_task(_answer(hooks.receiver, ws, peer, msg.data, slots))

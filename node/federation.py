@@ -31,7 +31,7 @@ from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.hooks import HookError, HookEvent, Hooks, NoHooks
-from node.limits import check_db_budget, check_memory_fields, check_text
+from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
 from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
 from storage import changelog, events, links, memories, outbox
@@ -143,13 +143,6 @@ class Federation:
 
     # ---- who sees what --------------------------------------------------------------------
 
-    def targets(self, namespace: str) -> list[str]:
-        """Peers a change in ``namespace`` goes to: the namespace's configured peers, else all."""
-        policy = self.cfg.federation.namespaces.get(namespace)
-        if policy is not None:
-            return [p for p in policy.peers if p in self.peers]
-        return list(self.peers)
-
     def shares(self, peer: str, namespace: str) -> bool:
         """This node's own policy lets ``peer`` see ``namespace``."""
         policy = self.cfg.federation.namespaces.get(namespace)
@@ -166,23 +159,20 @@ class Federation:
 
     # ---- outbound (the service's Replicator) ----------------------------------------------
 
-    def enqueue(self, conn: Any, payload: dict[str, Any], namespaces: Sequence[str], ts: int) -> Queued:
-        """Inside the write transaction: one outbox row per peer that may see every one of ``namespaces``
-        (a link goes only where both its ends go). Returns (peer, correlation_id) pairs."""
+    def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
+        """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
+        (a memory version: itself; a link: both its ends). Returns (peer, correlation_id) pairs."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
         queued = []
-        for peer in self._targets_all(namespaces):
+        for peer in self._audience(scope):
             env = new_envelope(self.agent_id, [peer], payload, ts, ttl_ms)
             outbox.enqueue(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
             queued.append((peer, env.correlation_id))
         return queued
 
-    def _targets_all(self, namespaces: Sequence[str]) -> list[str]:
-        peers: list[str] | None = None
-        for ns in namespaces:
-            these = self.targets(ns)
-            peers = these if peers is None else [p for p in peers if p in these]
-        return peers or []
+    def _audience(self, scope: Sequence[MemoryRow]) -> list[str]:
+        """Configured peers that may see every memory in ``scope`` (by policy and by ``share_with``)."""
+        return [p for p in self.peers if all(self.visible_to(p, m) for m in scope)]
 
     def wake(self) -> None:
         if self.on_enqueued is not None:
@@ -192,13 +182,13 @@ class Federation:
         async with self._ack_changed:
             self._ack_changed.notify_all()
 
-    async def await_quorum(self, queued: Queued, namespaces: Sequence[str]) -> int:
+    async def await_quorum(self, queued: Queued, scope: Sequence[MemoryRow]) -> int:
         """Wait until the configured write quorum has ACKed (self counts as one); returns nodes that ACKed.
 
         A row leaves the outbox only on its peer's ACK, so "gone from the outbox" is the ACK, whichever
         process (this node or a CLI beside it) made the write.
         """
-        nodes = 1 + len(self._targets_all(namespaces))
+        nodes = 1 + len(self._audience(scope))
         need = self.cfg.quorum_size(nodes)
         if need <= 1:
             return 1
@@ -254,19 +244,17 @@ class Federation:
         code = self._memory_out_of_bounds(m) or self._memory_not_allowed(body, sender)
         if code is not None:
             return self._refused(code, sender, m)
-        stored = await self.db.read(memories.get, m["id"])
-        if stored is not None and not self.visible_to(sender, stored):
-            # Answered as if absent: an ACK never tells a peer whether a memory it may not see exists.
-            log.warning("hidden_id_conflict", extra={"ev": {"peer": sender, "memory_id": m["id"]}})
-            self.counters["memory:hidden_conflict"] += 1
-            return OK_UNCHANGED
-        code = _against_stored(stored, m, self.cfg.federation.max_version_step)
-        if code is not None:
-            return self._refused(code, sender, m)
         level = await self._attest(MemoryPayload.from_mapping(m), body["signature"], m["writer"], sender,
                                    what=m["id"])
         if isinstance(level, Applied):
             return level
+        stored = await self.db.read(memories.get, m["id"])
+        if stored is not None and not self.visible_to(sender, stored):
+            # Answered exactly as if absent: an ACK never tells a peer whether a memory it may not see exists.
+            return await self._as_if_absent(m, sender)
+        code = _against_stored(stored, m, self.cfg.federation.max_version_step)
+        if code is not None:
+            return self._refused(code, sender, m)
         row = _memory_row(body, level, sender)
         try:
             check_db_budget(self.cfg)
@@ -277,6 +265,21 @@ class Federation:
         await self.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m,
                                                                 "stored": applied.changed})
         return applied
+
+    async def _as_if_absent(self, m: dict[str, Any], sender: str) -> Applied:
+        """The answer an unknown id would get, without storing anything (the id is one ``sender`` may not see)."""
+        code = _against_stored(None, m, self.cfg.federation.max_version_step)
+        if code is None:
+            try:
+                check_db_budget(self.cfg)
+                await self.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
+            except (ServiceError, HookError) as e:
+                code = e.code
+        if code is not None:
+            return self._refused(code, sender, m)
+        log.warning("hidden_id_conflict", extra={"ev": {"peer": sender, "memory_id": m["id"]}})
+        self.counters["memory:hidden_conflict"] += 1
+        return OK_UNCHANGED
 
     def _memory_out_of_bounds(self, m: dict[str, Any]) -> str | None:
         """The same limits as a local write, and times within ``max_clock_skew_s`` of this node's clock."""
@@ -336,10 +339,7 @@ class Federation:
             code = _against_stored(stored, memory_wire_fields(row), step)
             if code is not None:
                 return Applied(code)
-            if stored is not None and stored.share_with is not None:
-                row_ = _keep_narrower(row, stored)
-            else:
-                row_ = row
+            row_ = row if stored is None else _share_with_after(row, stored, self.agent_id)
             result = memories.apply_remote(conn, row_)
             if result not in ("inserted", "updated"):
                 return OK_UNCHANGED
@@ -365,7 +365,7 @@ class Federation:
             raise ProtocolError("bad_payload", e.message) from None
         link_id = payload.link_id
         now = self.clock()
-        code = self._link_out_of_bounds(payload, now)
+        code = self._link_out_of_bounds(payload, body["link"].get("confidence"), now)
         if code is not None:
             return Applied(code)
         if await self.db.read(links.get, link_id) is not None:
@@ -405,12 +405,14 @@ class Federation:
         await self.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**hook_payload, "stored": stored})
         return OK_CHANGED if stored else OK_UNCHANGED
 
-    def _link_out_of_bounds(self, payload: LinkPayload, now: int) -> str | None:
+    def _link_out_of_bounds(self, payload: LinkPayload, confidence: Any, now: int) -> str | None:
         lim = self.cfg.limits
         try:
             for name in ("src_id", "dst_id", "observed_by"):
                 check_text(name, getattr(payload, name), lim.max_id_chars, allow_empty=False)
             check_text("relation", payload.relation, lim.max_relation_chars, allow_empty=False)
+            if confidence is not None:
+                check_confidence(confidence)
         except ServiceError as e:
             return e.code
         if payload.valid_from > now + int(self.cfg.federation.max_clock_skew_s * 1000):
@@ -582,10 +584,12 @@ def _memory_row(body: dict[str, Any], level: AttestLevel, sender: str) -> Memory
                      share_with=None if share is None else tuple(share), received_from=sender)
 
 
-def _keep_narrower(row: MemoryRow, stored: MemoryRow) -> MemoryRow:
-    """Who may see a memory never widens on a later version: a relay cannot lift a restriction."""
-    if row.share_with is None:
+def _share_with_after(row: MemoryRow, stored: MemoryRow, me: str) -> MemoryRow:
+    """Who may see a memory is the origin's to say: on the origin its own policy stands; elsewhere only a
+    version written by the origin may change the list, and only to narrow it. A relay or another writer
+    can neither lift nor tighten the restriction."""
+    if stored.origin == me or row.writer != row.origin:
         return replace(row, share_with=stored.share_with)
-    assert stored.share_with is not None
+    if stored.share_with is None or row.share_with is None:
+        return replace(row, share_with=row.share_with if stored.share_with is None else stored.share_with)
     return replace(row, share_with=tuple(a for a in row.share_with if a in stored.share_with))
-

@@ -60,7 +60,7 @@ class Node:
         self.links = {
             p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=self.pinned_keys,
                                  backoff=backoff, ack_timeout_s=cfg.a2a.ack_timeout_s,
-                                 max_bytes=cfg.a2a.max_message_bytes)
+                                 max_bytes=cfg.a2a.max_message_bytes, member=self.is_member)
             for p in cfg.mesh.peers
         }
         self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,

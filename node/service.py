@@ -41,11 +41,11 @@ class Replicator(Protocol):
     """What the service needs of federation: enqueue a change in the write's transaction, wake the
     sender after the commit, wait for a write quorum, and close."""
 
-    def enqueue(self, conn: Any, payload: dict[str, Any], namespaces: Sequence[str], ts: int) -> Queued: ...
+    def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued: ...
 
     def wake(self) -> None: ...
 
-    def await_quorum(self, queued: Queued, namespaces: Sequence[str]) -> Awaitable[int]: ...
+    def await_quorum(self, queued: Queued, scope: Sequence[MemoryRow]) -> Awaitable[int]: ...
 
     def close(self) -> None: ...
 
@@ -111,7 +111,7 @@ class Service:
         queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
         made = {"links": linked} if linked else {}
-        return {**memory_dict(row), **made, **await self._after_write(queued, [namespace])}
+        return {**memory_dict(row), **made, **await self._after_write(queued, [row])}
 
     async def memory_update(self, memory_id: str, *, content: str | None = None, title: str | None = None,
                             tags: Sequence[str] | None = None, priority: int | None = None,
@@ -146,7 +146,7 @@ class Service:
 
         row, queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_UPDATE, {"memory": memory_dict(row)})
-        return {**memory_dict(row), **await self._after_write(queued, [row.namespace])}
+        return {**memory_dict(row), **await self._after_write(queued, [row])}
 
     def _signed(self, row: MemoryRow) -> MemoryRow:
         """``row`` signed by this node's key (self_signed), or left unsigned when the node has no key."""
@@ -159,7 +159,7 @@ class Service:
         """In the write's transaction: the audit event, the change-log entry and the outbox rows."""
         events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, ts)
         changelog.append(conn, "memory", row.id, row.version, ts)
-        return self._replicate(conn, "memory.put", memory_put_body(row), [row.namespace], ts)
+        return self._replicate(conn, "memory.put", memory_put_body(row), [row], ts)
 
     def _check_may_write(self, old: MemoryRow) -> None:
         """Versions of a memory are written by its creator or by a writer its namespace names; and a
@@ -252,12 +252,12 @@ class Service:
             events.append(conn, "link", row.link_id, self.agent_id, row.link_id, signature, ts)
             changelog.append(conn, "link", row.link_id, 1, ts)
             # A link goes only where both of its ends go.
-            namespaces = sorted({ends[src_id].namespace, ends[dst_id].namespace})
-            return namespaces, self._replicate(conn, "link.put", link_wire(row), namespaces, ts)
+            scope = list(ends.values())
+            return scope, self._replicate(conn, "link.put", link_wire(row), scope, ts)
 
-        namespaces, queued = await self.db.write(write)
+        scope, queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
-        return {**link_dict(row), **await self._after_write(queued, namespaces)}
+        return {**link_dict(row), **await self._after_write(queued, scope)}
 
     async def memory_verify(self, id: str) -> dict[str, Any]:
         """Re-derive the signed payload from the stored row (a link by link_id, a memory's current version
@@ -335,8 +335,7 @@ class Service:
             events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts)
             changelog.append(conn, "link", row.link_id, 1, ts)
             # A link goes only where both of its ends go (as memory_link).
-            namespaces = sorted({src.namespace, ends[row.dst_id].namespace})
-            queued += self._replicate(conn, "link.put", link_wire(row), namespaces, ts)
+            queued += self._replicate(conn, "link.put", link_wire(row), [src, ends[row.dst_id]], ts)
             made.append(link_dict(row))
         return queued
 
@@ -403,21 +402,22 @@ class Service:
 
     # ---- replication --------------------------------------------------------------------
 
-    def _replicate(self, conn: Any, kind: str, body: dict[str, Any], namespaces: Sequence[str],
+    def _replicate(self, conn: Any, kind: str, body: dict[str, Any], scope: Sequence[MemoryRow],
                    ts: int) -> Queued:
-        """Enqueue the change for the peers (same transaction); returns (peer, correlation_id) pairs."""
+        """Enqueue the change for the peers that may see every memory in ``scope`` (same transaction);
+        returns (peer, correlation_id) pairs."""
         if self.replicator is None:
             return []
-        return self.replicator.enqueue(conn, {"kind": kind, **body}, namespaces, ts)
+        return self.replicator.enqueue(conn, {"kind": kind, **body}, scope, ts)
 
-    async def _after_write(self, queued: Queued, namespaces: Sequence[str]) -> dict[str, Any]:
+    async def _after_write(self, queued: Queued, scope: Sequence[MemoryRow]) -> dict[str, Any]:
         """Wake the sender; with a write quorum above 1, wait for it. Returns fields for the result."""
         if not queued or self.replicator is None:
             return {}
         self.replicator.wake()
         result: dict[str, Any] = {"replicating_to": sorted(p for p, _ in queued)}
         if self.cfg.federation.write_quorum != 1:
-            result["acked_nodes"] = await self.replicator.await_quorum(queued, namespaces)
+            result["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
         return result
 
     # ---- validation -----------------------------------------------------------------------
