@@ -57,7 +57,7 @@ def agent_uri(agent_id: str) -> str:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _cert_pem(cert: x509.Certificate) -> bytes:
@@ -260,3 +260,22 @@ def issue_node_cert(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     keys.write_file_atomic(out_path, _cert_pem(cert), CERT_MODE, replace=True)
     return out_path
+
+
+def extra_sans(cert_path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(extra IPs, extra DNS names) of a node certificate: its SANs beyond the defaults every node
+    certificate carries (``127.0.0.1``, ``localhost``), to issue a replacement that answers the same
+    addresses. A missing file has none; an unreadable one raises ``cert_invalid``."""
+    try:
+        cert = load_cert(cert_path)
+    except MeshError as exc:
+        if exc.code == "cert_missing":
+            return (), ()
+        raise
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return (), ()
+    ips = tuple(str(ip) for ip in san.get_values_for_type(x509.IPAddress) if str(ip) != "127.0.0.1")
+    dns = tuple(name for name in san.get_values_for_type(x509.DNSName) if name != "localhost")
+    return ips, dns

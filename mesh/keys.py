@@ -6,11 +6,21 @@ Layout (DESIGN.md §2), all directories passed in by the caller:
 - ``<home>/keys/<agent_id>.pub``: SubjectPublicKeyInfo PEM, mode 0644
 - ``<home>/peers/<agent_id>.pub``: one trusted peer per file; the file name is
   the peer's agent_id.
+- ``<home>/keys/retired/<agent_id>.<fingerprint16>.pub``: this node's public
+  keys from before each ``rotate_identity`` (the keyring), mode 0644.
+- ``<home>/peers/retired/<agent_id>.<fingerprint16>.pub``: a peer's keys from
+  before it rotated, moved there by ``import_peer``.
+
+File names keep the agent_id as is (it may hold ``:``; ``scp`` needs a path
+with a ``/`` before it, e.g. ``./ai:node-1@lab.pub``); the fingerprint is hex.
+Retired keys only verify old signatures: transport pinning uses current keys.
+Keyring files follow the trust-file rule: writable by group or others (the
+file, ``retired/`` or its parent) means not trusted, logged.
 
 Every failure is a :class:`~mesh.errors.MeshError` with a stable code:
 ``bad_agent_id``, ``identity_exists``, ``key_missing``, ``key_file_mode``,
 ``key_invalid``, ``key_pair_mismatch``, ``no_identity``,
-``ambiguous_identity``, ``peer_key_conflict``.
+``ambiguous_identity``, ``peer_key_conflict``, ``bad_key_file_name``.
 """
 
 from __future__ import annotations
@@ -44,6 +54,9 @@ MAX_AGENT_ID_LEN = 128
 # Keys directory holds secrets, so it is private; peers/ only public keys.
 KEYS_DIR_MODE = 0o700
 PEERS_DIR_MODE = 0o755
+RETIRED_DIR = "retired"
+FINGERPRINT_LEN = 16
+_HEX = frozenset("0123456789abcdef")
 
 
 # --------------------------------------------------------------------------- ids
@@ -358,6 +371,73 @@ def load_identity(keys_dir: Path, agent_id: str | None = None) -> Identity:
     return Identity.of(agent_id, private_key, priv_path, pub_path)
 
 
+def rotate_identity(keys_dir: Path, agent_id: str) -> tuple[Identity, str]:
+    """Replace this node's keypair with a new one; returns (the new Identity, the retired fingerprint).
+
+    The old public key is kept in the keyring, ``keys_dir/retired/<agent_id>.<old fp>.pub`` (0644),
+    so what it signed keeps verifying here (:func:`retired_public_keys`). The old private key is
+    destroyed: a retired key only verifies, and keeping its private half would only keep a way to
+    forge "old" signatures that every peer still accepts.
+
+    Steps, each written atomically and fsynced, so that :func:`load_identity` finds a whole pair
+    (old or new) at every moment: the old .pub into the keyring; a backup of the old .priv at
+    ``retired/<agent_id>.<old fp>.priv`` (0600); the old .pub removed (a lone .priv loads, its .pub
+    derived); the new .priv renamed over the old; the new .pub; the backup removed. If a step fails
+    the old pair is put back and the error raised; if the process dies, the backup may be left
+    behind (``identity list`` warns) and the next rotation removes it.
+    """
+    old = load_identity(keys_dir, agent_id)
+    retired_dir = Path(keys_dir) / RETIRED_DIR
+    _remove_priv_backups(retired_dir, agent_id)
+    new_private = Ed25519PrivateKey.generate()
+    retired_pub = retired_dir / retired_file_name(agent_id, old.fingerprint)
+    backup = retired_dir / f"{agent_id}.{old.fingerprint}{PRIV_SUFFIX}"
+    try:
+        _write_retired(retired_dir, agent_id, old.public_key, KEYS_DIR_MODE)
+        write_file_atomic(backup, private_pem(old.private_key), PRIV_MODE, replace=True)
+        old.pub_path.unlink(missing_ok=True)
+        _fsync_dir(old.pub_path.parent)
+        write_file_atomic(old.priv_path, private_pem(new_private), PRIV_MODE, replace=True)
+        write_file_atomic(old.pub_path, public_pem(new_private.public_key()), PUB_MODE, replace=True)
+    except BaseException:
+        _put_back(old, retired_pub, backup)
+        raise
+    backup.unlink()
+    _fsync_dir(retired_dir)
+    return Identity.of(agent_id, new_private, old.priv_path, old.pub_path), old.fingerprint
+
+
+def _put_back(old: Identity, retired_pub: Path, backup: Path) -> None:
+    # Best effort: if this fails too, the backup stays and says which key was the node's.
+    try:
+        write_file_atomic(old.priv_path, private_pem(old.private_key), PRIV_MODE, replace=True)
+        write_file_atomic(old.pub_path, public_pem(old.public_key), PUB_MODE, replace=True)
+    except (OSError, MeshError) as exc:
+        log.error("could not put back the identity %s after a failed rotation (%s); its private key is "
+                  "kept at %s", old.agent_id, exc, backup)
+        return
+    retired_pub.unlink(missing_ok=True)
+    backup.unlink(missing_ok=True)
+
+
+def _priv_backups(retired_dir: Path, agent_id: str) -> list[Path]:
+    prefix = f"{agent_id}."
+    out = []
+    for path in _list_files(retired_dir, PRIV_SUFFIX):
+        middle = path.name[len(prefix): -len(PRIV_SUFFIX)]
+        if path.name.startswith(prefix) and len(middle) == FINGERPRINT_LEN and set(middle) <= _HEX:
+            out.append(path)
+    return sorted(out)
+
+
+def _remove_priv_backups(retired_dir: Path, agent_id: str) -> None:
+    # Left by a rotation that died after its backup: that key is either still the current one
+    # (so the backup is a copy) or already replaced (so it is due to be destroyed).
+    for path in _priv_backups(retired_dir, agent_id):
+        log.warning("removing %s, left by an interrupted key rotation", path)
+        path.unlink(missing_ok=True)
+
+
 def _list_files(directory: Path, suffix: str) -> list[Path]:
     try:
         entries = list(Path(directory).iterdir())
@@ -377,16 +457,20 @@ class PeerKey:
     public_key: Ed25519PublicKey
     path: Path
     fingerprint: str
+    # Set when this import replaced another key for the peer: that key's fingerprint and its keyring file.
+    retired_fingerprint: str | None = None
+    retired_path: Path | None = None
 
 
 @dataclass(frozen=True)
 class KeyInfo:
-    """One row of ``ai-memory identity list``."""
+    """One row of ``ai-memory identity list``; ``retired`` keys only verify old signatures."""
 
     agent_id: str
     fingerprint: str
     trust: Literal["self", "peer"]
     path: Path
+    retired: bool = False
 
 
 class BadKeyFile(NamedTuple):
@@ -414,9 +498,12 @@ def import_peer(
 
     ``agent_id`` defaults to the file name without ``.pub``
     (``ai:node-2@lab.pub`` → ``ai:node-2@lab``). Importing the same key again
-    is a no-op; a different key for a known peer is refused
-    (``peer_key_conflict``) unless ``force``. Stored as
-    ``peers_dir/<agent_id>.pub``, mode 0644, in canonical SPKI PEM.
+    is a no-op. A different key for a known peer means the peer rotated: the
+    key trusted so far moves to ``peers_dir/retired/<agent_id>.<fp>.pub`` (so
+    what it signed keeps verifying) and the result names it in
+    ``retired_fingerprint``/``retired_path``. A trusted file that cannot be
+    read cannot be kept: replacing it needs ``force`` (``peer_key_conflict``).
+    Stored as ``peers_dir/<agent_id>.pub``, mode 0644, in canonical SPKI PEM.
     """
     pub_file = Path(pub_file)
     if agent_id is None:
@@ -426,23 +513,159 @@ def import_peer(
     peers_dir = Path(peers_dir)
     dest = peers_dir / f"{agent_id}{PUB_SUFFIX}"
     fp = fingerprint(public_key)
+    current: Ed25519PublicKey | None = None
     if dest.exists():
         try:
             current = load_public_key(dest)
-        except MeshError:
-            current = None  # an unreadable trusted key is replaced only with force
+        except MeshError as exc:
+            if not force:
+                raise MeshError(
+                    "peer_key_conflict",
+                    f"Peer {agent_id} is trusted with a key file that cannot be read ({exc.message}); "
+                    "pass force to replace it without keeping the old key.",
+                ) from None
         if current is not None and raw_public_bytes(current) == raw_public_bytes(public_key):
             return PeerKey(agent_id, public_key, dest, fp)
-        if not force:
-            old_fp = fingerprint(current) if current is not None else "unreadable"
-            raise MeshError(
-                "peer_key_conflict",
-                f"Peer {agent_id} is already trusted with key {old_fp}, not {fp}; "
-                "pass force to replace it if the peer really rotated its key.",
-            )
     _ensure_dir(peers_dir, PEERS_DIR_MODE)
+    retired_path = None
+    if current is not None:
+        # Keyring first: if writing the new key fails, the old one is still trusted where it was.
+        retired_path = _write_retired(peers_dir / RETIRED_DIR, agent_id, current, PEERS_DIR_MODE)
     write_file_atomic(dest, public_pem(public_key), PUB_MODE, replace=True)
-    return PeerKey(agent_id, public_key, dest, fp)
+    # A key brought back from the keyring is current again, not also retired.
+    (peers_dir / RETIRED_DIR / retired_file_name(agent_id, fp)).unlink(missing_ok=True)
+    return PeerKey(agent_id, public_key, dest, fp,
+                   retired_fingerprint=fingerprint(current) if current is not None else None,
+                   retired_path=retired_path)
+
+
+def retired_file_name(agent_id: str, fp: str) -> str:
+    """``<agent_id>.<fingerprint16>.pub``: the keyring file name of one retired key."""
+    return f"{validate_agent_id(agent_id)}.{fp}{PUB_SUFFIX}"
+
+
+def _parse_retired_name(name: str) -> tuple[str, str]:
+    """(agent_id, fingerprint) from a keyring file name, or ``bad_key_file_name``."""
+    stem = name[: -len(PUB_SUFFIX)]
+    agent_id, dot, fp = stem.rpartition(".")
+    if not dot or len(fp) != FINGERPRINT_LEN or not set(fp) <= _HEX:
+        raise MeshError(
+            "bad_key_file_name",
+            f"{name!r} is not <agent_id>.<16 hex fingerprint>.pub, so it names no retired key.",
+        )
+    return validate_agent_id(agent_id), fp
+
+
+def _write_retired(retired_dir: Path, agent_id: str, key: Ed25519PublicKey, dir_mode: int) -> Path:
+    _ensure_dir(retired_dir, dir_mode)
+    path = retired_dir / retired_file_name(agent_id, fingerprint(key))
+    write_file_atomic(path, public_pem(key), PUB_MODE, replace=True)
+    return path
+
+
+def _untrusted_dir(directory: Path) -> Path | None:
+    """``directory`` or its parent when either is writable by group or others, else None."""
+    for d in (directory, directory.parent):
+        try:
+            if d.stat().st_mode & 0o022:
+                return d
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _load_retired(retired_dir: Path, agent_id: str | None = None) -> dict[str, list[Ed25519PublicKey]]:
+    """Every trusted keyring file in ``retired_dir`` (only ``agent_id``'s when given), by agent_id.
+
+    A file that is writable by group or others (or in such a directory), badly named, unparsable,
+    or whose key does not have the fingerprint its name says is skipped and logged as a warning.
+    """
+    out: dict[str, list[Ed25519PublicKey]] = {}
+    files = sorted(p for p in _list_files(retired_dir, PUB_SUFFIX) if not p.name.startswith("."))
+    if not files:
+        return out
+    loose_dir = _untrusted_dir(retired_dir)
+    for path in files:
+        try:
+            owner, fp = _parse_retired_name(path.name)
+            if agent_id is not None and owner != agent_id:
+                continue
+            where = loose_dir or (path if path.stat().st_mode & 0o022 else None)
+            if where is not None:
+                raise MeshError("key_file_mode", f"{where} is writable by group or others, so anyone could add "
+                                                 f"a key that old signatures verify against; run: chmod go-w {where}")
+            key = load_public_key(path)
+            if fingerprint(key) != fp:
+                raise MeshError("key_invalid", f"{path} holds key {fingerprint(key)}, not the {fp} its name says.")
+        except MeshError as exc:
+            log.warning("skipping retired key file %s: %s", path, exc.message)
+            continue
+        out.setdefault(owner, []).append(key)
+    return out
+
+
+def load_peer_keyrings(peers_dir: Path) -> dict[str, tuple[Ed25519PublicKey, ...]]:
+    """Every trusted peer's keyring: ``{agent_id: (current key, retired key, ...)}``.
+
+    The current key is the one :func:`load_peer_keys` returns (``peers_dir/<agent_id>.pub``) and
+    always comes first; retired keys (``peers_dir/retired/<agent_id>.<fp>.pub``) follow in file-name
+    order, without repeating the current key. A peer with no current ``.pub`` has no entry at all:
+    removing a peer's ``.pub`` withdraws trust in every key it had. Bad files are skipped and logged
+    as :func:`load_peer_keys` does; nothing raises. Cost: one directory listing and one small file
+    read per key file, so call it when the directories change (:func:`keyring_stamp`), not per
+    message. Use a retired key only to verify signatures, never to pin a TLS peer.
+    """
+    peers_dir = Path(peers_dir)
+    current = load_peer_keys(peers_dir).keys
+    retired = _load_retired(peers_dir / RETIRED_DIR)
+    out: dict[str, tuple[Ed25519PublicKey, ...]] = {}
+    for agent_id, key in current.items():
+        raw = raw_public_bytes(key)
+        older = tuple(k for k in retired.get(agent_id, ()) if raw_public_bytes(k) != raw)
+        out[agent_id] = (key, *older)
+    return out
+
+
+def retired_public_keys(keys_dir: Path, agent_id: str) -> tuple[Ed25519PublicKey, ...]:
+    """This node's own retired public keys (``keys_dir/retired/<agent_id>.<fp>.pub``), in file-name order.
+
+    Never includes the current key (even after an interrupted :func:`rotate_identity`); empty when
+    the node never rotated. Bad files are skipped and logged. It changes only by rotation, after
+    which the node restarts, so read it once when the node opens its identity.
+    """
+    keys_dir = Path(keys_dir)
+    found = _load_retired(keys_dir / RETIRED_DIR, validate_agent_id(agent_id)).get(agent_id, [])
+    now = _current_public_key(keys_dir, agent_id)
+    return tuple(k for k in found if now is None or raw_public_bytes(k) != raw_public_bytes(now))
+
+
+def keyring_stamp(directory: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(mtime_ns, inode) of ``directory`` and of ``directory/retired`` (None where absent).
+
+    Changes whenever a key file is added, removed or renamed in either, so a caller can re-run
+    :func:`load_peer_keyrings` only when this differs from the last value (two ``stat`` calls).
+    """
+    def one(d: Path) -> tuple[int, int] | None:
+        try:
+            st = d.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
+    directory = Path(directory)
+    return one(directory), one(directory / RETIRED_DIR)
+
+
+def _current_public_key(keys_dir: Path, agent_id: str) -> Ed25519PublicKey | None:
+    priv_path, pub_path = _identity_paths(keys_dir, agent_id)
+    try:
+        if pub_path.exists():
+            return load_public_key(pub_path)
+        if priv_path.exists():
+            return load_private_key(priv_path).public_key()
+    except MeshError:
+        return None
+    return None
 
 
 def load_peer_keys(peers_dir: Path) -> PeerKeys:
@@ -474,31 +697,38 @@ def load_peer_keys(peers_dir: Path) -> PeerKeys:
 
 
 def list_keys(keys_dir: Path, peers_dir: Path) -> list[KeyInfo]:
-    """Own identities (trust ``self``) then trusted peers (``peer``), by agent_id.
+    """Own identities (trust ``self``) then trusted peers (``peer``), by agent_id; each followed by
+    its retired keys (``retired=True``, path = the keyring file).
 
     Unreadable files are logged and left out.
     """
+    keys_dir, peers_dir = Path(keys_dir), Path(peers_dir)
     out: list[KeyInfo] = []
-    for priv_path in sorted(_list_files(Path(keys_dir), PRIV_SUFFIX)):
+    for priv_path in sorted(_list_files(keys_dir, PRIV_SUFFIX)):
         if priv_path.name.startswith("."):
             continue
         agent_id = _agent_id_from_name(priv_path.name, PRIV_SUFFIX)
         pub_path = priv_path.with_name(f"{agent_id}{PUB_SUFFIX}")
         try:
             validate_agent_id(agent_id)
-            if pub_path.exists():
-                key = load_public_key(pub_path)
-            else:
-                key = load_private_key(priv_path).public_key()
+            key = load_public_key(pub_path) if pub_path.exists() else load_private_key(priv_path).public_key()
         except MeshError as exc:
             log.warning("skipping identity %s: %s", priv_path, exc.message)
             continue
         out.append(KeyInfo(agent_id, fingerprint(key), "self", priv_path))
-    peers = load_peer_keys(peers_dir)
-    for agent_id, key in sorted(peers.keys.items()):
-        out.append(
-            KeyInfo(agent_id, fingerprint(key), "peer", Path(peers_dir) / f"{agent_id}{PUB_SUFFIX}")
-        )
+        for backup in _priv_backups(keys_dir / RETIRED_DIR, agent_id):
+            log.warning("%s was left by an interrupted key rotation; the next `identity rotate` removes it, "
+                        "or delete it once this node runs with key %s", backup, fingerprint(key))
+        for old in retired_public_keys(keys_dir, agent_id):
+            fp = fingerprint(old)
+            out.append(KeyInfo(agent_id, fp, "self", keys_dir / RETIRED_DIR / retired_file_name(agent_id, fp),
+                               retired=True))
+    for agent_id, ring in sorted(load_peer_keyrings(peers_dir).items()):
+        out.append(KeyInfo(agent_id, fingerprint(ring[0]), "peer", peers_dir / f"{agent_id}{PUB_SUFFIX}"))
+        for old in ring[1:]:
+            fp = fingerprint(old)
+            out.append(KeyInfo(agent_id, fp, "peer", peers_dir / RETIRED_DIR / retired_file_name(agent_id, fp),
+                               retired=True))
     return out
 
 

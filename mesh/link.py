@@ -3,6 +3,9 @@
 Each node dials each peer it sends to; the dialer sends envelopes and the peer answers ACKs on the
 same socket, many in flight at once, matched by correlation_id. On loss the link reconnects with
 jittered exponential backoff; sends in flight fail with ``link_down`` and the outbox retries them.
+A connection that stayed up ``settle_s`` resets the backoff, so every outage starts again from the
+minimum delay; each outage is logged once (``link_down``) and each recovery (``link_up``). When the
+peer refuses the connection, ``last_error`` carries the peer's own code and message.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
@@ -26,6 +31,17 @@ log = logging.getLogger("mesh.link")
 
 WS_PATH = "/a2a/v1/ws"
 MESSAGES_PATH = "/a2a/v1/messages"
+# A connection must stay up this long before its loss counts as a fresh outage with the minimum
+# reconnect delay; a peer that accepts and drops at once keeps backing off.
+LINK_SETTLE_S = 10.0
+# Bounds on asking a peer why it refused the WebSocket upgrade (one plain GET), and on its answer.
+REFUSAL_PROBE_TIMEOUT_S = 5.0
+REFUSAL_BODY_MAX = 64 * 1024
+REFUSAL_MESSAGE_MAX = 500
+_ERROR_CODE = re.compile(r"[a-z][a-z0-9_:]{0,63}")
+# Errors raised by a trust decision (theirs or ours): worth a warning, an operator must act.
+_TRUST_CODES = frozenset({"peer_key_mismatch", "peer_identity_mismatch", "not_a_member", "no_agent_san",
+                          "ambiguous_agent_san", "no_client_certificate", "refused"})
 
 
 class PinnedConnector(aiohttp.TCPConnector):
@@ -60,10 +76,49 @@ class LinkState(enum.StrEnum):
     CLOSED = "closed"
 
 
+@dataclass
+class LinkHealth:
+    """Outage accounting for one link, free of I/O: the caller passes monotonic seconds.
+
+    ``failures`` counts failed attempts (and lost connections) since the link last stayed up
+    ``settle_s``; it drives the reconnect delay. ``outages`` counts the times the link stopped being
+    up (the first failed attempt counts as one).
+    """
+
+    settle_s: float
+    failures: int = 0
+    outages: int = 0
+    up_since: float | None = None
+    down_since: float | None = None
+
+    def went_up(self, now: float) -> float | None:
+        """Record a connection; returns how long the link had been down (None on the first connect)."""
+        down_for = None if self.down_since is None else now - self.down_since
+        self.up_since, self.down_since = now, None
+        return down_for
+
+    def went_down(self, now: float) -> bool:
+        """Record a failed attempt or a lost connection; True when this begins a new outage."""
+        was_up = self.up_since is not None
+        if self.up_since is not None and now - self.up_since >= self.settle_s:
+            self.failures = 0
+        self.failures += 1
+        self.up_since = None
+        if was_up or self.down_since is None:
+            self.outages += 1
+            self.down_since = now
+            return True
+        return False
+
+    def settled(self, now: float) -> bool:
+        """Up for at least ``settle_s``: losing the link now would start over from the minimum delay."""
+        return self.up_since is not None and now - self.up_since >= self.settle_s
+
+
 class PeerLink:
     def __init__(self, agent_id: str, url: str, ssl_context: ssl.SSLContext, *,
                  pinned: Callable[[], Mapping[str, Ed25519PublicKey]], backoff: Backoff,
-                 ack_timeout_s: float, max_bytes: int) -> None:
+                 ack_timeout_s: float, max_bytes: int, settle_s: float = LINK_SETTLE_S) -> None:
         self.agent_id = agent_id
         self.url = url
         self.ssl_context = ssl_context
@@ -72,7 +127,11 @@ class PeerLink:
         self.ack_timeout_s = ack_timeout_s
         self.max_bytes = max_bytes
         self.state = LinkState.CONNECTING
+        self.health = LinkHealth(settle_s)
+        # "code: message" of the last failure; a refusal carries the peer's own code and message.
         self.last_error: str | None = None
+        self.last_error_code: str | None = None
+        self.last_delay_s: float | None = None
         self.last_ack_at: float | None = None  # unix seconds
         self.connected_at: float | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -94,27 +153,66 @@ class PeerLink:
         connector = PinnedConnector(expected_agent_id=self.agent_id, pinned=self.pinned,
                                     ssl_context=self.ssl_context, limit=0)
         self._session = aiohttp.ClientSession(connector=connector)
-        failures = 0
         try:
             while self.state is not LinkState.CLOSED:
+                error: MeshError | None = None
                 try:
                     await self._connect_and_read()
-                    failures = 0
-                except (aiohttp.ClientError, OSError, MeshError, asyncio.TimeoutError) as e:
-                    self.last_error = f"{type(e).__name__}: {e}"
-                    if failures == 0:
-                        log.info("link_down", extra={"ev": {"peer": self.agent_id, "error": self.last_error}})
-                    failures += 1
+                except (aiohttp.ClientError, OSError, MeshError, TimeoutError) as e:
+                    error = await self._explain(e)
                 finally:
                     self._mark_down()
                 if self.state is LinkState.CLOSED:
                     break
                 self.state = LinkState.DOWN
-                await asyncio.sleep(self.backoff.next_delay(failures))
+                await asyncio.sleep(self._record_down(error))
                 if self.state is not LinkState.CLOSED:
                     self.state = LinkState.CONNECTING
         finally:
             await self._session.close()
+
+    def _record_down(self, error: MeshError | None) -> float:
+        """Account the failure, log an outage's start (or a changed reason), return the delay in s."""
+        if error is None:
+            error = MeshError("link_closed", "the connection ended")
+        previous_code = self.last_error_code
+        self.last_error, self.last_error_code = f"{error.code}: {error.message}", error.code
+        new_outage = self.health.went_down(time.monotonic())
+        self.last_delay_s = self.backoff.next_delay(self.health.failures)
+        ev = {"peer": self.agent_id, "code": error.code, "error": self.last_error, "outages": self.health.outages,
+              "failures": self.health.failures, "retry_in_s": round(self.last_delay_s, 3)}
+        level = logging.WARNING if error.code in _TRUST_CODES else logging.INFO
+        if new_outage:
+            log.log(level, "link_down", extra={"ev": ev})
+        elif error.code != previous_code:  # by code: messages may differ from one attempt to the next
+            log.log(level, "link_still_down", extra={"ev": ev})
+        return self.last_delay_s
+
+    async def _explain(self, e: BaseException) -> MeshError:
+        """The failure as a MeshError; a refused WebSocket upgrade as the peer's own code and message."""
+        if isinstance(e, MeshError):
+            return e
+        if isinstance(e, aiohttp.WSServerHandshakeError) and 400 <= e.status < 600:
+            return await self._refusal(e.status)
+        return MeshError("connect_failed", f"{type(e).__name__}: {e}")
+
+    async def _refusal(self, status: int) -> MeshError:
+        """Ask why the peer refused the upgrade: aiohttp drops that answer's body, so send one plain GET
+        to the same path (the same identity checks answer it), bounded in time and size."""
+        code, reason = "refused", f"HTTP {status} to the WebSocket upgrade"
+        assert self._session is not None
+        try:
+            async with self._session.get(self.url + WS_PATH,
+                                         timeout=aiohttp.ClientTimeout(total=REFUSAL_PROBE_TIMEOUT_S)) as resp:
+                body = await resp.content.read(REFUSAL_BODY_MAX)
+                same = resp.status == status
+            err = orjson.loads(body).get("error") if same else None
+        except (aiohttp.ClientError, OSError, MeshError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+            err = None
+        if isinstance(err, dict) and isinstance(err.get("code"), str) and _ERROR_CODE.fullmatch(err["code"]) \
+                and isinstance(err.get("message"), str):
+            code, reason = err["code"], err["message"][:REFUSAL_MESSAGE_MAX]
+        return MeshError(code, f"{self.agent_id} refused this node (HTTP {status}): {reason}")
 
     async def _connect_and_read(self) -> None:
         assert self._session is not None
@@ -123,9 +221,13 @@ class PeerLink:
         self._ws = ws
         self.state = LinkState.UP
         self.connected_at = time.time()
-        self.last_error = None
+        down_for = self.health.went_up(time.monotonic())
+        self.last_error = self.last_error_code = None
         self._up.set()
-        log.info("link_up", extra={"ev": {"peer": self.agent_id, "url": self.url}})
+        ev: dict[str, object] = {"peer": self.agent_id, "url": self.url}
+        if down_for is not None:
+            ev.update(recovered=True, down_s=round(down_for, 3), outages=self.health.outages)
+        log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
         async for msg in ws:
@@ -153,7 +255,7 @@ class PeerLink:
     def _mark_down(self) -> None:
         self._up.clear()
         self._ws = None
-        for cid, fut in list(self._pending.items()):
+        for fut in list(self._pending.values()):
             if not fut.done():
                 fut.set_exception(MeshError("link_down", f"link to {self.agent_id} went down before the ACK"))
         self._pending.clear()

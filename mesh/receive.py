@@ -2,6 +2,8 @@
 
 decode -> decide (a2a, pure) -> apply (the node's callback, which commits) -> remember -> ACK.
 An ACK with ``accepted=true`` is only produced after the apply committed: it means "durably stored".
+Each apply is bounded by ``apply_timeout_s``: a stuck storage writer costs one message a timeout (no
+ACK, so the sender retries; the apply is idempotent), never the whole receive path.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ log = logging.getLogger("mesh.receive")
 # Raising means "could not store now": no ACK is sent, so the sender retries.
 Apply = Callable[[Envelope, str], Awaitable[Ack]]
 
+# Default bound on one apply, in seconds: above federation.orphan_hold_s (a link waiting for its memory)
+# plus a slow group commit, below the 60 s TTL so the sender's retries still land.
+APPLY_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class Received:
@@ -34,10 +40,13 @@ class Received:
 
 class Receiver:
     def __init__(self, local_agent_id: str, seen: SeenCache, apply: Apply, *, max_bytes: int,
-                 clock_ms: Callable[[], int]) -> None:
+                 clock_ms: Callable[[], int], apply_timeout_s: float = APPLY_TIMEOUT_S) -> None:
+        if not apply_timeout_s > 0:
+            raise ValueError(f"apply_timeout_s must be > 0, got {apply_timeout_s!r}")
         self.local_agent_id = local_agent_id
         self.seen = seen
         self.apply = apply
+        self.apply_timeout_s = apply_timeout_s
         self.max_bytes = max_bytes
         self.clock_ms = clock_ms
         self.counters: Counter[str] = Counter()
@@ -80,7 +89,8 @@ class Receiver:
         self._inflight[cid] = None
         stored = False
         try:
-            ack = await self.apply(env, tls_identity)
+            async with asyncio.timeout(self.apply_timeout_s):
+                ack = await self.apply(env, tls_identity)
             stored = ack.accepted
             if stored:
                 self.seen.remember(cid, env.expires_at)
@@ -92,6 +102,11 @@ class Receiver:
             log.warning("bad_payload", extra={"ev": {"peer": tls_identity, "correlation_id": cid,
                                                      "code": e.code, "detail": e.message}})
             return Received(ack=Ack.rejected(cid, self.local_agent_id, e.code), decision=decision, envelope=env)
+        except TimeoutError:  # a stuck apply (storage writer, verifier): no ACK, the sender retries
+            self.counters["apply_timeout"] += 1
+            log.warning("apply_timeout", extra={"ev": {"peer": tls_identity, "correlation_id": cid, "kind": env.kind,
+                                                       "timeout_s": self.apply_timeout_s}})
+            return Received(ack=None, decision=decision, envelope=env)
         except Exception as e:  # storage trouble: no ACK, the sender's retry schedule takes over
             self.counters["apply_failed"] += 1
             log.error("apply_failed", extra={"ev": {"peer": tls_identity, "correlation_id": cid,

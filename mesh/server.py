@@ -34,6 +34,11 @@ SOCKETS_KEY = web.AppKey("sockets", set)
 WS_READ_SLACK = 4
 # Messages handled at once per WebSocket; more wait, which pushes back on the sender over TCP.
 WS_INFLIGHT = 512
+# Bound on handing one ACK to a peer that does not read: past it the socket is closed (the sender
+# reconnects and resends; applies are idempotent). Seconds.
+ACK_SEND_TIMEOUT_S = 10.0
+# Bound on reading one POSTed message body (a peer trickling bytes holds no handler for ever). Seconds.
+BODY_READ_TIMEOUT_S = 10.0
 
 SyncHandler = Callable[[str, int, int, list[str]], Awaitable[Mapping[str, Any]]]
 MemberCheck = Callable[[str], bool]
@@ -109,9 +114,12 @@ def _peer_identity(hooks: ServerHooks):
 def _messages(hooks: ServerHooks):
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
-            body = await request.read()
+            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return json_error(413, "too_large", f"message is larger than {hooks.receiver.max_bytes} bytes")
+        except TimeoutError:
+            return json_error(408, "body_timeout", f"the message body did not arrive within {BODY_READ_TIMEOUT_S:g} s")
         result = await hooks.receiver.receive(body, request[PEER_KEY])
         if result.error is not None:
             status = 413 if result.error.code == "too_large" else 400
@@ -138,23 +146,12 @@ def _websocket(hooks: ServerHooks):
         log.info("ws_accepted", extra={"ev": {"peer": peer}})
         slots = asyncio.Semaphore(WS_INFLIGHT)
 
-        async def one(frame: bytes) -> None:
-            try:
-                result = await hooks.receiver.receive(frame, peer)
-                if result.ack is not None and not ws.closed:
-                    await ws.send_bytes(result.ack.to_wire())
-            except (ConnectionError, RuntimeError) as e:
-                # The peer went away with this ACK in flight; it resends, and the apply is idempotent.
-                log.info("ack_not_sent", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
-            finally:
-                slots.release()
-
         try:
             async with asyncio.TaskGroup() as tg:
                 async for msg in ws:
                     if msg.type is WSMsgType.BINARY:
                         await slots.acquire()
-                        tg.create_task(one(msg.data))
+                        tg.create_task(_answer(hooks.receiver, ws, peer, msg.data, slots))
                     elif msg.type is WSMsgType.TEXT:
                         log.warning("protocol_error", extra={"ev": {"peer": peer, "code": "text_frame"}})
                     elif msg.type is WSMsgType.ERROR:
@@ -166,6 +163,26 @@ def _websocket(hooks: ServerHooks):
         log.info("ws_closed", extra={"ev": {"peer": peer, "code": ws.close_code}})
         return ws
     return handler
+
+
+async def _answer(receiver: Receiver, ws: web.WebSocketResponse, peer: str, frame: bytes,
+                  slot: asyncio.Semaphore) -> None:
+    """Receive one frame and send its ACK, then free its slot. The receiver bounds the apply itself
+    (``Receiver.apply_timeout_s``); the ACK send is bounded here."""
+    try:
+        result = await receiver.receive(frame, peer)
+        if result.ack is not None and not ws.closed:
+            async with asyncio.timeout(ACK_SEND_TIMEOUT_S):
+                await ws.send_bytes(result.ack.to_wire())
+    except (ConnectionError, RuntimeError) as e:
+        # The peer went away with this ACK in flight; it resends, and the apply is idempotent.
+        log.info("ack_not_sent", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
+    except TimeoutError:
+        # The peer does not read its ACKs: drop it rather than buffer for ever; it reconnects and resends.
+        log.warning("ack_send_timeout", extra={"ev": {"peer": peer, "timeout_s": ACK_SEND_TIMEOUT_S}})
+        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"ACKs not read")
+    finally:
+        slot.release()
 
 
 def _sync(hooks: ServerHooks):

@@ -79,7 +79,7 @@ def _configure(ctx: ssl.SSLContext, cert_path: Path, key_path: Path, ca_path: Pa
             "issue a new one from this node's .pub.",
         )
     _check_issued_by(own, cert_path, ca_path)
-    if own.not_valid_after_utc <= dt.datetime.now(dt.timezone.utc):
+    if own.not_valid_after_utc <= dt.datetime.now(dt.UTC):
         # Not fatal here: peers will refuse it, and the operator should know why.
         log.warning("certificate %s expired at %s", cert_path, own.not_valid_after_utc)
 
@@ -220,7 +220,8 @@ def verify_peer(
                 "peer_key_mismatch",
                 f"The certificate for {agent_id} is over key "
                 f"{keys.fingerprint(Ed25519PublicKey.from_public_bytes(presented))}, but the pinned "
-                f".pub is {keys.fingerprint(pinned_key)}; refusing (the CA may "
-                "have issued a certificate it should not have).",
+                f".pub is {keys.fingerprint(pinned_key)}; refusing. If {agent_id} rotated its key, its "
+                "new .pub must be imported where it is pinned (ai-memory identity import); otherwise the "
+                "CA issued a certificate it should not have.",
             )
     return agent_id

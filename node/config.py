@@ -63,6 +63,8 @@ class A2AConfig:
     retry_delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
     seen_cache_size: int = 10_000
     max_message_bytes: int = 1024 * 1024
+    # Longest one inbound apply may take; past it no ACK is sent (the sender retries; apply is idempotent).
+    apply_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -354,6 +356,7 @@ def _validate(cfg: NodeConfig) -> None:
     _positive("a2a.ack_timeout_s", cfg.a2a.ack_timeout_s)
     _positive("a2a.seen_cache_size", cfg.a2a.seen_cache_size)
     _positive("a2a.max_message_bytes", cfg.a2a.max_message_bytes)
+    _positive("a2a.apply_timeout_s", cfg.a2a.apply_timeout_s)
     for i, d in enumerate(cfg.a2a.retry_delays_s):
         if d < 0:
             raise ConfigError("config_invalid", f"a2a.retry_delays_s[{i}] must be >= 0, got {d!r}")

@@ -29,6 +29,12 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 32 * 1024 * 1024
 # Bound on connecting to the node's socket; a live node accepts at once.
 CONNECT_TIMEOUT_S = 2.0
+# A restarting node is waited for this long (in at most RECONNECT_ATTEMPTS tries, RECONNECT_FIRST_DELAY_S
+# apart at first, doubling up to RECONNECT_MAX_DELAY_S): a restart opens its database before the socket.
+RECONNECT_WINDOW_S = 15.0
+RECONNECT_ATTEMPTS = 30
+RECONNECT_FIRST_DELAY_S = 0.05
+RECONNECT_MAX_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,9 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
 
 
 TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
+# Tools that change nothing: safe to send again when the answer to a sent call was lost.
+READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
+                             "memory_capabilities"})
 
 class ArgValidator:
     """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
@@ -153,9 +162,11 @@ def _arg_error(tool: str, e: ValidationError) -> ServiceError:
         return ServiceError("bad_input", f"{tool}: unknown argument(s): {e.message.split('(')[-1].rstrip(')')}")
     where = f"argument {arg!r}" if arg else "arguments"
     if e.validator == "maxLength":
-        return ServiceError("too_large", f"{tool}: {where} is {len(e.instance)} chars, the limit is {e.validator_value}")
+        return ServiceError("too_large",
+                            f"{tool}: {where} is {len(e.instance)} chars, the limit is {e.validator_value}")
     if e.validator == "maxItems":
-        return ServiceError("too_large", f"{tool}: {where} has {len(e.instance)} items, the limit is {e.validator_value}")
+        return ServiceError("too_large",
+                            f"{tool}: {where} has {len(e.instance)} items, the limit is {e.validator_value}")
     value = repr(e.instance)
     if len(value) > 60:
         value = value[:57] + "..."
@@ -202,15 +213,19 @@ class ServiceBackend:
             case "memory_link":
                 return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
             case "memory_verify":
-                given = [args[k] for k in ("link_id", "memory_id") if k in args]
-                if len(given) != 1:
-                    raise ServiceError("bad_input", "give exactly one of link_id or memory_id")
-                return await s.memory_verify(given[0])
+                return await s.memory_verify(_one_verify_id(args))
             case "memory_peers":
                 return await s.peers()
             case "memory_capabilities":
                 return await s.capabilities()
         raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
+
+
+def _one_verify_id(args: dict[str, Any]) -> str:
+    given = [args[k] for k in ("link_id", "memory_id") if k in args]
+    if len(given) != 1:
+        raise ServiceError("bad_input", "give exactly one of link_id or memory_id")
+    return str(given[0])
 
 
 # ---- local-socket framing and client backend ------------------------------------------------
@@ -242,22 +257,34 @@ async def read_frame(reader: asyncio.StreamReader) -> Any | None:
 
 
 class SocketClientBackend:
-    """Forwards tool calls to a running node over its local socket; one connection, one call at a time."""
+    """Forwards tool calls to a running node over its local socket; one connection, one call at a time.
 
-    def __init__(self, path: Path, *, limits: LimitsConfig, call_timeout_s: float) -> None:
+    The node may restart under a long-lived session. A connection found closed before a request is
+    written, or one that fails while writing, is replaced (waiting up to ``reconnect_window_s`` for the
+    node to come back) and the request sent on the new one: it never reached the node. When the
+    connection is lost after the request was written, the answer is lost with it: a read-only tool is
+    sent again, any other fails ``node_restarted`` (it may or may not have been applied; it is never
+    silently run twice).
+    """
+
+    def __init__(self, path: Path, *, limits: LimitsConfig, call_timeout_s: float,
+                 reconnect_window_s: float = RECONNECT_WINDOW_S) -> None:
         self.path = Path(path)
         # Used only for the tool list shown to clients; the node checks arguments against its own.
         self.limits = limits
         self.call_timeout_s = call_timeout_s
+        self.reconnect_window_s = reconnect_window_s
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._lock = asyncio.Lock()
+        self.reconnects = 0
 
     @classmethod
-    async def connect(cls, path: Path, *, limits: LimitsConfig,
-                      call_timeout_s: float = 30.0) -> SocketClientBackend:
-        """Connect or raise OSError/TimeoutError (no node listening). ``call_timeout_s`` bounds each call."""
-        self = cls(path, limits=limits, call_timeout_s=call_timeout_s)
+    async def connect(cls, path: Path, *, limits: LimitsConfig, call_timeout_s: float = 30.0,
+                      reconnect_window_s: float = RECONNECT_WINDOW_S) -> SocketClientBackend:
+        """Connect or raise OSError/TimeoutError (no node listening). ``call_timeout_s`` bounds each call;
+        ``reconnect_window_s`` how long a call waits for a restarting node (seconds)."""
+        self = cls(path, limits=limits, call_timeout_s=call_timeout_s, reconnect_window_s=reconnect_window_s)
         await self._connect()
         return self
 
@@ -265,35 +292,78 @@ class SocketClientBackend:
         self._reader, self._writer = await asyncio.wait_for(
             asyncio.open_unix_connection(str(self.path), limit=MAX_FRAME_BYTES), CONNECT_TIMEOUT_S)
 
-    async def call(self, name: str, args: dict[str, Any]) -> JSON:
-        async with self._lock:
-            if self._writer is None or self._writer.is_closing():
-                # The node restarted or dropped us: one reconnect attempt per call, then report it.
-                try:
-                    await self._connect()
-                except (OSError, TimeoutError) as e:
-                    raise ServiceError("node_unavailable",
-                                       f"the node at {self.path} is not answering ({type(e).__name__})") from None
+    def is_open(self) -> bool:
+        """A connection that has not been seen to close (EOF, reset or our own drop)."""
+        # The node closing its end shows as EOF on our reader once the loop has seen it.
+        return (self._writer is not None and not self._writer.is_closing()
+                and self._reader is not None and not self._reader.at_eof() and self._reader.exception() is None)
+
+    async def _reconnect(self) -> None:
+        """Replace a dead connection, waiting (bounded) for a restarting node; node_unavailable if it does not come."""
+        await self._drop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.reconnect_window_s
+        delay = RECONNECT_FIRST_DELAY_S
+        last: BaseException | None = None
+        for _ in range(RECONNECT_ATTEMPTS):
             try:
-                self._writer.write(encode_frame({"tool": name, "args": args}))
-                await self._writer.drain()
-                reply = await asyncio.wait_for(read_frame(self._reader), self.call_timeout_s)
+                await self._connect()
+                self.reconnects += 1
+                return
             except (OSError, TimeoutError) as e:
-                await self._drop()
-                raise ServiceError("node_unavailable",
-                                   f"lost the node at {self.path}: {type(e).__name__} {e}".rstrip()) from None
-            except ServiceError:
-                await self._drop()
-                raise
-        if reply is None:
-            await self._drop()
-            raise ServiceError("node_unavailable", f"the node at {self.path} closed the connection")
+                last = e
+            if loop.time() + delay >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_DELAY_S)
+        raise ServiceError("node_unavailable", f"the node at {self.path} is not answering "
+                                               f"({type(last).__name__}: {last})") from None
+
+    async def call(self, name: str, args: dict[str, Any]) -> JSON:
+        frame = encode_frame({"tool": name, "args": args})
+        async with self._lock:
+            reply = await self._exchange(name, frame)
         if isinstance(reply, dict) and "ok" in reply:
             return reply["ok"]
         err = reply.get("error") if isinstance(reply, dict) else None
         if isinstance(err, dict) and isinstance(err.get("code"), str) and isinstance(err.get("message"), str):
             raise ServiceError(err["code"], err["message"])
         raise ServiceError("bad_frame", f"unexpected reply from the node: {str(reply)[:80]}")
+
+    async def _exchange(self, name: str, frame: bytes) -> Any:
+        """Send one request and read its reply, replacing a dead connection at most twice."""
+        for _ in range(3):
+            if not self.is_open():
+                await self._reconnect()
+            assert self._reader is not None and self._writer is not None
+            try:
+                self._writer.write(frame)
+                await self._writer.drain()
+            except OSError:
+                await self._drop()
+                continue  # not delivered: send it on a new connection
+            try:
+                reply = await asyncio.wait_for(read_frame(self._reader), self.call_timeout_s)
+            except TimeoutError:
+                await self._drop()  # a late answer would be read as the next call's
+                raise ServiceError("node_unavailable", f"the node at {self.path} did not answer {name} "
+                                                       f"within {self.call_timeout_s:g} s") from None
+            except OSError:
+                reply = None  # reset: the answer is lost
+            except ServiceError:
+                if not self._reader.at_eof():
+                    await self._drop()  # garbage from the node: framing is lost, and so is this call
+                    raise
+                reply = None  # cut inside a frame: the answer is lost
+            if reply is not None:
+                return reply
+            await self._drop()
+            if name not in READ_ONLY_TOOLS:
+                raise ServiceError("node_restarted",
+                                   f"the connection to the node at {self.path} was lost after {name} was sent, "
+                                   "so it may or may not have been applied; check (e.g. memory_list) before "
+                                   "calling it again")
+        raise ServiceError("node_unavailable", f"the node at {self.path} keeps dropping the connection")
 
     async def _drop(self) -> None:
         if self._writer is not None:
@@ -303,6 +373,7 @@ class SocketClientBackend:
             except (OSError, TimeoutError):
                 pass
             self._writer = None
+            self._reader = None
 
     async def close(self) -> None:
         async with self._lock:

@@ -53,16 +53,19 @@ class Keyring:
         return tuple(_stamp(d) for d in self._watched())
 
     def _watched(self) -> tuple[Path, ...]:
-        return (self.cfg.peers_dir,)
+        # A key file copied straight into a retired/ directory changes only that directory.
+        return (self.cfg.peers_dir, self.cfg.peers_dir / mesh_keys.RETIRED_DIR,
+                self.cfg.keys_dir / mesh_keys.RETIRED_DIR)
 
     def _reload_if_changed(self) -> None:
         stamps = self._stamps()
         if stamps == self._stamp_seen:
             return
         self._stamp_seen = stamps
-        self._peer_keys = dict(mesh_keys.load_peer_keys(self.cfg.peers_dir).keys)
-        self._peer_rings = {agent: (key,) for agent, key in self._peer_keys.items()}
-        self._own_retired = ()
+        self._peer_rings = mesh_keys.load_peer_keyrings(self.cfg.peers_dir)
+        self._peer_keys = {agent: ring[0] for agent, ring in self._peer_rings.items()}
+        self._own_retired = (mesh_keys.retired_public_keys(self.cfg.keys_dir, self.identity.agent_id)
+                             if self.identity is not None else ())
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

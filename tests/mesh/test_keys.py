@@ -252,18 +252,34 @@ def test_import_same_key_twice_is_a_no_op(tmp_path: Path) -> None:
     assert (again.path, again.fingerprint) == (first.path, first.fingerprint)
 
 
-def test_import_refuses_a_different_key_for_a_known_peer(tmp_path: Path) -> None:
-    real = keys.generate_identity(tmp_path / "real", B)
-    impostor = keys.generate_identity(tmp_path / "impostor", B)
-    keys.import_peer(tmp_path / "peers", real.pub_path)
+def test_import_of_a_rotated_peer_key_keeps_the_old_one_in_the_keyring(tmp_path: Path) -> None:
+    before = keys.generate_identity(tmp_path / "before", B)
+    after = keys.generate_identity(tmp_path / "after", B)
+    peers = tmp_path / "peers"
+    keys.import_peer(peers, before.pub_path)
+
+    peer = keys.import_peer(peers, after.pub_path)
+
+    assert (peer.fingerprint, peer.retired_fingerprint) == (after.fingerprint, before.fingerprint)
+    assert peer.retired_path == peers / "retired" / f"{B}.{before.fingerprint}.pub"
+    assert mode_of(peer.retired_path) == 0o644
+    assert keys.fingerprint(keys.load_peer_keys(peers).keys[B]) == after.fingerprint
+    ring = keys.load_peer_keyrings(peers)[B]
+    assert [keys.fingerprint(k) for k in ring] == [after.fingerprint, before.fingerprint]
+
+
+def test_import_refuses_to_replace_an_unreadable_trusted_key_without_force(tmp_path: Path) -> None:
+    b = keys.generate_identity(tmp_path / "b", B)
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    (peers / f"{B}.pub").write_bytes(b"-----BEGIN PUBLIC KEY-----\nnope\n")
 
     with pytest.raises(MeshError) as excinfo:
-        keys.import_peer(tmp_path / "peers", impostor.pub_path)
+        keys.import_peer(peers, b.pub_path)
     assert code_of(excinfo) == "peer_key_conflict"
-    assert keys.fingerprint(keys.load_peer_keys(tmp_path / "peers").keys[B]) == real.fingerprint
 
-    replaced = keys.import_peer(tmp_path / "peers", impostor.pub_path, force=True)
-    assert replaced.fingerprint == impostor.fingerprint
+    replaced = keys.import_peer(peers, b.pub_path, force=True)
+    assert (replaced.fingerprint, replaced.retired_fingerprint) == (b.fingerprint, None)
 
 
 def test_import_refuses_garbage_and_private_keys(tmp_path: Path) -> None:

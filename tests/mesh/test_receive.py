@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from a2a import Ack, SeenCache, new_envelope
 from mesh.receive import Receiver
 
@@ -52,3 +54,54 @@ async def test_second_copy_is_applied_when_the_first_apply_failed() -> None:
     a, b = await asyncio.gather(r.receive(frame, PEER), r.receive(frame, PEER))
     assert a.ack is None  # not stored: no ACK, the sender retries
     assert b.ack.accepted and calls == 2
+
+
+def _stuck_for(stuck_cids: set[str], never: asyncio.Event, applied: list[str]):
+    """The node's apply seam: waits on an event nobody sets for the given messages (a stuck storage
+    writer), commits at once for the others."""
+    async def apply(env, sender):
+        if env.correlation_id in stuck_cids:
+            await never.wait()
+        applied.append(env.correlation_id)
+        return Ack.ok(env.correlation_id, ME)
+    return apply
+
+
+async def test_a_stuck_apply_times_out_without_an_ack_and_other_messages_keep_flowing() -> None:
+    never = asyncio.Event()
+    stuck_env = new_envelope(PEER, [ME], {"kind": "ping"}, NOW, 60_000)
+    stuck = {stuck_env.correlation_id}
+    applied: list[str] = []
+    r = Receiver(ME, SeenCache(100, clock=lambda: NOW), _stuck_for(stuck, never, applied), max_bytes=1 << 20,
+                 clock_ms=lambda: NOW, apply_timeout_s=0.2)
+
+    waiting = asyncio.create_task(r.receive(stuck_env.to_wire(), PEER))
+    other = await r.receive(_frame(), PEER)  # completes while the first is stuck
+    assert other.ack is not None and other.ack.accepted
+    assert not waiting.done()
+
+    result = await waiting
+    assert result.ack is None  # no ACK: the sender retries
+    assert r.counters["apply_timeout"] == 1
+    assert stuck_env.correlation_id not in r.seen  # a retry is applied again, not taken for a duplicate
+
+    stuck.clear()  # the writer is unstuck: the sender's retry (same correlation_id) is stored and ACKed
+    retry = await r.receive(stuck_env.to_wire(), PEER)
+    assert retry.ack is not None and retry.ack.accepted and not retry.ack.is_duplicate
+    assert applied[-1] == stuck_env.correlation_id
+
+
+async def test_a_copy_waiting_on_a_stuck_apply_is_released_by_its_timeout() -> None:
+    never = asyncio.Event()
+    env = new_envelope(PEER, [ME], {"kind": "ping"}, NOW, 60_000)
+    stuck = {env.correlation_id}
+    r = Receiver(ME, SeenCache(100, clock=lambda: NOW), _stuck_for(stuck, never, []), max_bytes=1 << 20,
+                 clock_ms=lambda: NOW, apply_timeout_s=0.2)
+    a, b = await asyncio.gather(r.receive(env.to_wire(), PEER), r.receive(env.to_wire(), PEER))
+    assert a.ack is None and b.ack is None and r.counters["apply_timeout"] == 2
+
+
+def test_apply_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Receiver(ME, SeenCache(100, clock=lambda: NOW), _stuck_for(set(), asyncio.Event(), []),
+                 max_bytes=1 << 20, clock_ms=lambda: NOW, apply_timeout_s=0)

@@ -1,0 +1,800 @@
+"""Federation trust (issue 10) on real node processes and real mTLS sockets.
+
+The attacker is the test itself holding node 2's real key and certificate: a compromised but
+legitimate member. It sends hand-made envelopes to node 1 (the victim), which must refuse each with the
+stable code of the issue 10 spec and leave its rows exactly as they were.
+Where a forgery needs a valid signature it is signed with node 2's real key over the canonical
+``memory.version`` payload: a well-signed version by a node that may not write it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from node import attest
+from node.attest import LinkPayload
+from testbed.build import MeshLayout, NodeSpec, build_layout
+from testbed.local import LocalMesh, health
+from tests.integration.conftest import node_log_events, run_cli, wait_for
+from tests.integration.peer_play import (
+    INT64_MAX,
+    TEN_YEARS_MS,
+    Answer,
+    Member,
+    PeerServer,
+    add_config,
+    change_log_seq,
+    db_rows,
+    links_on,
+    memory_on,
+    memory_put,
+    new_memory,
+    next_version,
+    now_ms,
+    ok,
+    poll,
+    queued_for,
+    version_payload,
+)
+
+pytestmark = pytest.mark.integration
+
+MAX_VERSION_STEP = 1_000_000  # the spec's default [federation] max_version_step
+SECRET = "secret"   # on node 1: restricted to node 3
+SHARED = "shared"   # on node 1: shared with nodes 2 and 3, node 2 may write versions of others' memories
+
+
+@dataclass
+class Trust:
+    layout: MeshLayout
+    mesh: LocalMesh
+    attacker: Member  # node 2's real credentials, in the test's hands
+
+    @property
+    def n1(self) -> NodeSpec:
+        return self.layout.node(1)
+
+    @property
+    def n3(self) -> NodeSpec:
+        return self.layout.node(3)
+
+    def id(self, i: int) -> str:
+        return self.layout.node(i).agent_id
+
+
+def links_up(spec: NodeSpec, *peers: str) -> bool:
+    state = (health(spec) or {}).get("peers", {})
+    return all(state.get(p) == "up" for p in peers)
+
+
+def start(mesh: LocalMesh, *indices: int) -> None:
+    """Start these nodes and wait until each has its links to the others of them up."""
+    mesh.start(list(indices), want_links=False)
+    for i in indices:
+        spec = mesh.layout.node(i)
+        others = [mesh.layout.node(j).agent_id for j in indices if j != i]
+        wait_for(lambda spec=spec, others=others: links_up(spec, *others), f"{spec.agent_id}'s links up")
+
+
+@pytest.fixture(scope="module")
+def trust(tmp_path_factory) -> Iterator[Trust]:
+    """Nodes 1 and 3 running; node 2 exists only as credentials, played by the test.
+
+    Node 1 restricts ``secret`` to node 3 and lets node 2 write versions in ``shared``; node 3 has no
+    namespace policy at all (it only learns a restriction from the data, ``share_with``).
+    """
+    layout = build_layout(tmp_path_factory.mktemp("trust") / "mesh", 3, mcp_http=False)
+    n1, n2, n3 = (layout.node(i).agent_id for i in (1, 2, 3))
+    add_config(layout.node(1), "federation", orphan_hold_s=0.2)
+    add_config(layout.node(1), f'federation.namespaces."{SECRET}"', peers=[n3])
+    add_config(layout.node(1), f'federation.namespaces."{SHARED}"', peers=[n2, n3], writers=[n2])
+    add_config(layout.node(3), "federation", orphan_hold_s=0.2)
+    mesh = LocalMesh(layout)
+    try:
+        start(mesh, 1, 3)
+        yield Trust(layout, mesh, Member.of(layout, 2))
+    finally:
+        mesh.stop_all()
+
+
+def diff(before: dict[str, list[tuple]], after: dict[str, list[tuple]]) -> dict[str, dict[str, list]]:
+    out = {}
+    for table in before:
+        added = [r for r in after[table] if r not in before[table]]
+        removed = [r for r in before[table] if r not in after[table]]
+        if added or removed:
+            out[table] = {"added": added, "removed": removed}
+    return out
+
+
+def assert_refused(victim: NodeSpec, by: Member, cases: dict[str, tuple[str | set[str], dict]]) -> None:
+    """Send every case; each must be ACKed ``rejected:<code>`` (HTTP 200) and the victim's rows unchanged.
+
+    All cases are sent before asserting, so one run reports every disagreement with the spec at once.
+    """
+    before = db_rows(victim)
+    wrong = {}
+    for name, (want, payload) in cases.items():
+        answer = by.send(victim, payload)
+        codes = {want} if isinstance(want, str) else want
+        if answer.status != 200 or answer.ack is None or answer.code not in codes:
+            wrong[name] = f"want 200 rejected:{'|'.join(sorted(codes))}, got {answer.status} " \
+                          f"{answer.ack.reason if answer.ack else answer.error}"
+    changed = diff(before, db_rows(victim))
+    assert not wrong and not changed, {"wrong answers": wrong, "rows changed": changed}
+
+
+def assert_accepted(answer: Answer) -> None:
+    assert answer.status == 200 and answer.ack is not None and answer.ack.accepted, answer
+
+
+def peer_row(spec: NodeSpec, peer: str) -> dict:
+    """``spec``'s row for ``peer`` in ``ai-memory peers``."""
+    return next(r for r in ok(spec, "peers") if r["agent_id"] == peer)
+
+
+def stored_on(spec: NodeSpec, memory_id: str, timeout_s: float = 30.0) -> dict:
+    return wait_for(lambda: memory_on(spec, memory_id), f"memory {memory_id} on {spec.agent_id}", timeout_s)
+
+
+def item_ids(items: list[dict]) -> set[str]:
+    """Every memory id and link end named by sync items."""
+    out = set()
+    for item in items:
+        if item["kind"] == "memory.put":
+            out.add(item["memory"]["id"])
+        else:
+            out |= {item["link"]["src_id"], item["link"]["dst_id"]}
+    return out
+
+
+def link_ids(items: list[dict]) -> set[str]:
+    return {LinkPayload.from_mapping(i["link"]).link_id for i in items if i["kind"] == "link.put"}
+
+
+# ---------------------------------------------------------------- the signed memory version on the wire
+
+
+def test_memory_put_is_signed_by_its_writer_over_the_canonical_version_payload(trust: Trust) -> None:
+    mem = ok(trust.n1, "store", "signed at the origin", "--tag", "b", "--tag", "a", "--confidence", "1")
+    secret = ok(trust.n1, "store", "only node 3 sees this", "--namespace", SECRET)
+    items = trust.attacker.sync_all(trust.n1)
+    put = next(i for i in items if i["kind"] == "memory.put" and i["memory"]["id"] == mem["id"])
+    m = put["memory"]
+    assert m["origin"] == m["writer"] == put["signed_by"] == trust.id(1), put
+    assert isinstance(put["signature"], bytes) and len(put["signature"]) == 64, put
+    # The spec's payload, written here independently of the product's helper.
+    Member.of(trust.layout, 1).public_key.verify(put["signature"], version_payload(m))
+    # A restricted memory carries who may see it; node 3 (in the list) is served it with that list.
+    by_n3 = Member.of(trust.layout, 3).sync_all(trust.n1)
+    put = next(i for i in by_n3 if i["kind"] == "memory.put" and i["memory"]["id"] == secret["id"])
+    # The spec names the origin's namespace peer list; the origin itself may be listed too.
+    assert set(put.get("share_with") or ()) - {trust.id(1)} == {trust.id(3)}, put
+    assert secret["id"] not in item_ids(items)
+
+
+def test_product_signing_payload_equals_the_spec_payload() -> None:
+    mem = new_memory("ai:x@t", tags=("b", "a"), confidence=1, title="t", content="c")
+    payload = getattr(attest, "MemoryPayload", None)
+    assert payload is not None, "node.attest.MemoryPayload (the memory version signing payload) is missing"
+    assert payload.from_mapping(mem).canonical_bytes() == version_payload(mem)
+
+
+# ---------------------------------------------------------------- origin is bound to the sender
+
+
+def test_peer_cannot_write_a_memory_as_another_origin(trust: Trust) -> None:
+    n2, n3 = trust.id(2), trust.id(3)
+    fake = trust.attacker.signing_as(n3)
+    as_n3 = new_memory(n3, content="node 3 never wrote this")
+    as_n2_of_n3 = new_memory(n3, writer=n2, content="node 2 writing a node 3 memory")
+    own = new_memory(n2, content="node 2's own, but signed_by names node 3")
+    assert_refused(trust.n1, trust.attacker, {
+        "unsigned, writer node 3": ("unverified_relay", memory_put(as_n3)),
+        "writer node 3, signed with node 2's key": ("bad_signature", memory_put(as_n3, signer=fake)),
+        "origin node 3, writer node 2, signed by node 2": ("writer_not_allowed",
+                                                           memory_put(as_n2_of_n3, signer=trust.attacker)),
+        "signed_by node 3 but writer node 2": ("signer_mismatch",
+                                               memory_put(own, signer=trust.attacker, signed_by=n3)),
+    })
+    # The WebSocket (the route node links use) answers the same.
+    before = db_rows(trust.n1)
+    [ws] = trust.attacker.ws_session(trust.n1, [memory_put(new_memory(n3, writer=n2), signer=trust.attacker)])
+    assert ws.ack is not None and ws.ack.reason == "rejected:writer_not_allowed", ws
+    assert diff(before, db_rows(trust.n1)) == {}
+    # Node 2 writing as itself is fine, signed or not (the sender is the writer).
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(new_memory(n2), signer=trust.attacker)))
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(new_memory(n2))))
+
+
+@pytest.mark.parametrize("owner", [1, 3], ids=["the_receivers_own", "another_nodes"])
+def test_peer_cannot_overwrite_a_memory_it_may_not_write(trust: Trust, owner: int) -> None:
+    n2 = trust.id(2)
+    owner_spec = trust.layout.node(owner)
+    created = ok(owner_spec, "store", f"memory of node {owner}")
+    stored = stored_on(trust.n1, created["id"])
+    fake = trust.attacker.signing_as(owner_spec.agent_id)
+    far = now_ms() + TEN_YEARS_MS
+    assert_refused(trust.n1, trust.attacker, {
+        "writer node 2, signed by node 2": ("writer_not_allowed", memory_put(
+            next_version(stored, n2, content="forged"), signer=trust.attacker)),
+        "writer node 2, ten years ahead": ({"writer_not_allowed", "clock_skew"}, memory_put(
+            next_version(stored, n2, content="forged", updated_at=far), signer=trust.attacker)),
+        "node 2 claims to be the origin": ("origin_mismatch", memory_put(
+            next_version(stored, n2, origin=n2, content="forged"), signer=trust.attacker)),
+        "writer the owner, signed with node 2's key": ("bad_signature", memory_put(
+            next_version(stored, owner_spec.agent_id, content="forged"), signer=fake)),
+        "writer the owner, unsigned": ("unverified_relay", memory_put(
+            next_version(stored, owner_spec.agent_id, content="forged"))),
+    })
+    # The owner's honest next edit is not "stale" and reaches node 1.
+    ok(owner_spec, "update", created["id"], "--content", "honest edit")
+    got = wait_for(lambda: (memory_on(trust.n1, created["id"]) or {}).get("content") == "honest edit"
+                   and memory_on(trust.n1, created["id"]), "the honest edit on node 1")
+    assert got["version"] == 2 and got["origin"] == owner_spec.agent_id
+
+
+def test_a_relayed_version_signed_by_its_writer_is_accepted(trust: Trust) -> None:
+    """The other side of the binding: a peer may relay a version its writer signed (node 2 had it first)."""
+    n2, n3 = trust.id(2), trust.id(3)
+    created = ok(trust.n3, "store", "node 3's, relayed by node 2")
+    stored = stored_on(trust.n1, created["id"])
+    # Node 3's version 2, signed with node 3's key as node 3 would; node 2 delivers it.
+    v2 = next_version(stored, n3, content="node 3's version 2, relayed")
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(v2, signer=Member.of(trust.layout, 3))))
+    got = memory_on(trust.n1, created["id"])
+    assert (got["version"], got["content"], got["writer"]) == (2, v2["content"], n3), got
+    assert (got["attest_level"], got["received_from"]) == ("peer_attested", n2), got
+
+
+def test_a_writer_cannot_date_a_version_ahead_of_the_clock(trust: Trust) -> None:
+    n2 = trust.id(2)
+    created = ok(trust.n1, "store", "shared with a writer", "--namespace", SHARED)
+    stored = memory_on(trust.n1, created["id"])
+    own = new_memory(n2, content="node 2's own")
+    assert_refused(trust.n1, trust.attacker, {
+        "version ten years ahead": ("clock_skew", memory_put(
+            next_version(stored, n2, updated_at=now_ms() + TEN_YEARS_MS), signer=trust.attacker)),
+        "version an hour ahead": ("clock_skew", memory_put(
+            next_version(stored, n2, updated_at=now_ms() + 3600_000), signer=trust.attacker)),
+        "created after updated": ("clock_skew", memory_put(
+            next_version(stored, n2, created_at=now_ms() + 60_000), signer=trust.attacker)),
+        "new memory ten years ahead": ("clock_skew", memory_put(
+            {**own, "created_at": now_ms() + TEN_YEARS_MS, "updated_at": now_ms() + TEN_YEARS_MS},
+            signer=trust.attacker)),
+    })
+    # An allowed writer with an honest clock is accepted, and the origin's later edit supersedes it.
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(next_version(stored, n2, content="by node 2"),
+                                                             signer=trust.attacker)))
+    got = memory_on(trust.n1, created["id"])
+    assert (got["version"], got["content"], got.get("writer")) == (2, "by node 2", n2), got
+    edited = ok(trust.n1, "update", created["id"], "--content", "origin again")
+    assert edited["version"] == 3
+    # Node 2's version 2 again (a replay or a late copy) is an older version: ACK ok, nothing changes.
+    before = db_rows(trust.n1)
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(next_version(stored, n2, content="late copy"),
+                                                             signer=trust.attacker)))
+    assert diff(before, db_rows(trust.n1)) == {}
+
+
+def test_version_or_time_at_the_int64_edge_is_refused_and_the_row_stays_editable(trust: Trust) -> None:
+    n2 = trust.id(2)
+    created = ok(trust.n1, "store", "must stay editable", "--namespace", SHARED)
+    stored = memory_on(trust.n1, created["id"])
+    own = new_memory(n2)
+    assert_refused(trust.n1, trust.attacker, {
+        "version 2^63-1": ("version_out_of_range", memory_put(
+            next_version(stored, n2, version=INT64_MAX), signer=trust.attacker)),
+        "version one past the step": ("version_out_of_range", memory_put(
+            next_version(stored, n2, version=stored["version"] + MAX_VERSION_STEP + 1), signer=trust.attacker)),
+        "updated_at 2^63-1": ("clock_skew", memory_put(
+            next_version(stored, n2, updated_at=INT64_MAX), signer=trust.attacker)),
+        "new memory at version 2^63-1": ("version_out_of_range", memory_put(
+            {**own, "version": INT64_MAX}, signer=trust.attacker)),
+        "new memory one past the step": ("version_out_of_range", memory_put(
+            {**own, "version": MAX_VERSION_STEP + 1}, signer=trust.attacker)),
+    })
+    edited = ok(trust.n1, "update", created["id"], "--content", "edited locally")
+    assert edited["version"] == 2
+    # The bound itself is allowed: a new memory may start at version max_version_step.
+    assert_accepted(trust.attacker.send(trust.n1, memory_put({**new_memory(n2), "version": MAX_VERSION_STEP},
+                                                             signer=trust.attacker)))
+
+
+# ---------------------------------------------------------------- restricted namespaces
+
+
+def test_a_peer_cannot_write_into_or_move_a_memory_across_namespaces(trust: Trust) -> None:
+    n2 = trust.id(2)
+    mine = new_memory(n2, content="node 2's memory in default")
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(mine, signer=trust.attacker)))
+    stored = memory_on(trust.n1, mine["id"])
+    assert_refused(trust.n1, trust.attacker, {
+        "new memory in a namespace restricted to node 3": ("namespace_not_allowed", memory_put(
+            new_memory(n2, namespace=SECRET), signer=trust.attacker)),
+        "own memory moved to another namespace": ("namespace_mismatch", memory_put(
+            next_version(stored, n2, namespace="elsewhere"), signer=trust.attacker)),
+    })
+
+
+def test_a_restricted_memory_cannot_be_moved_out_of_its_namespace(trust: Trust) -> None:
+    n1, n2 = trust.id(1), trust.id(2)
+    secret = ok(trust.n1, "store", "node 1's secret", "--namespace", SECRET)
+    stored = memory_on(trust.n1, secret["id"])
+    moved = next_version(stored, n2, namespace="default", content="moved out")
+    as_n1 = next_version(stored, n1, namespace="default", content="moved out")
+    guesses = {
+        "node 2 claims the id as its own": memory_put(
+            {**new_memory(n2, content="moved out"), "id": secret["id"]}, signer=trust.attacker),
+        "node 2 re-sends node 1's memory in default": memory_put(moved, signer=trust.attacker),
+        "the same as node 1, unsigned": memory_put(as_n1),
+        "the same as node 1, signed with node 2's key": memory_put(as_n1, signer=trust.attacker.signing_as(n1)),
+    }
+    before = db_rows(trust.n1)
+    answers = {name: trust.attacker.send(trust.n1, p) for name, p in guesses.items()}
+    assert diff(before, db_rows(trust.n1)) == {}
+    assert memory_on(trust.n1, secret["id"]) == stored
+    # Each is answered exactly as the same payload for an id that does not exist here.
+    leaks = {}
+    for name, payload in guesses.items():
+        absent = {**payload, "memory": {**payload["memory"], "id": str(uuid.uuid4())}}
+        if payload["signature"] is not None:
+            signer = trust.attacker.signing_as(payload["signed_by"])
+            absent["signature"] = signer.sign(absent["memory"])
+        twin, got = trust.attacker.send(trust.n1, absent), answers[name]
+        if (got.status, got.ack.reason) != (twin.status, twin.ack.reason):
+            leaks[name] = f"hidden id: {got.status} {got.ack.reason}; absent id: {twin.status} {twin.ack.reason}"
+    assert not leaks, leaks
+    assert any(secret["id"] in str(e.values()) and e.get("level") == "warning" for e in node_log_events(trust.n1))
+
+
+def test_links_into_a_restricted_namespace_are_refused_as_unknown_memory(trust: Trust) -> None:
+    n2 = trust.id(2)
+    secret = ok(trust.n1, "store", "secret end", "--namespace", SECRET)
+    mine = new_memory(n2)
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(mine, signer=trust.attacker)))
+
+    def link(src: str, dst: str, by: Member = trust.attacker) -> dict:
+        payload = LinkPayload(src_id=src, dst_id=dst, relation="points_at", observed_by=by.agent_id,
+                              valid_from=now_ms(), valid_until=None)
+        return {"kind": "link.put", "link": payload.to_dict(),
+                "signature": attest.sign(by.private_key, payload), "signed_by": by.agent_id}
+
+    absent = str(uuid.uuid4())
+    assert_refused(trust.n1, trust.attacker, {
+        "to a restricted memory": ("unknown_memory", link(mine["id"], secret["id"])),
+        "from a restricted memory": ("unknown_memory", link(secret["id"], mine["id"])),
+        "to an absent memory (the same answer)": ("unknown_memory", link(mine["id"], absent)),
+        # Node 3 may see the restricted end and signed this link; node 2, relaying it, may not.
+        "node 3's signed link relayed by node 2": ("unknown_memory",
+                                                   link(mine["id"], secret["id"], Member.of(trust.layout, 3))),
+    })
+
+
+def test_sync_does_not_serve_links_with_an_end_the_peer_may_not_see(trust: Trust) -> None:
+    shared = ok(trust.n1, "store", "shared end")
+    other = ok(trust.n1, "store", "another shared end")
+    secret = ok(trust.n1, "store", "restricted end", "--namespace", SECRET)
+    into = ok(trust.n1, "link", shared["id"], secret["id"], "refers_to")
+    out_of = ok(trust.n1, "link", secret["id"], shared["id"], "refers_to")
+    visible = ok(trust.n1, "link", shared["id"], other["id"], "refers_to")
+    # Not sent live either: node 1's queue for node 2 (which is down) holds the visible link only.
+    live = link_ids([p for p in queued_for(trust.n1, trust.id(2)) if p["kind"] == "link.put"])
+    assert visible["link_id"] in live and not {into["link_id"], out_of["link_id"]} & live
+    items = trust.attacker.sync_all(trust.n1)
+    assert visible["link_id"] in link_ids(items)
+    assert not {into["link_id"], out_of["link_id"]} & link_ids(items)
+    assert secret["id"] not in item_ids(items)
+    # Node 3 may see both ends: it is served all three.
+    by_n3 = Member.of(trust.layout, 3).sync_all(trust.n1)
+    assert {into["link_id"], out_of["link_id"], visible["link_id"]} <= link_ids(by_n3)
+
+
+def test_a_writer_cannot_narrow_who_sees_the_origins_memory(trust: Trust) -> None:
+    n2 = trust.id(2)
+    created = ok(trust.n1, "store", "node 1's, shared with nodes 2 and 3", "--namespace", SHARED)
+    stored = memory_on(trust.n1, created["id"])
+    # Node 2 may write versions in this namespace, but share_with is the origin's peer list, not node 2's.
+    narrowed = memory_put(next_version(stored, n2, content="by node 2, for node 2's eyes"), signer=trust.attacker,
+                          share_with=[n2])
+    assert_accepted(trust.attacker.send(trust.n1, narrowed))
+    assert memory_on(trust.n1, created["id"])["version"] == 2
+    served_to_n3 = Member.of(trust.layout, 3).sync_all(trust.n1)
+    assert created["id"] in item_ids(served_to_n3), "node 2's share_with hid the origin's memory from node 3"
+
+
+def test_a_node_without_the_policy_does_not_re_serve_restricted_memories(trust: Trust) -> None:
+    secret = ok(trust.n1, "store", "restricted to node 3", "--namespace", SECRET)
+    public = ok(trust.n1, "store", "for everyone")
+    stored_on(trust.n3, secret["id"])
+    stored_on(trust.n3, public["id"])
+    # Node 3 links one of its own memories to the restricted one.
+    own = ok(trust.n3, "store", "node 3's own")
+    link = ok(trust.n3, "link", own["id"], secret["id"], "refers_to")
+    items = trust.attacker.sync_all(trust.n3)
+    assert public["id"] in item_ids(items) and own["id"] in item_ids(items)
+    assert secret["id"] not in item_ids(items)
+    assert link["link_id"] not in link_ids(items)
+
+
+def test_a_node_without_the_policy_does_not_send_links_to_restricted_memories_live(trust: Trust) -> None:
+    secret = ok(trust.n1, "store", "restricted to node 3, linked on node 3", "--namespace", SECRET)
+    stored_on(trust.n3, secret["id"])
+    own = ok(trust.n3, "store", "node 3's own, linked to the restricted one")
+    link = ok(trust.n3, "link", own["id"], secret["id"], "refers_to")
+    # Node 2 is down, so what node 3 sends it live waits in node 3's queue (or its dead letters).
+    live = queued_for(trust.n3, trust.id(2))
+    assert own["id"] in item_ids(live)
+    assert link["link_id"] not in link_ids([p for p in live if p["kind"] == "link.put"])
+    assert secret["id"] not in item_ids(live)
+
+
+def test_sync_skip_omits_the_items_of_the_named_writers(trust: Trust) -> None:
+    from_n1 = ok(trust.n1, "store", "written by node 1")
+    own = ok(trust.n3, "store", "written by node 3")
+    stored_on(trust.n3, from_n1["id"])
+    everything = item_ids(trust.attacker.sync_all(trust.n3))
+    assert {from_n1["id"], own["id"]} <= everything
+    # skip is a comma-separated list of writers the puller is linked to directly.
+    skipped = item_ids(trust.attacker.sync_all(trust.n3, skip=f"{trust.id(1)},ai:someone-else@testbed"))
+    assert own["id"] in skipped and from_n1["id"] not in skipped
+
+
+def test_forgeries_served_by_a_peers_change_log_are_refused_like_pushed_ones(trust: Trust) -> None:
+    """Node 1 pulls node 2's change log; node 2 (the test, on node 2's port and certificate) serves forgeries."""
+    n2, n3 = trust.id(2), trust.id(3)
+    attacker = trust.attacker
+    created = ok(trust.n3, "store", "node 3's, to be forged through sync")
+    secret = ok(trust.n1, "store", "hidden from node 2", "--namespace", SECRET)
+    a = ok(trust.n3, "store", "link end a")
+    b = ok(trust.n3, "store", "link end b")
+    for m in (created, a, b):
+        stored_on(trust.n1, m["id"])
+    x = memory_on(trust.n1, created["id"])
+    control = new_memory(n2, content="node 2's honest memory, served by sync")
+    link = LinkPayload(src_id=a["id"], dst_id=b["id"], relation="supports", observed_by=n3,
+                       valid_from=now_ms(), valid_until=None)
+    puts = [
+        memory_put(next_version(x, n2, content="forged"), signer=attacker),
+        memory_put(next_version(x, n2, origin=n2, content="forged"), signer=attacker),
+        memory_put(next_version(x, n3, content="forged"), signer=attacker.signing_as(n3)),
+        memory_put(next_version(x, n3, content="forged", updated_at=now_ms() + TEN_YEARS_MS)),
+        memory_put(new_memory(n3, content="node 3 never wrote this")),
+        memory_put(new_memory(n2, updated_at=now_ms() + TEN_YEARS_MS), signer=attacker),
+        memory_put(new_memory(n2, content="x" * 200 * 1024), signer=attacker),
+        memory_put(new_memory(n2, version=INT64_MAX), signer=attacker),
+        memory_put(new_memory(n2, namespace=SECRET), signer=attacker),
+        memory_put({**new_memory(n2, content="moved out"), "id": secret["id"]}, signer=attacker),
+        memory_put(control, signer=attacker),
+        {"kind": "link.put", "link": {**link.to_dict(), "confidence": 0.01},
+         "signature": attest.sign(Member.of(trust.layout, 3).private_key, link), "signed_by": n3},
+    ]
+    before = db_rows(trust.n1)
+    with PeerServer(attacker, trust.layout.node(2), [{"seq": i, **p} for i, p in enumerate(puts, 1)]) as server:
+        wait_for(lambda: peer_row(trust.n1, n2)["last_sync_seq"] >= server.last_seq,
+                 "node 1 to pull node 2's change log to its end")
+    changed = diff(before, db_rows(trust.n1))
+    assert set(changed) <= {"memories", "memory_links", "change_log"}, changed
+    assert not any(t.get("removed") for t in changed.values()), changed
+    assert [r[0] for r in changed["memories"]["added"]] == [control["id"]], changed["memories"]
+    assert [r[0] for r in changed["memory_links"]["added"]] == [link.link_id], changed["memory_links"]
+    row = links_on(trust.n1)[link.link_id]
+    assert row["confidence"] is None and row["attest_level"] == "peer_attested", row
+    assert memory_on(trust.n1, created["id"]) == x
+    assert peer_row(trust.n1, n2)["parked"] == 0
+
+
+# ---------------------------------------------------------------- limits
+
+
+def test_inbound_memory_put_obeys_the_local_limits(trust: Trust) -> None:
+    n2 = trust.id(2)
+
+    def put(**fields) -> dict:
+        return memory_put(new_memory(n2, **fields), signer=trust.attacker)
+
+    assert_refused(trust.n1, trust.attacker, {
+        "200 KiB content": ("too_large", put(content="x" * 200 * 1024)),
+        "2000 tags": ("too_large", put(tags=[f"t{i}" for i in range(2000)])),
+        "50,000-char namespace": ("too_large", put(namespace="n" * 50_000)),
+        "513-char title": ("too_large", put(title="t" * 513)),
+        "65-char tag": ("too_large", put(tags=["t" * 65])),
+        "257-char source": ("too_large", put(source="s" * 257)),
+        "priority -2^63": ("bad_input", put(priority=-(2**63))),
+        "priority 0": ("bad_input", put(priority=0)),
+        "priority 11": ("bad_input", put(priority=11)),
+        "confidence 1e308": ("bad_input", put(confidence=1e308)),
+        "confidence -0.5": ("bad_input", put(confidence=-0.5)),
+        "empty content": ("content_empty", put(content="")),
+        "blank content": ("content_empty", put(content="   \n")),
+    })
+    # At the limits it is accepted.
+    assert_accepted(trust.attacker.send(trust.n1, put(content="x" * 65_536, tags=[f"t{i}" for i in range(32)],
+                                                      priority=10, confidence=0.0)))
+
+
+def test_inbound_memory_put_is_refused_retryably_when_the_database_is_full(mesh_factory) -> None:
+    mesh = mesh_factory(3, mcp_http=False)
+    n1 = mesh.layout.node(1)
+    add_config(n1, "limits", max_db_bytes=1)
+    start(mesh, 1)
+    attacker = Member.of(mesh.layout, 2)
+    before = db_rows(n1)
+    answer = attacker.send(n1, memory_put(new_memory(attacker.agent_id), signer=attacker))
+    assert (answer.status, answer.code) == (200, "storage_full"), answer
+    assert not answer.ack.permanent, "storage_full must be retryable (the sender keeps its schedule)"
+    assert diff(before, db_rows(n1)) == {}
+
+
+# ---------------------------------------------------------------- links relayed by another peer
+
+
+def test_a_relay_cannot_change_a_signed_links_confidence(trust: Trust) -> None:
+    n2, n3 = trust.id(2), trust.id(3)
+    a = ok(trust.n3, "store", "node 3's first")
+    b = ok(trust.n3, "store", "node 3's second")
+    stored_on(trust.n1, a["id"])
+    stored_on(trust.n1, b["id"])
+    # The link node 3 signed (made here with node 3's key: node 2 would have it from node 3's change log
+    # before node 1 does); node 2 relays it with a confidence of its own.
+    payload = LinkPayload(src_id=a["id"], dst_id=b["id"], relation="supports", observed_by=n3,
+                          valid_from=now_ms(), valid_until=None)
+    signature = attest.sign(Member.of(trust.layout, 3).private_key, payload)
+    relayed = {"kind": "link.put", "link": {**payload.to_dict(), "confidence": 0.01}, "signature": signature,
+               "signed_by": n3}
+    assert_accepted(trust.attacker.send(trust.n1, relayed))
+    row = links_on(trust.n1)[payload.link_id]
+    assert row["confidence"] is None, row
+    assert (row["attest_level"], row["received_from"]) == ("peer_attested", n2), row
+    assert ok(trust.n1, "verify", payload.link_id)["signature_verified"] is True
+
+
+def test_an_inbound_link_confidence_outside_0_1_is_never_stored(trust: Trust) -> None:
+    """Beyond the spec's list (which names memory.put): a local link's confidence must be in 0..1, so a
+    received one (even from its observer) is refused or dropped, never stored out of range."""
+    n2 = trust.id(2)
+    a, b = new_memory(n2, content="end a"), new_memory(n2, content="end b")
+    for m in (a, b):
+        assert_accepted(trust.attacker.send(trust.n1, memory_put(m, signer=trust.attacker)))
+    out_of_range = {}
+    for i, confidence in enumerate((1e308, -5.0, 1.5)):
+        payload = LinkPayload(src_id=a["id"], dst_id=b["id"], relation=f"rel{i}", observed_by=n2,
+                              valid_from=now_ms(), valid_until=None)
+        body = {"kind": "link.put", "link": {**payload.to_dict(), "confidence": confidence},
+                "signature": attest.sign(trust.attacker.private_key, payload), "signed_by": n2}
+        answer = trust.attacker.send(trust.n1, body)
+        row = links_on(trust.n1).get(payload.link_id)
+        if row is not None and row["confidence"] is not None and not 0.0 <= row["confidence"] <= 1.0:
+            out_of_range[confidence] = (answer.ack.reason if answer.ack else answer.error, row["confidence"])
+    assert not out_of_range, out_of_range
+
+
+# ---------------------------------------------------------------- the sync route
+
+
+def test_sync_bounds_are_400_with_a_json_error(trust: Trust) -> None:
+    wrong = {}
+    for query in ({"since": 2**63}, {"since": -1}, {"limit": 0}, {"limit": 10**9}, {"limit": 10_001},
+                  {"since": "abc"}, {"limit": "1.5"}, {"since": "1e3"}, {"since": ""}, {"limit": -5}):
+        answer = trust.attacker.sync(trust.n1, **query)
+        if answer.status != 400 or answer.code != "bad_input" or not answer.error["error"].get("message"):
+            wrong[repr(query)] = (answer.status, answer.error or answer.page)
+    assert not wrong, wrong
+    for query in ({"since": INT64_MAX}, {"since": 0, "limit": 10_000}, {"since": 0, "limit": 1}):
+        answer = trust.attacker.sync(trust.n1, **query)
+        assert answer.status == 200 and answer.page is not None, (query, answer)
+    assert trust.attacker.sync(trust.n1, since=INT64_MAX).page["items"] == []
+
+
+# ---------------------------------------------------------------- membership
+
+
+def test_a_mesh_ca_certificate_without_a_pub_is_not_a_member(mesh_factory, tmp_path, node_log) -> None:
+    mesh = mesh_factory(3, mcp_http=False)
+    n1, n3 = mesh.layout.node(1), mesh.layout.node(3)
+    (n1.home / "peers" / f"{n3.agent_id}.pub").unlink()  # configured in [[mesh.peers]], but no .pub
+    start(mesh, 1)
+    outsider = Member.outsider(mesh.layout, tmp_path / "outsider", "ai:outsider@testbed")
+    for who in (outsider, Member.of(mesh.layout, 3)):
+        ping = who.send(n1, {"kind": "ping"})
+        assert (ping.status, ping.code) == (403, "not_a_member"), (who.agent_id, ping)
+        sync = who.sync(n1, since=0)
+        assert (sync.status, sync.code) == (403, "not_a_member"), (who.agent_id, sync)
+        assert who.ws_ping(n1).status == 403, who.agent_id
+        put = who.send(n1, memory_put(new_memory(who.agent_id)))
+        assert (put.status, put.code) == (403, "not_a_member"), (who.agent_id, put)
+    assert node_log.has(n1, "peer_without_pub") and any(
+        e.get("event") == "peer_without_pub" and n3.agent_id in str(e.values()) for e in node_log(n1))
+    assert not any(e.get("event") == "peer_without_pub" and mesh.layout.node(2).agent_id in str(e.values())
+                   for e in node_log(n1))
+    assert db_rows(n1)["memories"] == []
+    # A member with its .pub is served on every route.
+    member = Member.of(mesh.layout, 2)
+    assert_accepted(member.send(n1, {"kind": "ping"}))
+    assert member.sync(n1, since=0).status == 200
+    assert member.ws_ping(n1).ack.accepted
+
+
+def test_a_configured_peer_without_a_pub_cannot_write_through_the_pull_either(mesh_factory) -> None:
+    """Under trust = "pinned" node 3 (in [[mesh.peers]], no .pub) is refused on every inbound route; what node 1
+    pulls from node 3's change log is the same data arriving by another door."""
+    mesh = mesh_factory(3, mcp_http=False)
+    n1, n2, n3 = mesh.layout.nodes
+    (n1.home / "peers" / f"{n3.agent_id}.pub").unlink()
+    start(mesh, 1)
+    member, outsider = Member.of(mesh.layout, 2), Member.of(mesh.layout, 3)
+    good = new_memory(member.agent_id, content="served by a member")
+    bad = new_memory(outsider.agent_id, content="served by a peer that is not a member")
+    with PeerServer(member, n2, [{"seq": 1, **memory_put(good, signer=member)}]), \
+            PeerServer(outsider, n3, [{"seq": 1, **memory_put(bad)}]) as server3:
+        stored_on(n1, good["id"])  # node 1 pulls its peers
+        wait_for(lambda: server3.ws_peers, "node 1 to open its link to node 3's port")
+        # A pull follows the link coming up at once; if one came, wait for it to be applied.
+        if poll(lambda: server3.sync_requests, timeout_s=5):
+            poll(lambda: memory_on(n1, bad["id"]) or peer_row(n1, n3.agent_id)["last_sync_seq"] >= 1, 10)
+    assert memory_on(n1, bad["id"]) is None, server3.sync_requests
+
+
+def test_removing_a_members_pub_also_cuts_its_open_websocket(mesh_factory) -> None:
+    """Membership is read again when peers/ changes; a member removed must not keep writing over the
+    WebSocket it opened before (node links are long-lived, so it might never reconnect)."""
+    mesh = mesh_factory(2, mcp_http=False)
+    n1 = mesh.layout.node(1)
+    start(mesh, 1)
+    member = Member.of(mesh.layout, 2)
+    mem = new_memory(member.agent_id, content="written after removal")
+
+    def remove_its_pub() -> None:
+        (n1.home / "peers" / f"{member.agent_id}.pub").unlink()
+        wait_for(lambda: member.sync(n1, since=0).code == "not_a_member", "node 1 to refuse new requests")
+
+    before, after = member.ws_session(n1, [{"kind": "ping"}, remove_its_pub, memory_put(mem, signer=member)])
+    assert before.ack.accepted
+    assert not (after.ack and after.ack.accepted), after
+    assert memory_on(n1, mem["id"]) is None
+
+
+def test_trust_ca_accepts_any_mesh_ca_certificate(mesh_factory, tmp_path) -> None:
+    mesh = mesh_factory(2, mcp_http=False)
+    n1 = mesh.layout.node(1)
+    add_config(n1, "mesh", trust="ca")
+    start(mesh, 1)
+    outsider = Member.outsider(mesh.layout, tmp_path / "outsider", "ai:outsider@testbed")
+    assert_accepted(outsider.send(n1, {"kind": "ping"}))
+    sync = outsider.sync(n1, since=0)
+    assert sync.status == 200 and sync.page is not None, sync
+    assert outsider.ws_ping(n1).ack.accepted
+    # Its own memory, unsigned (its key is unknown here) and sent by itself, is stored as unsigned.
+    mem = new_memory(outsider.agent_id, content="from an outsider")
+    assert_accepted(outsider.send(n1, memory_put(mem)))
+    assert memory_on(n1, mem["id"])["content"] == "from an outsider"
+
+
+# ---------------------------------------------------------------- three nodes: the origin's next version wins
+
+
+def test_forged_versions_lose_to_the_origins_next_version_everywhere(mesh_factory) -> None:
+    mesh = mesh_factory(3, mcp_http=False)
+    start(mesh, 1, 2, 3)
+    nodes = mesh.layout.nodes
+    n1, n2, n3 = nodes
+    attacker = Member.of(mesh.layout, 2)
+    fake3 = attacker.signing_as(n3.agent_id)
+    created = ok(n3, "store", "node 3's memory")
+    for spec in nodes:
+        stored_on(spec, created["id"])
+    stored = memory_on(n1, created["id"])
+    far = now_ms() + TEN_YEARS_MS
+    forgeries = {
+        "writer node 2, signed by node 2": ("writer_not_allowed", memory_put(
+            next_version(stored, n2.agent_id, content="forged 1"), signer=attacker)),
+        "signed_by node 3, bad signature": ("bad_signature", memory_put(
+            next_version(stored, n3.agent_id, content="forged 2"), signer=fake3)),
+        "writer node 2, ten years ahead": ({"writer_not_allowed", "clock_skew"}, memory_put(
+            next_version(stored, n2.agent_id, content="forged 3", updated_at=far), signer=attacker)),
+        "signed_by node 3, ten years ahead, bad signature": ({"bad_signature", "clock_skew"}, memory_put(
+            next_version(stored, n3.agent_id, content="forged 4", updated_at=far), signer=fake3)),
+        "node 2 as the origin": ("origin_mismatch", memory_put(
+            next_version(stored, n2.agent_id, origin=n2.agent_id, content="forged 5"), signer=attacker)),
+    }
+    for victim in (n1, n3):
+        assert_refused(victim, attacker, forgeries)
+    honest = ok(n3, "update", created["id"], "--content", "node 3's honest version 2")
+
+    def everywhere() -> bool:
+        return all((memory_on(s, created["id"]) or {}).get("content") == honest["content"] for s in nodes)
+
+    wait_for(everywhere, "node 3's version 2 on every node")
+    # Node 3 restarts and pulls both peers' change logs to their end: nothing brings a forgery back.
+    mesh.stop(3)
+    mesh.start([3], want_links=False)
+
+    def pulled_to_the_end() -> bool:
+        return all(peer_row(n3, p.agent_id)["last_sync_seq"] >= change_log_seq(p) for p in (n1, n2))
+
+    wait_for(pulled_to_the_end, "node 3 to pull nodes 1 and 2 to the end of their change logs")
+    for spec in nodes:
+        got = memory_on(spec, created["id"])
+        assert (got["version"], got["content"], got["origin"]) == (2, honest["content"], n3.agent_id), \
+            (spec.agent_id, got)
+        assert got.get("writer", n3.agent_id) == n3.agent_id, got
+    served = {i["memory"]["content"] for i in attacker.sync_all(n1)
+              if i["kind"] == "memory.put" and i["memory"]["id"] == created["id"]}
+    assert served == {honest["content"]}, served
+
+
+# ---------------------------------------------------------------- catch-up past an unshared link
+
+
+def test_a_link_to_an_unshared_memory_does_not_stall_catch_up(mesh_factory) -> None:
+    mesh = mesh_factory(3, mcp_http=False, retry_delays_s=(0.2, 0.4))
+    n1, n2, n3 = mesh.layout.nodes
+    add_config(n1, f'federation.namespaces."{SECRET}"', peers=[n3.agent_id])
+    # Small pages on the puller: an item it cannot apply would hold the cursor before everything later.
+    add_config(n2, "federation", sync_page_limit=2, orphan_hold_s=0.2)
+    start(mesh, 1, 2)
+    mesh.stop(2)
+    shared = ok(n1, "store", "shared with node 2")
+    secret = ok(n1, "store", "not shared with node 2", "--namespace", SECRET)
+    unshared_link = ok(n1, "link", shared["id"], secret["id"], "refers_to")
+    later = [ok(n1, "store", f"later {i}")["id"] for i in range(6)]
+    later_links = [ok(n1, "link", shared["id"], m, "precedes")["link_id"] for m in later[:2]]
+    later.append(ok(n1, "store", "last")["id"])
+
+    # Everything live to node 2 has run out of retries: what it gets now, it gets through sync.
+    wait_for(lambda: peer_row(n1, n2.agent_id)["outbox_depth"] == 0, "node 1's outbox to node 2 dead-lettered")
+    start(mesh, 1, 2)
+    wait_for(lambda: all(memory_on(n2, m) for m in [shared["id"], *later]), "every later memory on node 2")
+    wait_for(lambda: set(later_links) <= set(links_on(n2)), "the later links on node 2")
+    assert memory_on(n2, secret["id"]) is None
+    assert unshared_link["link_id"] not in links_on(n2)
+    items = Member.of(mesh.layout, 2).sync_all(n1)
+    assert unshared_link["link_id"] not in link_ids(items)
+    assert secret["id"] not in item_ids(items)
+
+
+def test_an_item_the_puller_cannot_apply_is_parked_and_the_cursor_moves_on(mesh_factory) -> None:
+    mesh = mesh_factory(2, mcp_http=False, retry_delays_s=(0.2, 0.4))
+    n1, n2 = mesh.layout.nodes
+    # Node 2 keeps smaller memories than node 1: node 1's big memory never lands there, so the link to it
+    # can never be applied on node 2 (unknown_memory, retryable) although node 2 may see both its ends.
+    add_config(n2, "limits", max_content_bytes=100)
+    add_config(n2, "federation", sync_page_limit=2, sync_interval_s=0.3, orphan_hold_s=0.1)
+    start(mesh, 1, 2)
+    mesh.stop(2)
+    small = ok(n1, "store", "small")
+    big = ok(n1, "store", "b" * 200)
+    stuck = ok(n1, "link", small["id"], big["id"], "refers_to")
+    later = [ok(n1, "store", f"later {i}")["id"] for i in range(4)]
+    wait_for(lambda: peer_row(n1, n2.agent_id)["outbox_depth"] == 0, "node 1's outbox to node 2 dead-lettered")
+    start(mesh, 1, 2)
+    wait_for(lambda: all(memory_on(n2, m) for m in [small["id"], *later]), "every later memory on node 2")
+    row = wait_for(lambda: (r := peer_row(n2, n1.agent_id))["parked"] and r, "the link parked on node 2")
+    assert row["parked"] == 1 and row["last_sync_seq"] >= change_log_seq(n1), row
+    assert memory_on(n2, big["id"]) is None and stuck["link_id"] not in links_on(n2)
+
+
+# ---------------------------------------------------------------- helpers used above
+
+
+def test_a_received_version_is_attested_by_its_writers_signature(trust: Trust) -> None:
+    """Also the control for every forged-signature case: node 2's correctly signed memory verifies."""
+    n2 = trust.id(2)
+    signed, unsigned = new_memory(n2, content="signed by node 2"), new_memory(n2, content="unsigned")
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(signed, signer=trust.attacker)))
+    assert_accepted(trust.attacker.send(trust.n1, memory_put(unsigned)))
+    got = memory_on(trust.n1, signed["id"])
+    assert (got["attest_level"], got["writer"], got["received_from"]) == ("peer_attested", n2, n2), got
+    verified = ok(trust.n1, "verify", signed["id"])
+    assert verified["signature_verified"] is True, verified
+    assert memory_on(trust.n1, unsigned["id"])["attest_level"] == "unsigned"
+    rc, out, _ = run_cli(trust.n1, "verify", unsigned["id"])
+    assert rc == 3 and out["signature_verified"] is False, out
+    # A memory node 3 wrote, received from node 3, verifies against node 3's key.
+    created = ok(trust.n3, "store", "node 3's, verified on node 1")
+    stored_on(trust.n1, created["id"])
+    assert ok(trust.n1, "verify", created["id"])["signature_verified"] is True
