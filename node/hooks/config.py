@@ -66,6 +66,8 @@ def load_hooks(path: Path) -> HooksFile | None:
         return None
     except UnicodeDecodeError:
         raise HookError(HookCode.CONFIG_MALFORMED, f"hooks file {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise HookError(HookCode.CONFIG_MALFORMED, f"hooks file {path} cannot be read: {e.strerror}") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

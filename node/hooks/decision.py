@@ -15,6 +15,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
+from node.hooks.errors import HookCode
 from node.hooks.events import EventSpec, FieldKind, Phase
 
 # Deny codes travel as error codes (MCP "[code] ...", CLI, A2A "rejected:<code>"): snake_case, short.
@@ -67,7 +68,7 @@ class FailMode(StrEnum):
 
 
 class Failure(StrEnum):
-    """How a hook failed to answer; the fail-closed Deny code is ``hook_<failure>``."""
+    """How a hook failed to answer."""
 
     TIMEOUT = "timeout"
     CRASHED = "crashed"
@@ -75,11 +76,16 @@ class Failure(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+# The Deny code that stands in for a failed fail-closed hook.
+FAIL_CLOSED_CODE = {Failure.TIMEOUT: HookCode.HOOK_TIMEOUT, Failure.CRASHED: HookCode.HOOK_CRASHED,
+                    Failure.MALFORMED: HookCode.HOOK_MALFORMED, Failure.UNAVAILABLE: HookCode.HOOK_UNAVAILABLE}
+
+
 def on_failure(hook: str, fail_mode: FailMode, failure: Failure, detail: str) -> Decision:
     """The decision standing in for a hook that did not answer properly."""
     if fail_mode is FailMode.OPEN:
         return ALLOW
-    return Deny(f"hook_{failure}", f"hook {hook!r} {detail} and its fail_mode is closed")
+    return Deny(FAIL_CLOSED_CODE[failure], f"hook {hook!r} {detail} and its fail_mode is closed")
 
 
 # ---- parsing --------------------------------------------------------------------------------

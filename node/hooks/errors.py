@@ -13,7 +13,6 @@ class HookCode(StrEnum):
     CONFIG_INVALID = "config_invalid"
     CONFIG_UNKNOWN_KEY = "config_unknown_key"
     CONFIG_MALFORMED = "config_malformed"
-    CONFIG_NOT_FOUND = "config_not_found"
     APPROVAL_REQUIRED = "approval_required"
     HOOK_TIMEOUT = "hook_timeout"
     HOOK_CRASHED = "hook_crashed"

@@ -70,6 +70,22 @@ def _params(spec: HookSpec, event: HookEvent, payload: Mapping[str, Any], timeou
     return {"hook": spec.name, "event": str(event), "payload": payload, "deadline_ms": int(timeout_s * 1000)}
 
 
+def _json_default(obj: Any) -> Any:
+    """What orjson does not know: bytes as hex (signatures), mappings and sets as objects and lists."""
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)
+
+
+def to_json(obj: Any) -> bytes:
+    """A request as hooks read it (JSON bytes)."""
+    return orjson.dumps(obj, default=_json_default)
+
+
 def _env(spec: HookSpec) -> dict[str, str]:
     return {**os.environ, **dict(spec.env), "AI_MEMORY_HOOK_NAME": spec.name}
 
@@ -140,7 +156,7 @@ class ExecRunner:
                 "spawned": self.spawned}
 
     async def call(self, event: HookEvent, payload: Mapping[str, Any], timeout_s: float) -> Decision:
-        request = orjson.dumps(_params(self.spec, event, payload, timeout_s))
+        request = to_json(_params(self.spec, event, payload, timeout_s))
         ms = int(timeout_s * 1000)
         try:
             async with asyncio.timeout(timeout_s):
@@ -269,8 +285,8 @@ class DaemonRunner:
         self._pending[rid] = fut
         self.peak_outstanding = max(self.peak_outstanding, len(self._pending))
         try:
-            line = orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": "fire",
-                                 "params": _params(self.spec, event, payload, timeout_s)}) + b"\n"
+            line = to_json({"jsonrpc": "2.0", "id": rid, "method": "fire",
+                           "params": _params(self.spec, event, payload, timeout_s)}) + b"\n"
             assert proc.stdin is not None
             try:
                 proc.stdin.write(line)

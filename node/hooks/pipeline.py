@@ -34,9 +34,10 @@ _DECISION_COUNTER = {Allow: "allowed", Modify: "modified", Deny: "denied", AskUs
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a changed file apart; None when it is absent (or cannot even be looked at)."""
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
 

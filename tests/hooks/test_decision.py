@@ -131,3 +131,11 @@ def test_every_event_has_a_class_deadline_and_post_events_take_no_modify() -> No
             assert not spec.modifiable
         if spec.phase is Phase.PRE:
             assert spec.refusable
+
+
+def test_request_json_carries_bytes_as_hex_and_mappings_as_objects() -> None:
+    from types import MappingProxyType
+
+    from node.hooks.executor import to_json
+    assert to_json({"sig": b"\x01\xff", "m": MappingProxyType({"a": 1}), "s": {"b", "a"}}) == \
+        b'{"sig":"01ff","m":{"a":1},"s":["a","b"]}'

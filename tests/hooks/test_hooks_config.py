@@ -102,3 +102,10 @@ def test_node_config_hooks_section_is_validated(raw: dict[str, Any], needle: str
     with pytest.raises(ConfigError) as e:
         from_dict(raw, env={})
     assert needle in e.value.message
+
+
+def test_a_directory_where_the_file_should_be_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "hooks.toml").mkdir()
+    with pytest.raises(HookError) as e:
+        load_hooks(tmp_path / "hooks.toml")
+    assert e.value.code == "config_malformed" and "cannot be read" in e.value.message
