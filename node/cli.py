@@ -174,9 +174,35 @@ def build_parser() -> argparse.ArgumentParser:
                     help="hooks per event in chain order, daemon state, fire/deny/timeout/crash counts (the default)")
     dr.add_argument("--json", action="store_true")
 
-    pe = sub.add_parser("peers", help="peers: key fingerprint, link state, last ACK, outbox, dead letters, sync")
+    pe = sub.add_parser("peers", help="peers: key fingerprint, link state, last ACK, outbox, dead letters, sync "
+                                      "(live from the running node; from the store when none runs)")
     pe.add_argument("--json", action="store_true")
+    st = sub.add_parser("status", help="the node's live state: identity, links, outbox, dead letters, hooks "
+                                       "(from the running node; from the store when none runs)")
+    st.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output (where the command has it)")
+    _global_options_anywhere(p)
     return p
+
+
+def _global_options_anywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept --config, --home and --json after the subcommand as well as before it.
+
+    A subcommand's option defaults to SUPPRESS so that a value given before the subcommand survives
+    (argparse copies a subparser's defaults over the parent's values)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse offers no public walk of its subparsers
+        if not isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            continue
+        for sub in set(action.choices.values()):
+            for a in sub._actions:  # noqa: SLF001
+                if a.option_strings == ["--json"]:
+                    a.default = argparse.SUPPRESS
+            present = {o for a in sub._actions for o in a.option_strings}  # noqa: SLF001
+            if "--config" not in present:
+                sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            if "--home" not in present:
+                sub.add_argument("--home", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            _global_options_anywhere(sub)
 
 
 def resolve_config(args: argparse.Namespace) -> NodeConfig:
@@ -219,8 +245,19 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> No
         print(human(data))
 
 
+def _check_home(cfg: NodeConfig) -> None:
+    """Refuse a home that does not exist rather than create a store there (a mistyped --home)."""
+    if not cfg.home.is_dir():
+        from node.errors import ServiceError
+        raise ServiceError("home_not_found",
+                           f"no node home at {cfg.home} (mistyped --home or {HOME_ENV}?); a new node starts with "
+                           f"`ai-memory --home {cfg.home} identity generate --agent-id ...`")
+
+
 def with_service(fn: Callable[[Any], Awaitable[int]], cfg: NodeConfig, *, require_identity: bool = False) -> int:
     from node.assemble import open_service
+
+    _check_home(cfg)
 
     async def go() -> int:
         svc = await open_service(cfg, require_identity=require_identity)
@@ -580,27 +617,80 @@ def _dead_letters(args: argparse.Namespace, cfg: NodeConfig) -> int:
     return with_service(go, cfg)
 
 
+def _live_or_store(cfg: NodeConfig, tool: str, from_store: Callable[[Any], Awaitable[Any]]) -> tuple[str, Any]:
+    """("node", the running node's answer) or, when no node answers on its socket, ("store", from_store(svc))."""
+    from node.live import ask_node
+
+    async def go() -> tuple[str, Any]:
+        live = await ask_node(cfg, tool)
+        if live is not None:
+            return "node", live
+        _check_home(cfg)
+        from node.assemble import open_service
+        svc = await open_service(cfg)
+        try:
+            return "store", await from_store(svc)
+        finally:
+            await svc.close()
+
+    return asyncio.run(go())
+
+
+def _not_running_note(cfg: NodeConfig) -> None:
+    print(f"ai-memory: no node answers on {cfg.socket_path}; read from the store (link state not known)",
+          file=sys.stderr)
+
+
 @command("peers")
 def _peers(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from node.node import peer_rows
+    from node.peers import peer_rows
 
-    async def go(svc) -> int:
-        rows = await peer_rows(svc)
+    source, rows = _live_or_store(cfg, "memory_peers", peer_rows)
+    if source == "store":
+        _not_running_note(cfg)
 
-        def human(rows: list[dict[str, Any]]) -> str:
-            if not rows:
-                return "no peers configured or trusted"
-            lines = [f"{'agent_id':<28} {'fingerprint':<16} {'link':<13} {'last_ack':>9} {'outbox':>6} "
-                     f"{'dead':>5} {'sync_seq':>8}"]
-            for r in rows:
-                age = "-" if r["last_ack_age_s"] is None else f"{r['last_ack_age_s']:.0f}s"
-                lines.append(f"{r['agent_id']:<28} {r['fingerprint'] or 'untrusted':<16} {r['link_state']:<13} "
-                             f"{age:>9} {r['outbox_depth']:>6} {r['dead_letters']:>5} {r['last_sync_seq']:>8}")
-            return "\n".join(lines)
+    def human(rows: list[dict[str, Any]]) -> str:
+        if not rows:
+            return "no peers configured or trusted"
+        lines = [f"{'agent_id':<28} {'fingerprint':<16} {'link':<13} {'last_ack':>9} {'outbox':>6} "
+                 f"{'dead':>5} {'sync_seq':>8}"]
+        for r in rows:
+            age = "-" if r["last_ack_age_s"] is None else f"{r['last_ack_age_s']:.0f}s"
+            lines.append(f"{r['agent_id']:<28} {r['fingerprint'] or 'untrusted':<16} {r['link_state']:<13} "
+                         f"{age:>9} {r['outbox_depth']:>6} {r['dead_letters']:>5} {r['last_sync_seq']:>8}")
+        return "\n".join(lines)
 
-        emit(args, rows, human)
-        return EXIT_OK
-    return with_service(go, cfg)
+    emit(args, rows, human)
+    return EXIT_OK
+
+
+@command("status")
+def _status(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def from_store(svc: Any) -> dict[str, Any]:
+        return await svc.capabilities()
+
+    source, caps = _live_or_store(cfg, "memory_capabilities", from_store)
+    if source == "store":
+        _not_running_note(cfg)
+    emit(args, {"source": source, **caps}, _status_lines)
+    return EXIT_OK
+
+
+def _status_lines(d: dict[str, Any]) -> str:
+    where = "running" if d["source"] == "node" else "NOT RUNNING (read from the store)"
+    lines = [f"node {d['agent_id'] or '(no identity)'}  {where}",
+             f"  key          {d['key_fingerprint'] or 'none (writes are unsigned)'}",
+             f"  memories     {d['memories']}   links {sum(d['links_by_attest_level'].values())}   "
+             f"change_log_seq {d['change_log_seq']}",
+             f"  outbox       {d['outbox_depth']}   dead letters {d['dead_letters']}   sync parked {d['sync_parked']}"]
+    for t in d.get("transports", []):
+        lines.append(f"  transport    {t}")
+    for p in d["peers"]:
+        age = "-" if p["last_ack_age_s"] is None else f"{p['last_ack_age_s']:.0f}s ago"
+        lines.append(f"  peer         {p['agent_id']:<28} {p['link_state']:<13} last ACK {age}")
+    hooks = d.get("hooks", {}).get("hooks", [])
+    lines.append(f"  hooks        {len(hooks)} ({', '.join(h['name'] for h in hooks) or 'none'})")
+    return "\n".join(lines)
 
 
 @command("doctor")

@@ -12,26 +12,18 @@ from node.config import NodeConfig
 from node.hooks.pipeline import HookPipeline
 
 COUNT_COLUMNS = ("fired", "allowed", "modified", "denied", "asked", "timeout", "crashed", "malformed", "unavailable")
-# The node answers capabilities at once; a node that does not is reported, not waited on.
-CALL_TIMEOUT_S = 10.0
 
 
 async def hooks_report(cfg: NodeConfig) -> dict[str, Any]:
-    from node.tools import SocketClientBackend
+    from node.live import ask_node
 
-    try:
-        client = await SocketClientBackend.connect(cfg.socket_path, limits=cfg.limits,
-                                                   call_timeout_s=CALL_TIMEOUT_S)
-    except (OSError, TimeoutError):
+    caps = await ask_node(cfg, "memory_capabilities")
+    if caps is None:
         pipeline = HookPipeline.open(cfg)  # raises HookError (config_invalid ...) on a bad file
         try:
             return {"source": "file", **pipeline.snapshot()}
         finally:
             await pipeline.close()
-    try:
-        caps = await client.call("memory_capabilities", {})
-    finally:
-        await client.close()
     assert isinstance(caps, dict)
     return {"source": "node", **caps["hooks"]}
 

@@ -1,0 +1,59 @@
+"""`ai-memory status` / `peers` without a running node, and options given before or after the subcommand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mesh import keys
+from node.cli import main
+
+A = "ai:node-1@lab"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "n1"
+    keys.generate_identity(home / "keys", A)
+    return home
+
+
+def test_status_without_a_node_reads_the_store_and_says_so(capsys, home: Path) -> None:
+    rc, out, err = run(capsys, "--home", str(home), "status", "--json")
+    assert rc == 0
+    status = json.loads(out)
+    assert status["source"] == "store" and status["agent_id"] == A and status["node_running"] is False
+    assert "no node answers" in err
+
+
+def test_peers_without_a_node_says_it_read_the_store(capsys, home: Path) -> None:
+    rc, out, err = run(capsys, "peers", "--home", str(home))
+    assert rc == 0 and "no peers" in out
+    assert "no node answers" in err and "link state not known" in err
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_config_and_json_are_accepted_before_or_after_the_subcommand(capsys, home: Path, order: str) -> None:
+    toml = home / "node.toml"
+    toml.write_text(f'agent_id = "{A}"\nhome = "{home}"\n', encoding="utf-8")
+    opts = ["--config", str(toml), "--json"]
+    argv = [*opts, "status"] if order == "before" else ["status", *opts]
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 0 and json.loads(out)["agent_id"] == A
+
+
+def test_a_mistyped_home_is_an_error_and_creates_nothing(capsys, tmp_path: Path) -> None:
+    wrong = tmp_path / "typo"
+    rc, out, err = run(capsys, "--home", str(wrong), "store", "hello")
+    assert rc == 1 and err.startswith("ai-memory: error [home_not_found]: ") and err.count("\n") == 1
+    assert not wrong.exists()
+    rc, _, err = run(capsys, "--home", str(wrong), "status")
+    assert rc == 1 and "[home_not_found]" in err and not wrong.exists()
