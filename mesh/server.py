@@ -1,4 +1,5 @@
-"""The inbound mTLS server: /a2a/v1/ws, /a2a/v1/messages, /a2a/v1/sync and /healthz.
+"""The inbound mTLS server: /a2a/v1/ws, /a2a/v1/messages, /a2a/v1/sync and /healthz; and the plain
+loopback health port: /healthz (liveness), /readyz (readiness) and /metrics (Prometheus text).
 
 Every route first establishes the peer's agent_id from its client certificate (and its pinned
 .pub where one is known); both message routes then go through the one ``Receiver``.
@@ -48,6 +49,10 @@ SYNC_LIMIT_MAX = 10_000
 SYNC_SKIP_MAX = 64
 SYNC_SKIP_ID_MAX = 128
 HealthHandler = Callable[[], Mapping[str, Any]]
+# (ready, JSON body saying why): /readyz answers 200 when ready, 503 otherwise.
+ReadyHandler = Callable[[], tuple[bool, Mapping[str, Any]]]
+# (exposition bytes, content type) for /metrics.
+MetricsHandler = Callable[[], Awaitable[tuple[bytes, str]]]
 
 
 def json_error(status: int, code: str, message: str) -> web.Response:
@@ -63,6 +68,8 @@ class ServerHooks:
     sync: SyncHandler | None = None
     # Membership: an authenticated peer this returns False for is refused (403 not_a_member). None = all.
     member: MemberCheck | None = None
+    ready: ReadyHandler | None = None
+    metrics: MetricsHandler | None = None
 
 
 def build_app(hooks: ServerHooks) -> web.Application:
@@ -83,10 +90,29 @@ async def _close_sockets(app: web.Application) -> None:
 
 
 def build_health_app(hooks: ServerHooks) -> web.Application:
-    """Plain-HTTP /healthz for a separate loopback port (no client certificate needed)."""
+    """Plain HTTP for a separate loopback port (no client certificate needed): /healthz, /readyz, /metrics."""
     app = web.Application()
     app.router.add_get("/healthz", _health(hooks))
+    if hooks.ready is not None:
+        app.router.add_get("/readyz", _ready(hooks.ready))
+    if hooks.metrics is not None:
+        app.router.add_get("/metrics", _metrics(hooks.metrics))
     return app
+
+
+def _ready(ready: ReadyHandler):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ok, body = ready()
+        return web.Response(status=200 if ok else 503, body=orjson.dumps(dict(body)),
+                            content_type="application/json")
+    return handler
+
+
+def _metrics(metrics: MetricsHandler):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body, content_type = await metrics()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+    return handler
 
 
 def _peer_identity(hooks: ServerHooks):

@@ -87,6 +87,8 @@ class MeshConfig:
     drain_timeout_s: float = 5.0
     # "pinned": inbound connections only from peers with a .pub in <home>/peers; "ca": any mesh-CA certificate.
     trust: str = "pinned"
+    # /readyz is 503 once the storage writer has spent this long in one batch (stuck disk, lock).
+    ready_writer_stuck_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -372,6 +374,7 @@ def _validate(cfg: NodeConfig) -> None:
     _positive("mesh.reconnect_min_s", cfg.mesh.reconnect_min_s)
     _positive("mesh.reconnect_max_s", cfg.mesh.reconnect_max_s)
     _positive("mesh.drain_timeout_s", cfg.mesh.drain_timeout_s)
+    _positive("mesh.ready_writer_stuck_s", cfg.mesh.ready_writer_stuck_s)
     _positive("federation.quorum_timeout_s", cfg.federation.quorum_timeout_s)
     _positive("federation.sync_page_limit", cfg.federation.sync_page_limit)
     if cfg.storage.synchronous not in ("full", "normal"):

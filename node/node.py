@@ -29,9 +29,11 @@ from mesh.server import MeshServer, ServerHooks
 from node.assemble import federation_of, open_service
 from node.config import NodeConfig
 from node.hooks import HookEvent
+from node.metrics import NodeMetrics, PeerScrape, Scrape
 from node.outbox import OutboxSender
 from node.peers import peer_rows
 from node.service import Service
+from node.tools import ServiceBackend
 from storage import changelog
 
 log = logging.getLogger("node")
@@ -66,13 +68,20 @@ class Node:
         self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
                                    self.fed.record_ack)
         self.fed.on_enqueued = self.sender.wake
+        self.metrics = NodeMetrics(self.scrape)
+        self.sender.on_ack_latency = self.metrics.observe_ack
         service.runtime = self
         self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
-                                             health=self.health, sync=self.fed.sync_page, member=self.is_member),
+                                             health=self.health, sync=self.fed.sync_page, member=self.is_member,
+                                             ready=self.readiness, metrics=self._render_metrics),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
         self._sync_wanted = {peer: asyncio.Event() for peer in self.links}
         self.sync_stats: Counter[str] = Counter()
+        # time.monotonic() of each peer's last completed change-log pull.
+        self.synced_at: dict[str, float] = {}
         self.extra_services: list[Any] = []
+        # The tool backend the local MCP doors share (its call counts feed /metrics); set at start.
+        self.backend: ServiceBackend | None = None
 
     def is_member(self, agent_id: str) -> bool:
         """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
@@ -154,8 +163,7 @@ class Node:
             from node import mcp_server
         except ImportError:
             return
-        from node.tools import ServiceBackend
-        backend = ServiceBackend(self.svc)
+        backend = self.backend = ServiceBackend(self.svc)
         self.extra_services.append(await mcp_server.start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
@@ -228,6 +236,7 @@ class Node:
             if not page["more"]:
                 break
         self.sync_stats.update(outcome)
+        self.synced_at[peer] = time.monotonic()
         level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] else logging.DEBUG
         log.log(level, "synced", extra={"ev": {"peer": peer, "last_sync_seq": since, **outcome}})
         return outcome["applied"]
@@ -237,6 +246,45 @@ class Node:
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "agent_id": self.svc.agent_id,
                 "peers": {p: link.state.value for p, link in self.links.items()}}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready unless degraded: peers are configured and no link is up, or the storage writer is stuck."""
+        reasons = []
+        states = {p: link.state.value for p, link in self.links.items()}
+        if states and LinkState.UP.value not in states.values():
+            reasons.append({"code": "no_peer_link", "message": f"none of the {len(states)} configured peer links "
+                                                               "is up"})
+        busy = self.svc.db.writer_busy_s()
+        if busy >= self.cfg.mesh.ready_writer_stuck_s:
+            reasons.append({"code": "writer_stuck", "message": f"the storage writer has been in one batch for "
+                                                               f"{busy:.1f} s (mesh.ready_writer_stuck_s = "
+                                                               f"{self.cfg.mesh.ready_writer_stuck_s:g})"})
+        return not reasons, {"ready": not reasons, "agent_id": self.svc.agent_id, "reasons": reasons,
+                             "peers": states}
+
+    async def scrape(self) -> Scrape:
+        """The node's metrics as plain values, read now."""
+        rows = await peer_rows(self.svc, self.links, self.sender)
+        now = time.monotonic()
+        peers = {r["agent_id"]: PeerScrape(
+            state=r["link_state"], outbox_depth=r["outbox_depth"], dead_letters=r["dead_letters"],
+            last_sync_seq=r["last_sync_seq"], parked=r["parked"],
+            sync_age_s=now - self.synced_at[r["agent_id"]] if r["agent_id"] in self.synced_at else None)
+            for r in rows if r["agent_id"] in self.links}
+        rejections: Counter[str] = Counter()
+        for counters in (self.receiver.counters, self.fed.counters):
+            for key, n in counters.items():
+                if key.startswith(("rejected:", "protocol_error:")):
+                    rejections[key.split(":", 1)[1]] += n
+        hooks = {(h["name"], outcome): n for h in self.svc.hooks.snapshot()["hooks"]
+                 for outcome, n in h["counts"].items()}
+        return Scrape(peers=peers, rejections=rejections, hooks=hooks,
+                      mcp_calls=dict(self.backend.calls) if self.backend else {}, ready=self.readiness()[0],
+                      writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
+                      dead_lettered=self.sender.dead_lettered)
+
+    async def _render_metrics(self) -> tuple[bytes, str]:
+        return await self.metrics.render(), self.metrics.content_type
 
     async def peers(self) -> list[dict[str, Any]]:
         return await peer_rows(self.svc, self.links, self.sender)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from a2a import RetrySchedule
@@ -44,6 +45,8 @@ class OutboxSender:
         self._stopping = False
         self.delivered = 0
         self.dead_lettered = 0
+        # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it.
+        self.on_ack_latency: Callable[[str, float], None] | None = None
 
     def wake(self, peer: str | None = None) -> None:
         for p, ev in self._wake.items():
@@ -108,11 +111,14 @@ class OutboxSender:
         if row.expires_at <= self.clock_ms():
             await self._dead_letter(row, row.last_error or "expired before it could be delivered")
             return
+        sent = time.perf_counter()
         try:
             ack = await self.links[row.peer].send_wire(row.correlation_id, row.envelope)
         except MeshError as e:
             await self._failed(row, f"{e.code}: {e.message}")
             return
+        if self.on_ack_latency is not None:
+            self.on_ack_latency(row.peer, time.perf_counter() - sent)
         if ack.accepted or ack.is_duplicate:
             await self.db.write(_acked, row, self.clock_ms())
             self.delivered += 1

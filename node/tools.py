@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -195,8 +196,20 @@ class ServiceBackend:
         self.service = service
         self.limits: LimitsConfig = service.cfg.limits
         self.validator = ArgValidator(tool_specs(self.limits))
+        # (tool, "ok" or the error code) -> calls; an unknown tool name counts as "unknown" (bounded labels).
+        self.calls: Counter[tuple[str, str]] = Counter()
 
     async def call(self, name: str, args: dict[str, Any]) -> JSON:
+        tool = name if name in self.validator.specs else "unknown"
+        try:
+            result = await self._dispatch(name, args)
+        except Exception as exc:
+            self.calls[tool, describe(exc).code] += 1
+            raise
+        self.calls[tool, "ok"] += 1
+        return result
+
+    async def _dispatch(self, name: str, args: dict[str, Any]) -> JSON:
         args = self.validator.check(name, args)
         s = self.service
         match name:

@@ -20,6 +20,7 @@ import concurrent.futures
 import queue
 import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,6 +73,8 @@ class Database:
         self._schema_version = 0
         self._commits = 0
         self._committed_jobs = 0
+        # time.monotonic() when the writer took up its current batch; None while it waits for work.
+        self._batch_started: float | None = None
         self._closed = False
         self._close_task: asyncio.Future[None] | None = None
 
@@ -108,6 +111,13 @@ class Database:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def writer_busy_s(self) -> float:
+        """Seconds the writer thread has spent in its current batch (0 while idle); inf once it has died."""
+        if self._writer_done.done() and not self._closed:
+            return float("inf")
+        started = self._batch_started
+        return 0.0 if started is None else time.monotonic() - started
 
     @property
     def commit_stats(self) -> tuple[int, int]:
@@ -178,14 +188,16 @@ class Database:
                 head = pending[0]
                 if head is _STOP:
                     break  # close() enqueues _STOP last, so everything before it has run
+                self._batch_started = time.monotonic()
                 if head.per_commit:
                     self._run_batch(conn, [pending.popleft()])
-                    continue
-                batch: list[_Job] = []
-                while pending and len(batch) < self._batch_max and pending[0] is not _STOP \
-                        and not pending[0].per_commit:
-                    batch.append(pending.popleft())
-                self._run_batch(conn, batch)
+                else:
+                    batch: list[_Job] = []
+                    while pending and len(batch) < self._batch_max and pending[0] is not _STOP \
+                            and not pending[0].per_commit:
+                        batch.append(pending.popleft())
+                    self._run_batch(conn, batch)
+                self._batch_started = None
         finally:
             try:
                 conn.execute("PRAGMA optimize")

@@ -1,0 +1,122 @@
+"""Prometheus metrics of one node: its own ``CollectorRegistry`` (never the process-global one), read live.
+
+Gauges and counters are taken from the node's state at scrape time (``NodeMetrics.render`` reads a
+``Scrape`` first, then the collector turns it into families); only the ACK latency histogram is observed as
+ACKs arrive. ``/metrics`` on the plain health port (``mesh.health_port``) serves ``render()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "aimem"
+# ACK round trips are milliseconds on a LAN and seconds under retries; a2a.ack_timeout_s caps one wait.
+ACK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class PeerScrape:
+    state: str
+    outbox_depth: int
+    dead_letters: int
+    last_sync_seq: int
+    parked: int
+    # Seconds since the last completed pull of the peer's change log; None before the first one.
+    sync_age_s: float | None
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What the node is at one instant, as plain values."""
+    peers: Mapping[str, PeerScrape]
+    rejections: Mapping[str, int]
+    hooks: Mapping[tuple[str, str], int]
+    mcp_calls: Mapping[tuple[str, str], int]
+    ready: bool
+    writer_busy_s: float
+    delivered: int = 0
+    dead_lettered: int = 0
+
+
+LINK_STATES = ("connecting", "up", "down", "closed")
+
+
+class _Collector(Collector):
+    def __init__(self, current: Callable[[], Scrape | None]) -> None:
+        self._current = current
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._current()
+        if s is None:
+            return
+        depth = GaugeMetricFamily(f"{PREFIX}_outbox_depth", "Messages waiting in the outbox, per peer", labels=["peer"])
+        dead = GaugeMetricFamily(f"{PREFIX}_dead_letters", "Messages that exhausted their retries, per peer",
+                                 labels=["peer"])
+        up = GaugeMetricFamily(f"{PREFIX}_peer_link_up", "1 when the link to the peer is up", labels=["peer"])
+        state = GaugeMetricFamily(f"{PREFIX}_peer_link_state", "1 for the link's current state",
+                                  labels=["peer", "state"])
+        cursor = GaugeMetricFamily(f"{PREFIX}_sync_cursor", "Last change-log seq pulled from the peer", labels=["peer"])
+        lag = GaugeMetricFamily(f"{PREFIX}_sync_lag_seconds", "Seconds since the last completed pull of the peer's "
+                                "change log", labels=["peer"])
+        parked = GaugeMetricFamily(f"{PREFIX}_sync_parked", "Sync items from the peer given up on", labels=["peer"])
+        for peer, p in sorted(s.peers.items()):
+            depth.add_metric([peer], p.outbox_depth)
+            dead.add_metric([peer], p.dead_letters)
+            up.add_metric([peer], 1.0 if p.state == "up" else 0.0)
+            for st in LINK_STATES:
+                state.add_metric([peer, st], 1.0 if p.state == st else 0.0)
+            cursor.add_metric([peer], p.last_sync_seq)
+            parked.add_metric([peer], p.parked)
+            if p.sync_age_s is not None:
+                lag.add_metric([peer], p.sync_age_s)
+        yield from (depth, dead, up, state, cursor, lag, parked)
+        rejections = CounterMetricFamily(f"{PREFIX}_rejections", "Inbound messages refused, by code", labels=["code"])
+        for code, n in sorted(s.rejections.items()):
+            rejections.add_metric([code], n)
+        yield rejections
+        hooks = CounterMetricFamily(f"{PREFIX}_hook_outcomes", "Hook runs by hook and outcome",
+                                    labels=["hook", "outcome"])
+        for (hook, outcome), n in sorted(s.hooks.items()):
+            hooks.add_metric([hook, outcome], n)
+        yield hooks
+        calls = CounterMetricFamily(f"{PREFIX}_mcp_calls", "MCP tool calls by tool and outcome (ok or the error code)",
+                                    labels=["tool", "outcome"])
+        for (tool, outcome), n in sorted(s.mcp_calls.items()):
+            calls.add_metric([tool, outcome], n)
+        yield calls
+        yield CounterMetricFamily(f"{PREFIX}_delivered", "Outbox messages ACKed since start", value=s.delivered)
+        yield CounterMetricFamily(f"{PREFIX}_dead_lettered", "Outbox messages dead-lettered since start",
+                                  value=s.dead_lettered)
+        yield GaugeMetricFamily(f"{PREFIX}_ready", "1 when /readyz answers 200", value=1.0 if s.ready else 0.0)
+        yield GaugeMetricFamily(f"{PREFIX}_storage_writer_busy_seconds",
+                                "How long the storage writer has been in its current batch (0 when idle)",
+                                value=s.writer_busy_s)
+
+
+class NodeMetrics:
+    """One node's registry. ``observe_ack(peer, seconds)`` as ACKs arrive; ``await render()`` at scrape time."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, scrape: Callable[[], Awaitable[Scrape]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._scrape = scrape
+        self._last: Scrape | None = None
+        self._ack_latency = Histogram(f"{PREFIX}_ack_latency_seconds", "Send to ACK, per peer", ["peer"],
+                                      buckets=ACK_BUCKETS_S, registry=self.registry)
+        self.registry.register(_Collector(lambda: self._last))
+
+    def observe_ack(self, peer: str, seconds: float) -> None:
+        self._ack_latency.labels(peer=peer).observe(seconds)
+
+    async def render(self) -> bytes:
+        """The exposition text of the node as it is now."""
+        # No await between taking the scrape and rendering it: concurrent scrapes cannot mix.
+        scrape = await self._scrape()
+        self._last = scrape
+        return generate_latest(self.registry)
