@@ -9,6 +9,7 @@ Errors are HTTP statuses with a JSON body ``{"error": {"code", "message"}}``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -260,6 +261,16 @@ def _health(hooks: ServerHooks):
     return handler
 
 
+async def _bind(site: web.TCPSite, key: str, host: str, port: int) -> None:
+    try:
+        await site.start()
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise MeshError("port_in_use", f"{host}:{port} ({key}) is in use: is this node already running, "
+                                           f"or does another program hold the port?") from None
+        raise MeshError("cannot_listen", f"cannot listen on {host}:{port} ({key}): {e.strerror or e}") from None
+
+
 class MeshServer:
     """Runs the app on host:port with the mTLS context (and optionally a plain health port)."""
 
@@ -273,18 +284,19 @@ class MeshServer:
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> int:
-        """Start listening; returns the bound port (useful with port 0)."""
+        """Start listening; returns the bound port (useful with port 0). MeshError port_in_use names the port."""
         runner = web.AppRunner(build_app(self.hooks), access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context, backlog=512)
-        await site.start()
         self._runners.append(runner)
+        await _bind(web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context, backlog=512),
+                    "mesh.listen_port", self.host, self.port)
         self.port = runner.addresses[0][1]
         if self.health_port:
             health = web.AppRunner(build_health_app(self.hooks), access_log=None, handle_signals=False)
             await health.setup()
-            await web.TCPSite(health, "127.0.0.1", self.health_port).start()
             self._runners.append(health)
+            await _bind(web.TCPSite(health, "127.0.0.1", self.health_port), "mesh.health_port", "127.0.0.1",
+                        self.health_port)
         return self.port
 
     async def stop_accepting(self) -> None:

@@ -70,51 +70,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("store", help="store a memory")
     s.add_argument("content", help="memory text")
-    s.add_argument("--title", default="")
-    s.add_argument("--namespace", default="default")
-    s.add_argument("--tag", action="append", default=[], dest="tags", help="repeatable")
+    s.add_argument("--title", default="", help="short title (default none)")
+    s.add_argument("--namespace", default="default", help="namespace (default 'default'); [federation.namespaces] "
+                                                          "may restrict which peers it replicates to")
+    s.add_argument("--tag", action="append", default=[], dest="tags", help="a tag; repeat for more")
     s.add_argument("--priority", type=int, default=5, help="1..10 (default 5)")
     s.add_argument("--confidence", type=float, default=1.0, help="0..1 (default 1)")
-    s.add_argument("--source", default="")
+    s.add_argument("--source", default="", help="where the memory came from (free text)")
     s.add_argument("--json", action="store_true")
 
     up = sub.add_parser("update", help="change fields of a memory (new version, replicated)")
-    up.add_argument("id")
-    up.add_argument("--content")
-    up.add_argument("--title")
-    up.add_argument("--tag", action="append", dest="tags", help="repeatable; replaces all tags")
+    up.add_argument("id", help="memory id")
+    up.add_argument("--content", help="new text")
+    up.add_argument("--title", help="new title")
+    up.add_argument("--tag", action="append", dest="tags", help="a tag; repeat for more; replaces all tags")
     up.add_argument("--priority", type=int, help="1..10")
     up.add_argument("--confidence", type=float, help="0..1")
-    up.add_argument("--source")
+    up.add_argument("--source", help="where the memory came from (free text)")
     up.add_argument("--json", action="store_true")
 
     gm = sub.add_parser("get", help="show one memory")
-    gm.add_argument("id")
+    gm.add_argument("id", help="memory id")
     gm.add_argument("--json", action="store_true")
 
     lm = sub.add_parser("list", help="list memories, newest first")
-    lm.add_argument("--namespace")
-    lm.add_argument("--limit", type=int, default=50)
-    lm.add_argument("--offset", type=int, default=0)
+    lm.add_argument("--namespace", help="only this namespace")
+    lm.add_argument("--limit", type=int, default=50, help="most rows (default 50, at most limits.max_recall_limit)")
+    lm.add_argument("--offset", type=int, default=0, help="rows to skip (default 0)")
     lm.add_argument("--json", action="store_true")
 
     r = sub.add_parser("recall", help="full-text recall, ranked by BM25")
-    r.add_argument("query")
-    r.add_argument("--limit", type=int, default=10)
-    r.add_argument("--namespace")
+    r.add_argument("query", help="search text (any text is a safe query)")
+    r.add_argument("--limit", type=int, default=10, help="most hits (default 10)")
+    r.add_argument("--namespace", help="only this namespace")
     r.add_argument("--json", action="store_true")
 
     lk = sub.add_parser("link", help="link two memories (signed with the node key when present)")
-    lk.add_argument("src_id")
-    lk.add_argument("dst_id")
+    lk.add_argument("src_id", help="memory id the link starts at")
+    lk.add_argument("dst_id", help="memory id the link points to")
     lk.add_argument("relation", help="e.g. related_to, contradicts, derived_from")
     lk.add_argument("--valid-until", type=int, help="end of validity, unix milliseconds")
-    lk.add_argument("--confidence", type=float)
+    lk.add_argument("--confidence", type=float, help="0..1")
     lk.add_argument("--json", action="store_true")
 
     ls = sub.add_parser("links", help="list links")
-    ls.add_argument("--attest-level", choices=["unsigned", "self_signed", "peer_attested"])
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--attest-level", choices=["unsigned", "self_signed", "peer_attested"],
+                    help="only links at this level")
+    ls.add_argument("--limit", type=int, default=50, help="most rows (default 50)")
     ls.add_argument("--json", action="store_true")
 
     v = sub.add_parser("verify", help="re-derive a link's or a memory version's signed payload and check its "
@@ -142,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     certsub = cert.add_subparsers(dest="sub2", required=True, metavar="ACTION")
     cis = certsub.add_parser("issue", help="issue a node certificate over the node's own Ed25519 identity key")
     cis.add_argument("--ca", type=Path, required=True, help="CA directory (from `mesh ca init`)")
-    cis.add_argument("--agent-id", required=True)
+    cis.add_argument("--agent-id", required=True, help="the node's agent id, e.g. ai:node-1@lab")
     cis.add_argument("--pub", type=Path, required=True, help="the node's <agent_id>.pub")
     cis.add_argument("--out", type=Path, help="certificate path (default: <home>/tls/node.crt from the config)")
     cis.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
@@ -197,6 +199,7 @@ def _global_options_anywhere(parser: argparse.ArgumentParser) -> None:
             for a in sub._actions:  # noqa: SLF001
                 if a.option_strings == ["--json"]:
                     a.default = argparse.SUPPRESS
+                    a.help = a.help or "print the result as JSON"
             present = {o for a in sub._actions for o in a.option_strings}  # noqa: SLF001
             if "--config" not in present:
                 sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -497,7 +500,7 @@ def _audit_verify(args: argparse.Namespace, cfg: NodeConfig) -> int:
 def _serve(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node import log
     from node.node import run_serve
-    log.setup(cfg.agent_id or "?", cfg.log.level)
+    log.setup(cfg.agent_id or "?", cfg.log.level, cfg.log.format)
     return run_serve(cfg)
 
 

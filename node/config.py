@@ -3,8 +3,9 @@
 Every tunable of the node lives here (retry delays, TTL, seen-cache size, limits, ports);
 the rest of the code reads it and never repeats a literal.
 
-Precedence for the node home: built-in default < ``home`` in the TOML file < ``AI_MEMORY_HOME``.
-Relative paths in the file are resolved against the home.
+Precedence for the node home: built-in default < the config file's directory < ``home`` in the TOML file
+(relative to the file's directory) < ``AI_MEMORY_HOME``. Relative paths in the file are resolved against
+the home.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 DEFAULT_HOME = "~/.config/ai-memory"
 HOME_ENV = "AI_MEMORY_HOME"
 HOOKS_CONFIG_ENV = "AI_MEMORY_HOOKS_CONFIG"
+LOG_LEVEL_ENV = "AI_MEMORY_LOG_LEVEL"
 
 
 class ConfigError(Exception):
@@ -146,7 +148,10 @@ class HooksConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
+    # AI_MEMORY_LOG_LEVEL overrides it.
     level: str = "info"
+    # "json": one JSON object per line (for collectors); "text": one readable line per record.
+    format: str = "json"
 
 
 @dataclass(frozen=True)
@@ -231,23 +236,33 @@ def load_config(path: Path | None = None, *, env: dict[str, str] | None = None,
             raise ConfigError("config_malformed", f"config file {path} is not UTF-8 text") from None
     if overrides:
         raw = {**raw, **overrides}
-    return from_dict(raw, env=env)
+    return from_dict(raw, env=env, config_dir=None if path is None else Path(path).absolute().parent)
 
 
-def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None) -> NodeConfig:
+def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None,
+              config_dir: Path | None = None) -> NodeConfig:
+    """A validated config from a parsed TOML table; ``config_dir`` (the file's directory) is the default home."""
     env = os.environ if env is None else env
     raw = dict(raw)
     known = {"agent_id", "home", *_SECTIONS}
     for key in raw:
         if key not in known:
             raise ConfigError("config_unknown_key", f"unknown config key {key!r}; known: {sorted(known)}")
-    home_raw = env.get(HOME_ENV) or raw.pop("home", None) or DEFAULT_HOME
-    raw.pop("home", None)
-    home = Path(_expect(str, "home", home_raw)).expanduser()
+    in_file = raw.pop("home", None)
+    if env.get(HOME_ENV):
+        home = Path(env[HOME_ENV]).expanduser()
+    elif in_file is not None:
+        home = Path(_expect(str, "home", in_file)).expanduser()
+        if config_dir is not None and not home.is_absolute():
+            home = config_dir / home
+    else:
+        home = config_dir if config_dir is not None else Path(DEFAULT_HOME).expanduser()
     agent_id = _expect(str, "agent_id", raw.pop("agent_id", ""))
     sections = {name: _section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
     if env.get(HOOKS_CONFIG_ENV):
         sections["hooks"] = dataclasses.replace(sections["hooks"], config=Path(env[HOOKS_CONFIG_ENV]))
+    if env.get(LOG_LEVEL_ENV):
+        sections["log"] = dataclasses.replace(sections["log"], level=env[LOG_LEVEL_ENV].lower())
     cfg = NodeConfig(agent_id=agent_id, home=home.absolute(), **sections)
     _validate(cfg)
     return cfg
@@ -388,7 +403,8 @@ def _validate(cfg: NodeConfig) -> None:
     if cfg.agent_id and cfg.agent_id in ids:
         raise ConfigError("config_invalid", f"mesh.peers lists this node itself ({cfg.agent_id!r})")
     if cfg.federation.orphan_hold_s < 0:
-        raise ConfigError("config_invalid", f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
+        raise ConfigError("config_invalid",
+                          f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
     _positive("federation.sync_interval_s", cfg.federation.sync_interval_s)
     _positive("federation.max_clock_skew_s", cfg.federation.max_clock_skew_s)
     _positive("federation.max_version_step", cfg.federation.max_version_step)
@@ -396,5 +412,12 @@ def _validate(cfg: NodeConfig) -> None:
     if cfg.mesh.trust not in ("pinned", "ca"):
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)
-    if cfg.log.level not in ("debug", "info", "warning", "error"):
-        raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")
+    _validate_log(cfg.log)
+
+
+def _validate_log(log: LogConfig) -> None:
+    if log.level not in ("debug", "info", "warning", "error"):
+        raise ConfigError("config_invalid", f"log.level (or {LOG_LEVEL_ENV}) must be debug|info|warning|error, "
+                                            f"got {log.level!r}")
+    if log.format not in ("json", "text"):
+        raise ConfigError("config_invalid", f"log.format must be json|text, got {log.format!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -31,8 +32,18 @@ from mcp.server.stdio import stdio_server
 from node.config import LimitsConfig, NodeConfig
 from node.errors import describe
 from node.ratelimit import RateLimiter
-from node.tools import (CONNECT_TIMEOUT_S, MAX_FRAME_BYTES, JSON, ServiceBackend, SocketClientBackend,
-                        ToolBackend, encode_frame, error_reply, read_frame, tool_specs)
+from node.tools import (
+    CONNECT_TIMEOUT_S,
+    JSON,
+    MAX_FRAME_BYTES,
+    ServiceBackend,
+    SocketClientBackend,
+    ToolBackend,
+    encode_frame,
+    error_reply,
+    read_frame,
+    tool_specs,
+)
 
 log = logging.getLogger("node.mcp")
 
@@ -131,10 +142,26 @@ async def open_backend(cfg: NodeConfig) -> tuple[ToolBackend, dict[str, Any], An
     else:
         return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path)}, client.close
 
+    _check_embedded_home(cfg)
     from node.assemble import open_service
 
     service = await open_service(cfg)
     return ServiceBackend(service), {"transport": "stdio", "mode": "embedded"}, service.close
+
+
+def _check_embedded_home(cfg: NodeConfig) -> None:
+    """Refuse to serve a store nobody set up: a home that does not exist, or the default home with neither a
+    database nor an identity (the client config most likely lacks --config)."""
+    from node.config import DEFAULT_HOME
+    from node.errors import ServiceError
+    if not cfg.home.is_dir():
+        raise ServiceError("home_not_found", f"no node home at {cfg.home} and no node answers on "
+                                             f"{cfg.socket_path}; pass --config /path/node.toml (or --home DIR)")
+    empty = not cfg.db_path.exists() and not any(cfg.keys_dir.glob("*.priv"))
+    if empty and cfg.home == Path(DEFAULT_HOME).expanduser().absolute():
+        raise ServiceError("home_empty", f"the default home {cfg.home} holds no store and no identity, and no node "
+                                         f"answers on {cfg.socket_path}: the MCP client config most likely lacks "
+                                         "--config /path/node.toml (or --home DIR)")
 
 
 async def run_stdio(cfg: NodeConfig) -> None:
@@ -207,9 +234,12 @@ async def start_http(backend: ToolBackend, host: str, port: int) -> HttpHandle:
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)
-    except OSError:
+    except OSError as e:
         sock.close()
-        raise
+        from node.errors import ServiceError
+        code = "port_in_use" if e.errno == errno.EADDRINUSE else "cannot_listen"
+        raise ServiceError(code, f"cannot serve MCP over HTTP on {host}:{port} (mcp.http_port): "
+                                 f"{e.strerror or e}") from None
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=HTTP_GRACEFUL_S)
     userver = _EmbeddedUvicorn(config)

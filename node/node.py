@@ -110,18 +110,19 @@ class Node:
     # ---- lifecycle ------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        port = await self.server.start()
-        self._warn_unpinned_peers()
-        for peer, link in self.links.items():
-            link.on_up(lambda peer=peer: (self.sender.wake(peer), self._sync_wanted[peer].set()))
         try:
+            # Every listener is bound before any task starts: a port or socket in use is one plain error.
+            port = await self.server.start()
+            await self._start_extras()
+            self._warn_unpinned_peers()
+            for peer, link in self.links.items():
+                link.on_up(lambda peer=peer: (self.sender.wake(peer), self._sync_wanted[peer].set()))
             async with asyncio.TaskGroup() as tg:
                 peer_tasks = []
                 for peer, link in self.links.items():
                     peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
                     peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
-                await self._start_extras()
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
                 await stop.wait()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import sqlite3
 import threading
@@ -311,8 +312,9 @@ def _resolve_all(jobs: list[_Job]) -> None:
 
 def _open_writer(path: Path, synchronous: str = "full") -> sqlite3.Connection:
     """Guard the file (read-only), then open it read-write, set the pragmas and migrate."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     migrations.guard(path)
+    _owner_only(path)
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as e:
@@ -332,6 +334,23 @@ def _open_writer(path: Path, synchronous: str = "full") -> sqlite3.Connection:
     except BaseException:
         conn.close()
         raise
+
+
+def _owner_only(path: Path) -> None:
+    """The database holds every memory: create it 0600 (SQLite gives its -wal and -shm the same mode), and
+    take group and other access away from files an older version left readable."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        pass
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if p.stat().st_mode & 0o077:
+                p.chmod(0o600)
+        except FileNotFoundError:
+            continue
+        except PermissionError as e:
+            raise StorageError("file_mode", f"{p} is readable by others and cannot be made 0600: {e}") from None
 
 
 def _open_reader(path: Path) -> sqlite3.Connection:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -42,7 +43,7 @@ def ai_memory(spec, *args: str) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
 
 
-async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wait_for) -> None:
+async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wait_for, node_log) -> None:
     mesh = mesh_factory(2)
     mesh.start()
     n1, n2 = mesh.layout.node(1), mesh.layout.node(2)
@@ -73,6 +74,11 @@ async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wa
     st = ai_memory(n1, "status", "--json")
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["source"] == "node" and json.loads(st.stdout)["node_running"] is True
+
+    # At the default level an idle sync round (nothing applied, pending or parked) is not logged.
+    events = node_log(n1)
+    assert events and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["ts"]) for e in events)
+    assert not [e for e in events if e["event"] == "synced" and not (e["applied"] or e["pending"] or e["parked"])]
 
     mesh.stop(2)
     ready = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(get(n1.health_port, "/readyz")),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from mesh import keys
-from node.cli import main
+from node.cli import build_parser, main
 
 A = "ai:node-1@lab"
 
@@ -57,3 +58,18 @@ def test_a_mistyped_home_is_an_error_and_creates_nothing(capsys, tmp_path: Path)
     assert not wrong.exists()
     rc, _, err = run(capsys, "--home", str(wrong), "status")
     assert rc == 1 and "[home_not_found]" in err and not wrong.exists()
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "ai-memory"):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def test_every_option_and_argument_has_a_help_text() -> None:
+    missing = [f"{path}: {a.option_strings or a.dest}" for path, p in _parsers(build_parser())
+               for a in p._actions
+               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
+    assert not missing, missing
