@@ -125,6 +125,8 @@ class McpConfig:
     # 0 = streamable HTTP off.
     http_port: int = 0
     socket: Path = Path("run/node.sock")
+    # Tool families each MCP session lists at first (docs/mcp.md): core | graph | admin | power | full.
+    profile: str = "core"
 
 
 @dataclass(frozen=True)
@@ -413,6 +415,15 @@ def _validate(cfg: NodeConfig) -> None:
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)
     _validate_log(cfg.log)
+    _validate_profile(cfg.mcp.profile)
+
+
+def _validate_profile(profile: str) -> None:
+    from node.profiles import parse_family
+    try:
+        parse_family(profile)
+    except ValueError as e:
+        raise ConfigError("config_invalid", f"mcp.profile: {e}") from None
 
 
 def _validate_log(log: LogConfig) -> None:

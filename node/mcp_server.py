@@ -26,21 +26,27 @@ from typing import Any
 import mcp_types as types
 import orjson
 import uvicorn
-from mcp.server.lowlevel import Server
+from cachetools import LRUCache
+from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
 from node.config import LimitsConfig, NodeConfig
-from node.errors import describe
-from node.ratelimit import RateLimiter
+from node.errors import ServiceError, describe
+from node.profiles import ABOUT, Family, listed, match_intent, parse_family
+from node.ratelimit import MAX_CALLERS, RateLimiter
 from node.tools import (
     CONNECT_TIMEOUT_S,
     JSON,
+    LOADERS,
     MAX_FRAME_BYTES,
+    ArgValidator,
     ServiceBackend,
     SocketClientBackend,
     ToolBackend,
     encode_frame,
     error_reply,
+    instructions,
+    loader_specs,
     read_frame,
     tool_specs,
 )
@@ -59,26 +65,93 @@ SOCKET_DRAIN_S = 2.0
 
 # ---- the MCP server over a backend ----------------------------------------------------------
 
-def build_server(backend: ToolBackend, *, limits: LimitsConfig, session: dict[str, Any]) -> Server:
-    """An SDK ``Server`` exposing the tool table; ``session`` describes this door (transport, mode)."""
-    tools = [types.Tool(name=s.name, description=s.description, input_schema=s.input_schema)
-             for s in tool_specs(limits)]
+class _Server(Server):
+    """The SDK server, announcing ``tools.listChanged``: the loaders change a session's tool list."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      *args: Any, **kwargs: Any) -> Any:
+        return super().create_initialization_options(notification_options or NotificationOptions(tools_changed=True),
+                                                     *args, **kwargs)
+
+
+def _agent(ctx: Any) -> str:
+    # One MCP session is one agent. Over HTTP each request gets a fresh ServerSession, so the session is named
+    # by the Mcp-Session-Id header; a stdio process serves exactly one agent.
+    headers = getattr(ctx.request, "headers", None)
+    return (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
+
+
+def build_server(backend: ToolBackend, *, limits: LimitsConfig, session: dict[str, Any],
+                 profile: str = Family.CORE) -> Server:
+    """An SDK ``Server`` exposing the tool table; ``session`` describes this door (transport, mode).
+
+    Each agent starts with ``profile``'s tools listed and adds families with the loaders (docs/mcp.md)."""
+    specs = tool_specs(limits) + loader_specs()
+    tools = {s.name: types.Tool(name=s.name, description=s.description, input_schema=s.listed_schema)
+             for s in specs}
+    surfaces = Surfaces(parse_family(profile))
+    loader_args = ArgValidator(loader_specs())
 
     async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=[tools[n] for n in listed(tools, surfaces.loaded(_agent(ctx)))])
 
     limiter = RateLimiter(limits.requests_per_second)
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        # One MCP session is one agent: its budget is limits.requests_per_second. Over HTTP each request
-        # gets a fresh ServerSession, so the session is named by the Mcp-Session-Id header; a stdio
-        # process serves exactly one agent.
-        headers = getattr(ctx.request, "headers", None)
-        agent = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
-        return await call_tool(backend, params.name, params.arguments, session,
-                               admit=lambda: limiter.check(agent))
+        agent = _agent(ctx)
+        if params.name in LOADERS:
+            before = listed(tools, surfaces.loaded(agent))
+            loader = _Loader(surfaces, agent, loader_args)
+            result = await call_tool(loader, params.name, params.arguments, session,
+                                     admit=lambda: limiter.check(agent))
+            if listed(tools, surfaces.loaded(agent)) != before:
+                await ctx.session.send_tool_list_changed()
+            return result
+        door = session
+        if params.name == "memory_capabilities" and (params.arguments or {}).get("version") != 2:
+            door = {**session, "profile": str(surfaces.profile), "loaded": sorted(map(str, surfaces.loaded(agent)))}
+        return await call_tool(backend, params.name, params.arguments, door, admit=lambda: limiter.check(agent))
 
-    return Server(SERVER_NAME, version=_version(), on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    return _Server(SERVER_NAME, version=_version(), instructions=instructions(limits), on_list_tools=on_list_tools,
+                   on_call_tool=on_call_tool)
+
+
+class Surfaces:
+    """The families each agent has loaded (its profile's to begin with); the least recent agents are forgotten
+    past MAX_CALLERS, as the rate limiter forgets them."""
+
+    def __init__(self, profile: Family) -> None:
+        self.profile = profile
+        self._loaded: LRUCache[str, frozenset[Family]] = LRUCache(MAX_CALLERS)
+
+    def loaded(self, agent: str) -> frozenset[Family]:
+        return self._loaded.get(agent) or frozenset({self.profile})
+
+    def add(self, agent: str, families: list[Family]) -> frozenset[Family]:
+        self._loaded[agent] = self.loaded(agent) | set(families)
+        return self._loaded[agent]
+
+
+class _Loader:
+    """The loader tools as a backend: they change what one agent's session lists, nothing in the node."""
+
+    def __init__(self, surfaces: Surfaces, agent: str, validator: ArgValidator) -> None:
+        self.surfaces, self.agent, self.validator = surfaces, agent, validator
+
+    async def call(self, name: str, args: dict[str, Any]) -> JSON:
+        args = self.validator.check(name, args)
+        if name == "memory_load_family":
+            try:
+                families = [parse_family(args["family"])]
+            except ValueError as e:
+                raise ServiceError("bad_input", str(e)) from None
+        else:
+            families = match_intent(args["intent"])
+        loaded = self.surfaces.add(self.agent, families)
+        out: dict[str, Any] = {"added": [str(f) for f in families], "loaded": sorted(map(str, loaded))}
+        if not families:
+            out["hint"] = "no family matched; families: " + "; ".join(f"{f}: {a}" for f, a in ABOUT.items())
+        return out
 
 
 async def call_tool(backend: ToolBackend, name: str, arguments: dict[str, Any] | None,
@@ -168,7 +241,7 @@ async def run_stdio(cfg: NodeConfig) -> None:
     """Serve MCP on this process's stdin/stdout until the client closes it."""
     backend, session, close = await open_backend(cfg)
     try:
-        server = build_server(backend, limits=cfg.limits, session=session)
+        server = build_server(backend, limits=cfg.limits, session=session, profile=cfg.mcp.profile)
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
     finally:
@@ -221,11 +294,11 @@ def check_loopback(host: str) -> None:
                            f"MCP over HTTP binds to loopback only (127.0.0.1 or ::1), refusing host {host!r}")
 
 
-async def start_http(backend: ToolBackend, host: str, port: int) -> HttpHandle:
+async def start_http(backend: ToolBackend, host: str, port: int, profile: str = Family.CORE) -> HttpHandle:
     """Serve streamable HTTP MCP at http://host:port/mcp; port 0 picks a free port (see handle.port)."""
     check_loopback(host)
     limits = getattr(backend, "limits", LimitsConfig())
-    server = build_server(backend, limits=limits, session={"transport": "streamable_http"})
+    server = build_server(backend, limits=limits, session={"transport": "streamable_http"}, profile=profile)
     app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -168,7 +168,7 @@ class Node:
         self.extra_services.append(await mcp_server.start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
-                                                                   self.cfg.mcp.http_port))
+                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile))
 
     async def _stop_extras(self) -> None:
         for handle in reversed(self.extra_services):

@@ -363,8 +363,14 @@ class Service:
         from node.peers import peer_rows
         return await peer_rows(self)
 
-    async def capabilities(self) -> dict[str, Any]:
-        """Honest live state: only what this process actually does and holds right now."""
+    async def capabilities(self, version: int = 3) -> dict[str, Any]:
+        """Honest live state: only what this process actually does and holds right now.
+
+        ``version`` 2 is the shape v2 clients know; 3 (the default) keeps every v2 field where it is and adds
+        the sections of ``node.capabilities.SECTIONS``."""
+        from node import capabilities as sections
+        if version not in sections.VERSIONS:
+            raise ServiceError("bad_input", f"capabilities version must be one of {sections.VERSIONS}, got {version!r}")
         def read(conn: Any) -> dict[str, Any]:
             return {"links": links.counts_by_attest_level(conn), "memories": memories.count(conn),
                     "memories_by_attest_level": memories.counts_by_attest_level(conn),
@@ -375,7 +381,7 @@ class Service:
         stored = await self.db.read(read)
         peers = await self.peers()
         caps: dict[str, Any] = {
-            "schema_version": self.db.schema_version,
+            "schema_version": version,
             "agent_id": self.agent_id,
             "key_fingerprint": self.identity.fingerprint if self.identity else None,
             "signing": self.identity is not None,
@@ -398,6 +404,8 @@ class Service:
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()
             caps["transports"] = self.runtime.transports()
+        if version >= sections.V3:
+            caps.update(await sections.sections(self))
         return caps
 
     # ---- replication --------------------------------------------------------------------

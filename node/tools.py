@@ -38,11 +38,31 @@ RECONNECT_FIRST_DELAY_S = 0.05
 RECONNECT_MAX_DELAY_S = 1.0
 
 
+# Said once per session in INSTRUCTIONS instead of in every listed schema (the validator still checks them).
+SHARED_KEYWORDS = frozenset({"maxLength", "minLength", "maxItems", "minimum", "maximum", "default",
+                             "additionalProperties"})
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
+    # The schema calls are validated against: closed, with every bound in force.
     input_schema: dict[str, Any]
+
+    @property
+    def listed_schema(self) -> dict[str, Any]:
+        """The schema ``tools/list`` shows: ``input_schema`` without what INSTRUCTIONS says once for all tools."""
+        return _without(self.input_schema, SHARED_KEYWORDS)
+
+
+def _without(schema: Any, keys: frozenset[str]) -> Any:
+    if isinstance(schema, dict):
+        # An empty "properties" says nothing "type": "object" does not.
+        return {k: _without(v, keys) for k, v in schema.items() if k not in keys and (k, v) != ("properties", {})}
+    if isinstance(schema, list):
+        return [_without(v, keys) for v in schema]
+    return schema
 
 
 class ToolBackend(Protocol):
@@ -54,81 +74,97 @@ class ToolBackend(Protocol):
 # ---- the table ------------------------------------------------------------------------------
 
 def _obj(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+    return schema
 
 
-def _text(desc: str, max_chars: int, *, min_chars: int = 0) -> dict[str, Any]:
-    s: dict[str, Any] = {"type": "string", "description": desc, "maxLength": max_chars}
+def _text(max_chars: int, desc: str = "", *, min_chars: int = 0) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "string", "maxLength": max_chars}
     if min_chars:
         s["minLength"] = min_chars
+    if desc:
+        s["description"] = desc
     return s
 
 
+def _int(lo: int, hi: int | None = None, default: int | None = None) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "integer", "minimum": lo}
+    if hi is not None:
+        s["maximum"] = hi
+    if default is not None:
+        s["default"] = default
+    return s
+
+
+def instructions(lim: LimitsConfig) -> str:
+    """What every tool shares, said once per session (the MCP server's instructions) instead of in each
+    listed schema: units, id formats, the length bounds in force, and that unknown arguments are refused."""
+    return (f"ai-memory: a signed, federated memory store. Times are unix ms; memory ids UUIDv4, link ids hex "
+            f"SHA-256; namespace defaults to 'default'. Text bounds (chars): content {lim.max_content_bytes} "
+            f"UTF-8 bytes, title {lim.max_title_chars}, source {lim.max_source_chars}, namespace "
+            f"{lim.max_namespace_chars}, tags {lim.max_tags} of {lim.max_tag_chars}, relation "
+            f"{lim.max_relation_chars}, query {lim.max_query_chars}, ids {lim.max_id_chars}; ids, content, query, "
+            f"relation and tags not empty. Numbers: priority 1..10 (default 5), confidence 0..1 (default 1 on "
+            f"store), limit 1..{lim.max_recall_limit} (list 50, recall 10), offset >= 0 (0), valid_until >= 0 or "
+            "null (open-ended). source: where a memory came from; relation e.g. related_to. Unknown arguments are "
+            "refused. memory_capabilities version: 3 (default) or 2. More tools: memory_load_family or "
+            "memory_smart_load.")
+
+
 def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
-    """The first tool set, with bounds taken from the limits in force."""
+    """The service's tools, with bounds taken from the limits in force; descriptions kept short because every
+    session pays for them in its context (units and id formats are in INSTRUCTIONS)."""
     lim = limits
-    memory_id = _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)
-    namespace = _text("namespace (default 'default')", lim.max_namespace_chars, min_chars=1)
-
-    def limit(default: int) -> dict[str, Any]:
-        return {"type": "integer", "minimum": 1, "maximum": lim.max_recall_limit, "default": default,
-                "description": f"max results, 1..{lim.max_recall_limit}"}
-
-    confidence = {"type": "number", "minimum": 0, "maximum": 1, "description": "confidence 0..1"}
+    memory_id = _text(lim.max_id_chars, min_chars=1)
+    namespace = _text(lim.max_namespace_chars, min_chars=1)
+    tags = {"type": "array", "maxItems": lim.max_tags, "items": _text(lim.max_tag_chars, min_chars=1)}
+    confidence = {"type": "number", "minimum": 0, "maximum": 1}
+    content = _text(lim.max_content_bytes, min_chars=1)
+    fields = {"title": _text(lim.max_title_chars), "tags": tags, "priority": _int(1, 10),
+              "confidence": confidence, "source": _text(lim.max_source_chars)}
     return (
-        ToolSpec("memory_store",
-                 "Store a new memory; returns it with its new id and created_at/updated_at in unix ms.",
-                 _obj({"content": _text(f"memory text, at most {lim.max_content_bytes} UTF-8 bytes",
-                                        lim.max_content_bytes, min_chars=1),
-                       "title": _text("short title", lim.max_title_chars),
-                       "namespace": namespace,
-                       "tags": {"type": "array", "maxItems": lim.max_tags, "description": "tags",
-                                "items": _text("tag", lim.max_tag_chars, min_chars=1)},
-                       "priority": {"type": "integer", "minimum": 1, "maximum": 10, "default": 5,
-                                    "description": "priority 1..10"},
-                       "confidence": {**confidence, "default": 1},
-                       "source": _text("where the memory came from", lim.max_source_chars)},
-                      ("content",))),
-        ToolSpec("memory_update",
-                 "Change fields of a memory; bumps its version and updated_at (unix ms) and replicates it.",
-                 _obj({"id": memory_id,
-                       "content": _text(f"new text, at most {lim.max_content_bytes} UTF-8 bytes",
-                                        lim.max_content_bytes, min_chars=1),
-                       "title": _text("short title", lim.max_title_chars),
-                       "tags": {"type": "array", "maxItems": lim.max_tags, "description": "tags (replaces all)",
-                                "items": _text("tag", lim.max_tag_chars, min_chars=1)},
-                       "priority": {"type": "integer", "minimum": 1, "maximum": 10, "description": "priority 1..10"},
-                       "confidence": confidence,
-                       "source": _text("where the memory came from", lim.max_source_chars)},
-                      ("id",))),
-        ToolSpec("memory_get", "Fetch one memory by id (times in unix ms).", _obj({"id": memory_id}, ("id",))),
-        ToolSpec("memory_list", "List memories, newest first, optionally in one namespace (times in unix ms).",
-                 _obj({"namespace": namespace, "limit": limit(50),
-                       "offset": {"type": "integer", "minimum": 0, "default": 0, "description": "rows to skip"}})),
-        ToolSpec("memory_recall", "Full-text recall ranked by BM25, best first; any text is a safe query.",
-                 _obj({"query": _text("search text", lim.max_query_chars, min_chars=1), "limit": limit(10),
+        ToolSpec("memory_store", "Store a memory; returns it.",
+                 _obj({"content": content, "namespace": namespace, **fields,
+                       "priority": _int(1, 10, 5), "confidence": {**confidence, "default": 1}}, ("content",))),
+        ToolSpec("memory_update", "Change fields (tags replace all); new version.",
+                 _obj({"id": memory_id, "content": content, **fields}, ("id",))),
+        ToolSpec("memory_get", "Fetch one memory.", _obj({"id": memory_id}, ("id",))),
+        ToolSpec("memory_list", "List memories, newest first.",
+                 _obj({"namespace": namespace, "limit": _int(1, lim.max_recall_limit, 50),
+                       "offset": _int(0, None, 0)})),
+        ToolSpec("memory_recall", "BM25 full-text search; any text is safe.",
+                 _obj({"query": _text(lim.max_query_chars, min_chars=1), "limit": _int(1, lim.max_recall_limit, 10),
                        "namespace": namespace}, ("query",))),
-        ToolSpec("memory_link",
-                 "Link two stored memories with a relation; signed with the node key (self_signed) when it has one.",
+        ToolSpec("memory_link", "Link src to dst by relation, signed by this node.",
                  _obj({"src_id": memory_id, "dst_id": memory_id,
-                       "relation": _text("relation, e.g. related_to, contradicts", lim.max_relation_chars,
-                                         min_chars=1),
-                       "valid_until": {"type": ["integer", "null"], "minimum": 0,
-                                       "description": "end of validity, unix ms (null = open-ended)"},
-                       "confidence": confidence},
+                       "relation": _text(lim.max_relation_chars, min_chars=1),
+                       "valid_until": {"type": ["integer", "null"], "minimum": 0}, "confidence": confidence},
                       ("src_id", "dst_id", "relation"))),
-        ToolSpec("memory_verify",
-                 "Re-derive a stored link's (link_id) or a memory's current version's (memory_id) signed payload "
-                 "and check its signature against the signer's keys; give exactly one; signed_at is unix ms.",
-                 _obj({"link_id": _text("link id (hex SHA-256)", lim.max_id_chars, min_chars=1),
-                       "memory_id": _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)}, ())),
-        ToolSpec("memory_peers", "List the peers this node trusts, with what it knows of each right now.", _obj({})),
-        ToolSpec("memory_capabilities",
-                 "Report this node's live state: schema version, key, attest counts, limits in force.", _obj({})),
+        ToolSpec("memory_verify", "Verify a link's or memory's signature; give one id.",
+                 _obj({"link_id": _text(lim.max_id_chars, min_chars=1), "memory_id": memory_id})),
+        ToolSpec("memory_peers", "Trusted peers, live link state.", _obj({})),
+        ToolSpec("memory_capabilities", "Node state: key, counts, limits.",
+                 _obj({"version": {"enum": [2, 3]}})),
+    )
+
+
+def loader_specs() -> tuple[ToolSpec, ...]:
+    """The two tools a session grows its tool list with (answered by the MCP server, not the node)."""
+    from node.profiles import Family
+    return (
+        ToolSpec("memory_load_family", "Add tools: graph (link, verify), admin (peers, state), power "
+                                       "(update, list), full.",
+                 _obj({"family": {"enum": [str(f) for f in Family if f is not Family.CORE]}}, ("family",))),
+        ToolSpec("memory_smart_load", "Add the tools a task needs.",
+                 _obj({"intent": _text(1000, min_chars=1)}, ("intent",))),
     )
 
 
 TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
+# Answered by the MCP server itself (a session's tool list), never sent to the node.
+LOADERS = frozenset(s.name for s in loader_specs())
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
                              "memory_capabilities"})
@@ -230,7 +266,7 @@ class ServiceBackend:
             case "memory_peers":
                 return await s.peers()
             case "memory_capabilities":
-                return await s.capabilities()
+                return await s.capabilities(**args)
         raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
 
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -64,18 +65,21 @@ def stdio_params(h: Home) -> StdioServerParameters:
 
 
 @contextlib.asynccontextmanager
-async def stdio_session(h: Home) -> AsyncIterator[ClientSession]:
+async def stdio_session(h: Home, message_handler: Any = None) -> AsyncIterator[ClientSession]:
+    """``message_handler`` (optional) is handed every notification the server sends."""
     with open(h.cfg.home / "mcp-stderr.log", "a") as errlog:
         async with stdio_client(stdio_params(h), errlog=errlog) as (r, w):
-            async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as session:
+            async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S,
+                                     message_handler=message_handler) as session:
                 await session.initialize()
                 yield session
 
 
 @contextlib.asynccontextmanager
-async def http_session(url: str) -> AsyncIterator[ClientSession]:
+async def http_session(url: str, message_handler: Any = None) -> AsyncIterator[ClientSession]:
     async with streamable_http_client(url) as (r, w):
-        async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as session:
+        async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S,
+                                 message_handler=message_handler) as session:
             await session.initialize()
             yield session
 

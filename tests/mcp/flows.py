@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from mcp import ClientSession
 
-from node.tools import TOOL_NAMES
+from node.tools import LOADERS, TOOL_NAMES
 from tests.mcp.conftest import AGENT, ok
 
 
 async def walk_through(session: ClientSession) -> dict:
+    first = await session.list_tools()
+    assert len(first.tools) <= 5 and {"memory_store", "memory_recall", "memory_load_family"} <= {
+        t.name for t in first.tools}
+    await ok(session, "memory_load_family", {"family": "full"})
     listed = await session.list_tools()
-    assert sorted(t.name for t in listed.tools) == sorted(TOOL_NAMES)
+    assert sorted(t.name for t in listed.tools) == sorted([*TOOL_NAMES, *LOADERS])
     for t in listed.tools:
-        assert t.input_schema["additionalProperties"] is False and t.description
+        assert t.input_schema["type"] == "object" and t.description
 
     a = await ok(session, "memory_store", {"content": "alpha keys are rotated quarterly", "tags": ["ops"]})
     b = await ok(session, "memory_store", {"content": "beta signatures use Ed25519", "title": "sig"})

@@ -21,7 +21,7 @@ GOOD = {
                     {"src_id": "a", "dst_id": "b", "relation": "r", "valid_until": None, "confidence": 1}],
     "memory_verify": [{"link_id": "ab" * 32}],
     "memory_peers": [{}],
-    "memory_capabilities": [{}],
+    "memory_capabilities": [{}, {"version": 2}, {"version": 3}],
 }
 WRONG_TYPE = {
     "memory_store": {"content": 5},
@@ -46,8 +46,9 @@ def test_schema_is_valid_json_schema_and_closed(name: str) -> None:
     schema = SPECS[name].input_schema
     Draft202012Validator.check_schema(schema)
     assert schema["type"] == "object" and schema["additionalProperties"] is False
+    assert SPECS[name].description
     for prop in schema["properties"].values():
-        assert prop.get("description")
+        assert "type" in prop or "enum" in prop
 
 
 @pytest.mark.parametrize("name", TOOL_NAMES)

@@ -26,7 +26,8 @@ async def test_stdio_joins_the_running_node_over_its_socket(home: Home, service)
             async with stdio_session(home) as s:
                 out = await walk_through(s)
                 assert out["caps"]["mcp"] == {"transport": "stdio", "mode": "joined",
-                                              "socket": str(home.cfg.socket_path)}
+                                              "socket": str(home.cfg.socket_path), "profile": "core",
+                                              "loaded": ["core", "full"]}
                 assert await err(s, "memory_store", {"content": ""}) == "bad_input"
         # what the agent stored through stdio lives in the node's own service
         assert (await service.memory_get(out["a"]["id"]))["content"] == out["a"]["content"]

@@ -15,7 +15,8 @@ async def test_stdio_embedded_walk_through_signs_and_verifies(home: Home) -> Non
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with stdio_session(home) as s:
             out = await walk_through(s)
-            assert out["caps"]["mcp"] == {"transport": "stdio", "mode": "embedded"}
+            assert out["caps"]["mcp"] == {"transport": "stdio", "mode": "embedded", "profile": "core",
+                                          "loaded": ["core", "full"]}
 
 
 async def test_bad_calls_are_tool_errors_and_the_server_keeps_serving(home: Home) -> None:
