@@ -121,3 +121,26 @@ def test_log_level_from_the_environment_overrides_the_file() -> None:
     with pytest.raises(ConfigError) as e:
         from_dict({}, env={"AI_MEMORY_LOG_LEVEL": "loud"})
     assert "AI_MEMORY_LOG_LEVEL" in e.value.message
+
+
+async def test_writer_busy_time_is_zero_when_idle_and_grows_while_a_batch_runs(tmp_path: Path) -> None:
+    import asyncio
+    import threading
+
+    db = await Database.open(tmp_path / "data" / "memory.db")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(conn) -> None:
+        entered.set()
+        release.wait(30)
+
+    try:
+        assert db.writer_busy_s() == 0.0
+        job = asyncio.ensure_future(db.write(stuck))
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert db.writer_busy_s() > 0.0  # what /readyz compares with mesh.ready_writer_stuck_s
+        release.set()
+        await job
+    finally:
+        release.set()
+        await db.close()
