@@ -143,12 +143,24 @@ LINK = {
     "confidence": Field(nullable(number()), required=False),
 }
 
+# The signed fields of a link invalidation (node/attest.py InvalidationPayload).
+INVALIDATION = {
+    "link_id": Field(string(nonempty=True)),
+    "observed_by": Field(string(nonempty=True)),
+    "valid_until": Field(integer(minimum=0)),
+}
+
 # kind -> fields of the payload other than "kind" itself.
 SCHEMAS: dict[str, Mapping[str, Field]] = {
     "ping": {"sent_at": Field(integer(minimum=0), required=False)},
     "memory.put": {"memory": Field(record(MEMORY))},
     "link.put": {
         "link": Field(record(LINK)),
+        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+        "signed_by": Field(nullable(string(nonempty=True))),
+    },
+    "link.invalidate": {
+        "invalidation": Field(record(INVALIDATION)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
     },
@@ -165,6 +177,7 @@ def _signature_pairs_with_signer(payload: Mapping[str, Any]) -> None:
 # kind -> checks across fields, run after every field passed.
 CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
     "link.put": (_signature_pairs_with_signer,),
+    "link.invalidate": (_signature_pairs_with_signer,),
 }
 
 KNOWN_KINDS = frozenset(SCHEMAS)

@@ -22,8 +22,9 @@ from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
 from node.attest import AttestLevel, LinkPayload
 from node.errors import ServiceError
+from node.kg import invalidation_wire
 from node.service import Service, link_wire, memory_wire
-from storage import changelog, events, links, memories, outbox
+from storage import changelog, events, graph, links, memories, outbox
 from storage.errors import StorageError
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -35,7 +36,7 @@ VERIFY_BATCH_MAX = 256
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 # Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", "link.put")
+SYNCED_KINDS = ("memory.put", "link.put", "link.invalidate")
 ORPHAN_RECHECK_S = 0.1
 
 
@@ -164,6 +165,8 @@ class Federation:
             code = await self.apply_memory(env.payload["memory"], sender)
         elif kind == "link.put":
             code = await self.apply_link(env.payload, sender)
+        elif kind == "link.invalidate":
+            code = await self.svc.kg.apply_remote(env.payload, sender, self.verifier.verify)
         else:  # validate_payload knows the kind but this node has no handler for it
             code = "unsupported_kind"
         if code is None:
@@ -279,6 +282,12 @@ class Federation:
                     m = memories.get(conn, r.ref_id)
                     if m is not None and self._shares(peer, m.namespace):
                         items.append({"seq": r.seq, "kind": "memory.put", "memory": memory_wire(m)})
+                elif (inv := graph.get_invalidation(conn, r.ref_id)) is not None:
+                    # A 'link' change is a link or an invalidation of one; it goes where its link went.
+                    link = links.get(conn, inv.link_id)
+                    src = memories.get(conn, link.src_id) if link is not None else None
+                    if src is None or self._shares(peer, src.namespace):
+                        items.append({"seq": r.seq, "kind": "link.invalidate", **invalidation_wire(inv)})
                 else:
                     link = links.get(conn, r.ref_id)
                     src = memories.get(conn, link.src_id) if link is not None else None
@@ -317,6 +326,8 @@ class Federation:
                 validate_payload(payload)
                 if payload["kind"] == "memory.put":
                     code = await self.apply_memory(payload["memory"], peer)
+                elif payload["kind"] == "link.invalidate":
+                    code = await self.svc.kg.apply_remote(payload, peer, self.verifier.verify)
                 else:
                     code = await self.apply_link(payload, peer)
             except ProtocolError as e:

@@ -20,6 +20,7 @@ from node import attest
 from node.attest import AttestLevel, LinkPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.kg import KnowledgeGraph
 from storage import changelog, events, links, memories, outbox
 from storage.db import Database
 from storage.links import LinkRow
@@ -52,6 +53,8 @@ class Service:
         self.federation: Any = None
         # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
         self.runtime: Any = None
+        # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
+        self.kg = KnowledgeGraph(self)
 
     @classmethod
     async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
@@ -292,6 +295,7 @@ class Service:
             "write_quorum": self.cfg.federation.write_quorum,
             "limits": asdict(self.cfg.limits),
             "node_running": self.runtime is not None,
+            "kg_backend": self.kg.backend,
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()

@@ -1,0 +1,3 @@
+"""The service fixtures of tests/node, shared by the knowledge-graph tests."""
+
+from tests.node.conftest import cfg, svc  # noqa: F401  (pytest finds fixtures by name)
