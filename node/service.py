@@ -22,6 +22,7 @@ from node.config import NodeConfig
 from node.errors import ServiceError
 from node.kg import KnowledgeGraph
 from storage import changelog, events, links, memories, outbox
+from storage.backend import open_database
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -59,8 +60,9 @@ class Service:
     @classmethod
     async def open(cls, cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False) -> Service:
         identity = load_node_identity(cfg, required=require_identity)
-        db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
-                                 synchronous=cfg.storage.synchronous)
+        st = cfg.storage
+        db = await open_database(backend=st.backend, path=cfg.db_path, dsn=st.dsn, batch_max=st.batch_max,
+                                 readers=st.readers, synchronous=st.synchronous, age=st.age)
         svc = cls(cfg, db, identity, clock=clock)
         # Writes replicate whichever process makes them (node or CLI): the outbox is in the database.
         from node.federation import Federation

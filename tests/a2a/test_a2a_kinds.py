@@ -15,7 +15,7 @@ def code_of(payload: object) -> tuple[str, str]:
 
 
 def test_first_kinds_are_known() -> None:
-    assert KNOWN_KINDS == {"ping", "memory.put", "link.put"}
+    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "link.invalidate"}
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,6 @@ signed invalidation, bad input."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from node import attest
@@ -15,7 +13,7 @@ from node.kg import shortest_paths
 from node.service import Service
 from storage.graph import Edge
 from tests.kg import corpus
-from tests.node.conftest import AGENT
+from tests.node.conftest import AGENT, dump_tables
 
 
 async def _chain(svc: Service, n: int) -> tuple[list[str], list[str]]:
@@ -26,12 +24,7 @@ async def _chain(svc: Service, n: int) -> tuple[list[str], list[str]]:
 
 
 def _dump(cfg: NodeConfig) -> list:
-    conn = sqlite3.connect(cfg.db_path)
-    try:
-        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
-                for t in ("memories", "memory_links", "link_invalidations", "signed_events")]
-    finally:
-        conn.close()
+    return dump_tables(cfg, ("memories", "memory_links", "link_invalidations", "signed_events"))
 
 
 async def test_query_follows_a_cycle_once_and_reports_each_path(svc: Service) -> None:
@@ -39,7 +32,7 @@ async def test_query_follows_a_cycle_once_and_reports_each_path(svc: Service) ->
     r = await svc.kg.query(ms[0], depth=5)
     assert [(n["memory_id"], n["depth"], n["path"]) for n in r["neighbours"]] == [
         (ms[1], 1, ls[:1]), (ms[2], 2, ls[:2]), (ms[3], 3, ls[:3])]
-    assert r["truncated"] is False and r["kg_backend"] == "sqlite-cte"
+    assert r["truncated"] is False and r["kg_backend"] == f"{svc.cfg.storage.backend}-cte"
 
 
 async def test_query_limit_says_truncated(svc: Service) -> None:
@@ -90,12 +83,8 @@ async def test_invalidation_is_signed_appended_and_ends_the_link(svc: Service, c
     # the link itself is untouched: it still verifies
     assert (await svc.memory_verify(ls[0]))["signature_verified"] is True
     assert (await svc.audit_verify())["ok"] is True
-    conn = sqlite3.connect(cfg.db_path)
-    try:
-        kinds = [r[0] for r in conn.execute("SELECT event_type FROM signed_events ORDER BY seq")]
-    finally:
-        conn.close()
-    assert kinds[-1] == "link_invalidation"
+    [*_, events] = dump_tables(cfg, ("signed_events",))
+    assert events[-1][1] == "link_invalidation"
 
 
 async def test_invalidating_twice_is_refused_and_stores_nothing(svc: Service, cfg: NodeConfig) -> None:
