@@ -33,6 +33,6 @@ class _Cte:
 def for_backend(name: str) -> GraphOps:
     """The walk implementation for a ``kg_backend`` name."""
     if name == "postgres-age":
-        from storage import age
-        return age.AgeOps()
+        from storage.age import AgeOps
+        return AgeOps()
     return _Cte()

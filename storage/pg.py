@@ -23,7 +23,7 @@ import functools
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,8 @@ class PgConn:
     def __init__(self, raw: psycopg.Connection[Any], *, readonly: bool = False) -> None:
         self.raw = raw
         self.readonly = readonly
+        # Run inside each write transaction just before COMMIT (keeps the AGE graph in step).
+        self.before_commit: Callable[[PgConn], object] | None = None
 
     @property
     def in_transaction(self) -> bool:
@@ -110,6 +112,8 @@ class PgConn:
             if sql == "BEGIN" and self.readonly:
                 # One consistent snapshot per read, as a SQLite read transaction gives.
                 return PgCursor(self.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"), self.raw)
+            if sql == "COMMIT" and self.before_commit is not None and self.in_transaction:
+                self.before_commit(self)
             sql = _WRITER_STATEMENTS.get(sql, sql)
             return PgCursor(self.raw.execute(_to_psycopg(sql), tuple(parameters)), self.raw)
         except psycopg.Error as e:
@@ -268,6 +272,7 @@ class PgDatabase(Database):
         super().__init__(Path("postgres"), batch_max, readers)
         self.dsn = dsn
         self.kg_backend = "postgres-cte"
+        self._age_mode = "off"
         self._pool: ConnectionPool[Any] | None = None
 
     @classmethod
@@ -276,6 +281,7 @@ class PgDatabase(Database):
         "auto" (when installed), else recursive CTEs. Raises StorageError cannot_connect / schema_too_new /
         foreign_database / age_unavailable."""
         db = cls(dsn, batch_max, readers)
+        db._age_mode = age
         db._loop = asyncio.get_running_loop()
         opened: concurrent.futures.Future[int] = concurrent.futures.Future()
         db._writer = threading.Thread(target=db._writer_main, args=(opened,), name="storage-writer:postgres",
@@ -283,12 +289,6 @@ class PgDatabase(Database):
         db._writer.start()
         db._schema_version = await asyncio.wrap_future(opened)
         try:
-            has_age = await asyncio.to_thread(db._detect_age)
-            if age == "on" and not has_age:
-                raise StorageError("age_unavailable", "storage.age is \"on\" but the database has no 'age' "
-                                                      "extension (CREATE EXTENSION age; build it from the AGE source)")
-            if age != "off" and has_age:
-                db.kg_backend = "postgres-age"
             db._pool = ConnectionPool(dsn, min_size=1, max_size=readers, open=False,
                                       kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
                                       configure=db._configure_reader)
@@ -299,10 +299,6 @@ class PgDatabase(Database):
         db._reader_pool = concurrent.futures.ThreadPoolExecutor(max_workers=readers,
                                                                 thread_name_prefix="storage-reader:postgres")
         return db
-
-    def _detect_age(self) -> bool:
-        with connect(self.dsn) as raw:
-            return age_installed(raw)
 
     def _configure_reader(self, raw: psycopg.Connection[Any]) -> None:
         if self.kg_backend == "postgres-age":
@@ -315,6 +311,7 @@ class PgDatabase(Database):
             guard(raw, self.dsn)
             conn = PgConn(raw)
             migrate(conn)
+            self._choose_kg_backend(conn)
             return conn
         except psycopg.Error as e:
             raw.close()
@@ -322,6 +319,21 @@ class PgDatabase(Database):
         except BaseException:
             raw.close()
             raise
+
+    def _choose_kg_backend(self, conn: PgConn) -> None:
+        """AGE when asked for ("on": required, "auto": if installed); keep its graph in step from here on."""
+        if self._age_mode == "off":
+            return
+        if not age_installed(conn.raw):
+            if self._age_mode == "on":
+                raise StorageError("age_unavailable", "storage.age is \"on\" but the database has no 'age' "
+                                                      "extension (CREATE EXTENSION age; build it from the AGE source)")
+            return
+        from storage import age
+        age.prepare_session(conn.raw)
+        age.setup(conn)
+        conn.before_commit = age.sync
+        self.kg_backend = "postgres-age"
 
     def _stored_schema_version(self, conn: Any) -> int:
         return _stored_version(conn.raw) or 0

@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 import uuid
 
-from storage import links, memories
+from storage import changelog, graph, links, memories
+from storage.graph import InvalidationRow
 from storage.links import LinkRow
 from storage.memories import MemoryRow
 
@@ -55,10 +56,21 @@ def link_rows() -> list[LinkRow]:
     return rows
 
 
+def invalidations() -> list[InvalidationRow]:
+    """Every 29th link ends at T0 + 8000 ms by an invalidation."""
+    return [InvalidationRow(inval_id=f"{n:064x}", link_id=row.link_id, observed_by="ai:corpus@lab",
+                            valid_until=T0 + 8_000, attest_level="unsigned", created_at=T0 + 8_000)
+            for n, row in enumerate(link_rows()) if n % 29 == 0]
+
+
 def load(conn) -> None:
-    """Insert the corpus (one transaction: run it as one db.write job)."""
+    """Insert the corpus with its change-log entries, as the service would (run it as one db.write job)."""
     for i, mid in enumerate(memory_ids()):
         memories.insert(conn, MemoryRow(id=mid, namespace="default", title=f"m{i}", content=f"corpus memory {i}",
                                         origin="ai:corpus@lab", created_at=T0 + i, updated_at=T0 + i))
     for row in link_rows():
         links.insert(conn, row)
+        changelog.append(conn, "link", row.link_id, 1, row.created_at)
+    for inv in invalidations():
+        graph.insert_invalidation(conn, inv)
+        changelog.append(conn, "link", inv.inval_id, 1, inv.created_at)
