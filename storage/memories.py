@@ -229,12 +229,14 @@ def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None,
     ``rank_window`` most recently inserted matches are ranked."""
     # Words are letters and digits only, so as tsquery lexemes they need no escaping beyond the quotes.
     words = ["'" + t[1:-1].replace('""', '"').replace("'", "''") + "'" for t in tokens]
-    cols = ", ".join(f"w.{c.strip()}" for c in _COLUMNS.split(","))
+    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
     ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
+    # The window is found on the index alone (rowids only); only its rows are fetched and ranked.
     sql = ("WITH q AS (SELECT to_tsquery('simple', ?) AS q), "
-           f"w AS (SELECT m.*, ts_rank('{{0.05, 0.5, 0.75, 1.0}}', m.fts, q.q) AS score FROM memories AS m, q "
-           f"WHERE m.fts @@ q.q {ns_where} ORDER BY m.rowid DESC LIMIT ?) "
-           f"SELECT {cols}, w.score FROM w ORDER BY w.score DESC, w.rowid DESC LIMIT ?")
+           f"w AS (SELECT m.rowid FROM memories AS m, q WHERE m.fts @@ q.q {ns_where} "
+           "ORDER BY m.rowid DESC LIMIT ?) "
+           f"SELECT {cols}, ts_rank('{{0.05, 0.5, 0.75, 1.0}}', m.fts, q.q) AS score "
+           "FROM w JOIN memories AS m ON m.rowid = w.rowid, q ORDER BY score DESC, m.rowid DESC LIMIT ?")
     for op in (" & ", " | ") if len(words) > 1 else (" & ",):
         rows = conn.execute(sql, (op.join(words), *ns_args, rank_window, limit)).fetchall()
         if rows:

@@ -211,6 +211,7 @@ def pg_statements(migration: Migration) -> list[str]:
             else:
                 # Insertion order, which the modules read as SQLite's rowid.
                 out.append(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS rowid BIGSERIAL")
+                out.append(f"CREATE UNIQUE INDEX IF NOT EXISTS {name}_rowid ON {name} (rowid)")
             continue
         out.append(_types(_ADD_COLUMN.sub(r"ALTER TABLE \1 ADD COLUMN IF NOT EXISTS ", s)))
     return out

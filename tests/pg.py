@@ -7,6 +7,7 @@ Apache AGE extension is missing the AGE tests skip, saying how to build it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -63,10 +64,9 @@ def _run(cmd: list[str]) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
 
 
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[Cluster]:
-    if not (PG_BIN / "initdb").exists() or not (PG_BIN / "pg_ctl").exists():
-        pytest.skip(f"PostgreSQL server binaries not found in {PG_BIN}; install them with: {INSTALL_HINT}")
+@contextlib.contextmanager
+def throwaway_cluster() -> Iterator[Cluster]:
+    """initdb + pg_ctl start in a fresh temp dir (Unix socket only); stopped and removed on exit, always."""
     root = Path(tempfile.mkdtemp(prefix="am-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
@@ -85,6 +85,18 @@ def pg_cluster() -> Iterator[Cluster]:
             subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
                                          "-t", "60", "stop"]), capture_output=True, timeout=PG_CMD_TIMEOUT_S)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def server_binaries_present() -> bool:
+    return (PG_BIN / "initdb").exists() and (PG_BIN / "pg_ctl").exists()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    if not server_binaries_present():
+        pytest.skip(f"PostgreSQL server binaries not found in {PG_BIN}; install them with: {INSTALL_HINT}")
+    with throwaway_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture
