@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from storage_bench import Corpus  # noqa: E402
+
 from node.config import from_dict  # noqa: E402
 from node.service import Service  # noqa: E402
 from storage import changelog, links, memories  # noqa: E402
 from storage.links import LinkRow  # noqa: E402
 from storage.memories import MemoryRow  # noqa: E402
-from storage_bench import Corpus  # noqa: E402
 from tests.pg import server_binaries_present, throwaway_cluster  # noqa: E402
 
 SEED = 14
@@ -191,7 +192,8 @@ def table(res: dict[str, Any]) -> str:
                      f"{q['mean_neighbours']} neighbours ({q['truncated']} truncated) |")
         lines.append(f"| {name} | memory_find_paths depth 5 | {p['p50']} | {p['p95']} | {p['p99']} | "
                      f"{p['mean_paths']} paths |")
-    lines += ["", "| recall (limit 10) | memories | p50 ms | p95 ms | p99 ms | with hits |", "|---|---|---|---|---|---|"]
+    lines += ["", "| recall (limit 10) | memories | p50 ms | p95 ms | p99 ms | with hits |",
+              "|---|---|---|---|---|---|"]
     for name, r in res["recall"].items():
         lines.append(f"| {name} | {r['memories']} | {r['p50']} | {r['p95']} | {r['p99']} | "
                      f"{r['with_hits']}/{r['queries']} |")
