@@ -107,11 +107,12 @@ class KnowledgeGraph:
             raise ServiceError("bad_input", f"limit must be an integer 1..{top}, got {limit!r}")
         return limit
 
-    async def _known(self, *ids: str) -> None:
-        for name, value in zip(("memory_id", "dst_id"), ids, strict=False):
+    async def _known(self, **named: str) -> None:
+        for name, value in named.items():
             self.svc._check_id(name, value)  # noqa: SLF001 - the service's one id rule
-        found = await self.svc.db.read(memories.exists, set(ids))
-        missing = sorted(set(ids) - found)
+        ids = set(named.values())
+        found = await self.svc.db.read(memories.exists, ids)
+        missing = sorted(ids - found)
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
 
@@ -126,7 +127,7 @@ class KnowledgeGraph:
         t = self._as_of(as_of)
         top = self.cfg.max_results
         limit = top if limit is None else self._limit(limit, top)
-        await self._known(memory_id)
+        await self._known(memory_id=memory_id)
         ops = kg_ops.for_backend(self.backend)
 
         def read(conn: Any) -> tuple[list[tuple[str, int]], list[Edge]]:
@@ -153,7 +154,7 @@ class KnowledgeGraph:
         limit = self._limit(limit, self.cfg.max_paths)
         rels = self._relations(relations)
         t = self._as_of(as_of)
-        await self._known(src_id, dst_id)
+        await self._known(src_id=src_id, dst_id=dst_id)
         if src_id == dst_id:
             raise ServiceError("bad_input", "src_id and dst_id are the same memory; a path needs two")
         ops = kg_ops.for_backend(self.backend)
@@ -170,7 +171,7 @@ class KnowledgeGraph:
         """The links touching ``memory_id`` over time: when each began, ended, and who invalidated it."""
         top = self.cfg.max_timeline
         limit = top if limit is None else self._limit(limit, top)
-        await self._known(memory_id)
+        await self._known(memory_id=memory_id)
 
         def read(conn: Any) -> tuple[list[tuple[Any, ...]], list[InvalidationRow]]:
             rows = graph.links_of(conn, memory_id, limit + 1)

@@ -9,6 +9,8 @@ import pytest
 
 from node.config import from_dict
 from node.service import Service
+from storage import changelog, links
+from storage.links import LinkRow
 from tests.kg import corpus
 
 STARTS = (0, 3, 17, 42, 99, 100, 123, 150, 199)
@@ -85,5 +87,28 @@ async def test_age_graph_follows_service_links_and_invalidations(tmp_path: Path,
         await svc.kg.invalidate(ab["link_id"])
         assert (await svc.kg.query(a, depth=2))["count"] == 0
         assert (await svc.kg.find_paths(b, c))["count"] == 1
+    finally:
+        await svc.close()
+
+
+async def test_a_rolled_back_write_leaves_the_age_graph_unchanged(tmp_path: Path, age_dsn: str) -> None:
+    cfg = from_dict({"agent_id": "ai:dual@lab", "home": str(tmp_path),
+                     "storage": {"backend": "postgres", "dsn": age_dsn, "age": "on"}}, env={})
+    svc = await Service.open(cfg)
+    try:
+        a, b = [(await svc.memory_store(f"m{i}"))["id"] for i in range(2)]
+        row = LinkRow(link_id="ab" * 32, src_id=a, dst_id=b, relation="r", observed_by="ai:dual@lab",
+                      valid_from=1, attest_level="unsigned", created_at=1)
+
+        def doomed(conn) -> None:
+            links.insert(conn, row)
+            changelog.append(conn, "link", row.link_id, 1, 1)
+            raise RuntimeError("this job fails after writing")
+
+        with pytest.raises(RuntimeError):
+            await svc.db.write(doomed)
+        await svc.memory_store("a later write commits a batch and runs the graph sync")
+        assert (await svc.kg.query(a, depth=1))["count"] == 0
+        assert await svc.db.read(lambda c: c.execute("SELECT count(*) FROM am_kg_edge").fetchone()[0]) == 0
     finally:
         await svc.close()
