@@ -27,9 +27,10 @@ _CHUNK = 1000
 
 
 def prepare_session(raw: Any) -> None:
-    """Every connection that runs Cypher loads AGE and finds its catalog first."""
+    """Every connection that runs Cypher loads AGE and can name its types; our own tables stay in the
+    schema they were created in (AGE's catalog comes last, so nothing of ours lands in it)."""
     raw.execute("LOAD 'age'")
-    raw.execute('SET search_path = ag_catalog, "$user", public')
+    raw.execute('SET search_path = "$user", public, ag_catalog')
 
 
 _SETUP = (
