@@ -98,6 +98,7 @@ async def test_broken_chain_names_first_bad_seq(svc: Service, cfg: NodeConfig) -
 ])
 async def test_bad_memory_input_is_refused_and_stores_nothing(svc: Service, cfg: NodeConfig, kwargs, code) -> None:
     before = _dump(cfg)
+    kwargs = dict(kwargs)  # the parameter is shared by both backends' runs
     content = kwargs.pop("content")
     with pytest.raises(ServiceError) as err:
         await svc.memory_store(content, **kwargs)
