@@ -54,6 +54,28 @@ class StorageConfig:
     readers: int = 2
     # "full": an ACK (and a local commit) survives power loss; "normal": a process crash only, faster.
     synchronous: str = "full"
+    # "sqlite" (the file at ``path``) or "postgres" (the database at ``dsn``).
+    backend: str = "sqlite"
+    dsn: str = ""
+    # Apache AGE for the graph walks on Postgres: "auto" = use it when the extension is installed
+    # and enabled below, "on" = required, "off" = recursive CTEs. PERFORMANCE.md says why "off" is the default.
+    age: str = "off"
+
+
+@dataclass(frozen=True)
+class KgConfig:
+    # Hops a knowledge-graph walk may take (memory_kg_query depth, memory_find_paths max_depth).
+    max_depth: int = 5
+    # Most neighbours one memory_kg_query returns; past it the result says truncated.
+    max_results: int = 1000
+    # Most paths one memory_find_paths returns.
+    max_paths: int = 100
+    # Most candidate paths a memory_find_paths walk collects before ranking; past it: truncated.
+    path_scan_cap: int = 10_000
+    # Relations one query may filter on.
+    max_relations: int = 16
+    # Most links memory_kg_timeline lists.
+    max_timeline: int = 1000
 
 
 @dataclass(frozen=True)
@@ -153,6 +175,7 @@ class NodeConfig:
     home: Path = Path(DEFAULT_HOME).expanduser()
     limits: LimitsConfig = LimitsConfig()
     storage: StorageConfig = StorageConfig()
+    kg: KgConfig = KgConfig()
     a2a: A2AConfig = A2AConfig()
     mesh: MeshConfig = MeshConfig()
     federation: FederationConfig = FederationConfig()
@@ -204,6 +227,7 @@ class NodeConfig:
 _SECTIONS: dict[str, type] = {
     "limits": LimitsConfig,
     "storage": StorageConfig,
+    "kg": KgConfig,
     "a2a": A2AConfig,
     "mesh": MeshConfig,
     "federation": FederationConfig,
@@ -345,8 +369,18 @@ def _validate_hooks(hooks: HooksConfig) -> None:
                                             f"not exceed hooks.daemon_restart_max_s ({hooks.daemon_restart_max_s})")
 
 
+def _validate_backend(st: StorageConfig) -> None:
+    if st.backend not in ("sqlite", "postgres"):
+        raise ConfigError("config_invalid", f"storage.backend must be sqlite|postgres, got {st.backend!r}")
+    if st.backend == "postgres" and not st.dsn:
+        raise ConfigError("config_invalid", "storage.backend is postgres but storage.dsn is empty; "
+                                            "give a libpq DSN, e.g. \"host=/run/postgresql dbname=ai_memory\"")
+    if st.age not in ("auto", "on", "off"):
+        raise ConfigError("config_invalid", f"storage.age must be auto|on|off, got {st.age!r}")
+
+
 def _validate(cfg: NodeConfig) -> None:
-    for section_name in ("limits",):
+    for section_name in ("limits", "kg"):
         section = getattr(cfg, section_name)
         for f in dataclasses.fields(section):
             _positive(f"{section_name}.{f.name}", getattr(section, f.name))
@@ -376,6 +410,7 @@ def _validate(cfg: NodeConfig) -> None:
     _positive("federation.sync_page_limit", cfg.federation.sync_page_limit)
     if cfg.storage.synchronous not in ("full", "normal"):
         raise ConfigError("config_invalid", f"storage.synchronous must be full|normal, got {cfg.storage.synchronous!r}")
+    _validate_backend(cfg.storage)
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
         raise ConfigError("config_invalid", f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
                                             f"mesh.reconnect_max_s ({cfg.mesh.reconnect_max_s})")

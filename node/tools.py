@@ -18,7 +18,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from node.config import LimitsConfig
+from node.config import KgConfig, LimitsConfig
 from node.errors import ServiceError, describe
 
 JSON = dict[str, Any] | list[Any]
@@ -63,9 +63,18 @@ def _text(desc: str, max_chars: int, *, min_chars: int = 0) -> dict[str, Any]:
     return s
 
 
-def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
-    """The first tool set, with bounds taken from the limits in force."""
+def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSpec, ...]:
+    """The tool set, with bounds taken from the limits (and knowledge-graph bounds) in force."""
     lim = limits
+    kg = KgConfig() if kg is None else kg
+
+    def depth(default: int) -> dict[str, Any]:
+        return {"type": "integer", "minimum": 1, "maximum": kg.max_depth, "default": default,
+                "description": f"hops, 1..{kg.max_depth}"}
+
+    relations = {"type": "array", "maxItems": kg.max_relations, "description": "only links with these relations",
+                 "items": _text("relation", lim.max_relation_chars, min_chars=1)}
+    as_of = {"type": "integer", "minimum": 0, "description": "links valid at this instant, unix ms (default now)"}
     memory_id = _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)
     namespace = _text("namespace (default 'default')", lim.max_namespace_chars, min_chars=1)
 
@@ -121,6 +130,34 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
                  "and check its signature against the signer's keys; give exactly one; signed_at is unix ms.",
                  _obj({"link_id": _text("link id (hex SHA-256)", lim.max_id_chars, min_chars=1),
                        "memory_id": _text("memory id (UUIDv4)", lim.max_id_chars, min_chars=1)}, ())),
+        ToolSpec("memory_kg_query",
+                 "Memories reachable from one memory along links valid at as_of (unix ms, default now), "
+                 f"1..{kg.max_depth} hops, nearest first, each with the path of link ids that reached it.",
+                 _obj({"memory_id": memory_id, "depth": depth(2), "relations": relations, "as_of": as_of,
+                       "limit": {"type": "integer", "minimum": 1, "maximum": kg.max_results,
+                                 "description": f"most neighbours, 1..{kg.max_results} (default all up to it)"}},
+                      ("memory_id",))),
+        ToolSpec("memory_find_paths",
+                 "Simple paths (no memory twice) between two memories along links valid at as_of, "
+                 "shortest first; each path is a list of link ids.",
+                 _obj({"src_id": memory_id, "dst_id": memory_id, "max_depth": depth(3),
+                       "limit": {"type": "integer", "minimum": 1, "maximum": kg.max_paths, "default": 10,
+                                 "description": f"most paths, 1..{kg.max_paths}"},
+                       "relations": relations, "as_of": as_of},
+                      ("src_id", "dst_id"))),
+        ToolSpec("memory_kg_timeline",
+                 "The links touching a memory over time: when each began and ended, and its invalidations.",
+                 _obj({"memory_id": memory_id,
+                       "limit": {"type": "integer", "minimum": 1, "maximum": kg.max_timeline,
+                                 "description": f"most links, 1..{kg.max_timeline}"}},
+                      ("memory_id",))),
+        ToolSpec("memory_kg_invalidate",
+                 "End a link's validity with a new signed invalidation record (links themselves never change); "
+                 "replicated to peers.",
+                 _obj({"link_id": _text("link id (hex SHA-256)", lim.max_id_chars, min_chars=1),
+                       "valid_until": {"type": "integer", "minimum": 0,
+                                       "description": "end of validity, unix ms (default now)"}},
+                      ("link_id",))),
         ToolSpec("memory_peers", "List the peers this node trusts, with what it knows of each right now.", _obj({})),
         ToolSpec("memory_capabilities",
                  "Report this node's live state: schema version, key, attest counts, limits in force.", _obj({})),
@@ -188,16 +225,33 @@ def _schema_rule(e: ValidationError) -> str:
 
 # ---- in-process backend ---------------------------------------------------------------------
 
+# Knowledge-graph tools -> (method of node.kg.KnowledgeGraph, arguments passed by position).
+_KG_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "memory_kg_query": ("query", ("memory_id",)),
+    "memory_find_paths": ("find_paths", ("src_id", "dst_id")),
+    "memory_kg_timeline": ("timeline", ("memory_id",)),
+    "memory_kg_invalidate": ("invalidate", ("link_id",)),
+}
+
 class ServiceBackend:
     """Runs tool calls on a ``node.service.Service`` in this process."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
         self.limits: LimitsConfig = service.cfg.limits
-        self.validator = ArgValidator(tool_specs(self.limits))
+        self.validator = ArgValidator(tool_specs(self.limits, service.cfg.kg))
 
     async def call(self, name: str, args: dict[str, Any]) -> JSON:
         args = self.validator.check(name, args)
+        kg_tool = _KG_TOOLS.get(name)
+        if kg_tool is not None:
+            method, positional = kg_tool
+            first = [args.pop(a) for a in positional]
+            result: JSON = await getattr(self.service.kg, method)(*first, **args)
+            return result
+        return await self._call_first_set(name, args)
+
+    async def _call_first_set(self, name: str, args: dict[str, Any]) -> JSON:
         s = self.service
         match name:
             case "memory_store":

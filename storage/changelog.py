@@ -53,8 +53,8 @@ def set_peer_state(conn: sqlite3.Connection, peer: str, *, last_sync_seq: int | 
     """Upsert the given fields of ``peer``'s state (None leaves a field as it is); returns the new state."""
     conn.execute(
         "INSERT INTO peer_state (peer, last_sync_seq, last_ack_at) VALUES (?, coalesce(?, 0), ?) "
-        "ON CONFLICT (peer) DO UPDATE SET last_sync_seq = coalesce(?, last_sync_seq), "
-        "last_ack_at = coalesce(?, last_ack_at)",
+        "ON CONFLICT (peer) DO UPDATE SET last_sync_seq = coalesce(?, peer_state.last_sync_seq), "
+        "last_ack_at = coalesce(?, peer_state.last_ack_at)",
         (peer, last_sync_seq, last_ack_at, last_sync_seq, last_ack_at))
     state = get_peer_state(conn, peer)
     assert state is not None
@@ -69,7 +69,7 @@ def list_peer_states(conn: sqlite3.Connection) -> list[PeerState]:
 def incr(conn: sqlite3.Connection, name: str, by: int = 1) -> int:
     """Add ``by`` to counter ``name`` (created at 0); returns the new value."""
     return conn.execute("INSERT INTO counters (name, value) VALUES (?, ?) "
-                        "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
+                        "ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value RETURNING value",
                         (name, by)).fetchone()[0]
 
 

@@ -54,6 +54,9 @@ _STOP = object()
 class Database:
     """An open attested-mesh database. Create with ``await Database.open(path)``."""
 
+    # How the knowledge-graph walks run on this backend (storage/kg_ops.py).
+    kg_backend = "sqlite-cte"
+
     def __init__(self, path: Path, batch_max: int, readers: int) -> None:
         self._synchronous = "full"
         if batch_max < 1 or readers < 1:
@@ -159,12 +162,12 @@ class Database:
 
     def _writer_main(self, opened: concurrent.futures.Future[int]) -> None:
         try:
-            conn = _open_writer(self.path, self._synchronous)
+            conn = self._open_writer_conn()
         except BaseException as e:  # noqa: BLE001 - delivered to the opener
             opened.set_exception(e)
             self._writer_done.set_result(None)
             return
-        opened.set_result(conn.execute("PRAGMA user_version").fetchone()[0])
+        opened.set_result(self._stored_schema_version(conn))
         pending: deque[Any] = deque()
         try:
             while True:
@@ -193,6 +196,17 @@ class Database:
                 pass  # best effort: statistics only
             conn.close()
             self._writer_done.set_result(None)
+
+    # The backend seam: storage/pg.py overrides these three for Postgres.
+
+    def _open_writer_conn(self) -> sqlite3.Connection:
+        return _open_writer(self.path, self._synchronous)
+
+    def _stored_schema_version(self, conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _open_reader_conn(self) -> sqlite3.Connection:
+        return _open_reader(self.path)
 
     def _run_batch(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
         """Run ``jobs`` in one transaction, one savepoint each; deliver results after COMMIT."""
@@ -274,7 +288,7 @@ class Database:
         conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)
         try:
             if conn is None:
-                conn = _open_reader(self.path)
+                conn = self._open_reader_conn()
                 self._reader_local.conn = conn
                 with self._reader_lock:
                     self._reader_conns.append(conn)

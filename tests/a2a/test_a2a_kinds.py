@@ -15,7 +15,7 @@ def code_of(payload: object) -> tuple[str, str]:
 
 
 def test_first_kinds_are_known() -> None:
-    assert KNOWN_KINDS == {"ping", "memory.put", "link.put"}
+    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "link.invalidate"}
 
 
 @pytest.mark.parametrize(
@@ -87,8 +87,8 @@ def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
 @settings(max_examples=1000)
 @given(
     st.sampled_from(sorted(KNOWN_KINDS)),
-    st.sampled_from(["memory", "link", "signature", "signed_by", "sent_at"]),
-    st.sampled_from(list(memory()) + list(link())),
+    st.sampled_from(["memory", "link", "invalidation", "signature", "signed_by", "sent_at"]),
+    st.sampled_from(list(memory()) + list(link()) + ["link_id"]),
     plain_values,
 )
 def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str, value: object) -> None:
@@ -96,6 +96,8 @@ def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind:
         "ping": {"kind": "ping", "sent_at": 1},
         "memory.put": {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},
         "link.put": {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
+        "link.invalidate": {"kind": "link.invalidate", "signature": None, "signed_by": None,
+                            "invalidation": {"link_id": "ab" * 32, "observed_by": "ai:a@lab", "valid_until": 5}},
     }[kind]
     target = payload.get(top)
     if isinstance(target, dict):

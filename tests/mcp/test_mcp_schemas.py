@@ -20,6 +20,12 @@ GOOD = {
     "memory_link": [{"src_id": UUID, "dst_id": UUID, "relation": "related_to"},
                     {"src_id": "a", "dst_id": "b", "relation": "r", "valid_until": None, "confidence": 1}],
     "memory_verify": [{"link_id": "ab" * 32}],
+    "memory_kg_query": [{"memory_id": UUID}, {"memory_id": UUID, "depth": 5, "relations": ["r"], "as_of": 0,
+                                              "limit": 3}],
+    "memory_find_paths": [{"src_id": UUID, "dst_id": UUID}, {"src_id": "a", "dst_id": "b", "max_depth": 1,
+                                                              "limit": 100, "relations": ["x", "y"], "as_of": 5}],
+    "memory_kg_timeline": [{"memory_id": UUID}, {"memory_id": UUID, "limit": 7}],
+    "memory_kg_invalidate": [{"link_id": "ab" * 32}, {"link_id": "ab" * 32, "valid_until": 1}],
     "memory_peers": [{}],
     "memory_capabilities": [{}],
 }
@@ -31,6 +37,10 @@ WRONG_TYPE = {
     "memory_recall": {"query": "x", "limit": True},
     "memory_link": {"src_id": "a", "dst_id": "b", "relation": "r", "valid_until": "tomorrow"},
     "memory_verify": {"link_id": None},
+    "memory_kg_query": {"memory_id": UUID, "depth": "5"},
+    "memory_find_paths": {"src_id": UUID, "dst_id": UUID, "relations": "related_to"},
+    "memory_kg_timeline": {"memory_id": UUID, "limit": 1.5},
+    "memory_kg_invalidate": {"link_id": "ab" * 32, "valid_until": "now"},
     "memory_peers": {"verbose": True},
     "memory_capabilities": {"x": 1},
 }
