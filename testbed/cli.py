@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from testbed import doctor
 from testbed.build import MAX_NODES, TestbedError
 
 DEFAULT_DIR = Path(".testbed")
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--timeout", type=float, default=60.0, help="restart: seconds to wait until ready (default 60)")
     from testbed.image import add_parser as add_image_parser
     add_image_parser(sub)
+    doctor.add_parser(sub)
     return p
 
 
@@ -241,7 +243,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "logs": cmd_logs, "bench": cmd_bench,
-            "image": cmd_image, "fault": cmd_fault}
+            "image": cmd_image, "fault": cmd_fault, "doctor": doctor.cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

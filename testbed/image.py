@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from testbed import doctor
 from testbed.build import TestbedError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,8 +189,8 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
         return existing
     if os.geteuid() != 0:
         raise TestbedError("image_failed", "debootstrap and chroot need root")
-    if shutil.which("debootstrap") is None:
-        raise TestbedError("image_failed", "no debootstrap; install it with `apt-get install -y debootstrap`")
+    if why := doctor.missing("debootstrap"):
+        raise TestbedError("image_failed", why)
     mirror = mirror or apt_mirror()
     work = Path(tempfile.mkdtemp(prefix="am-base-", dir="/var/tmp"))
     rootfs = work / "rootfs"

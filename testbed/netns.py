@@ -18,7 +18,6 @@ import ctypes
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed import doctor
 from testbed.build import TestbedError
 
 NETNS_STATE = "netns.json"
@@ -74,8 +74,8 @@ def ip_netns_supported() -> tuple[bool, str]:
     """(True, "") when this process may create network namespaces, else (False, why not)."""
     if os.geteuid() != 0:
         return False, "network namespaces need root (this process is not root)"
-    if shutil.which("ip") is None:
-        return False, "`ip` (iproute2) is not installed"
+    if why := doctor.missing("ip"):
+        return False, why
     probe = f"{PREFIX}probe-{os.getpid()}"
     r = _run(["ip", "netns", "add", probe], check=False)
     if r.returncode != 0:
