@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from node.version import version
 from testbed import doctor
 from testbed.build import MAX_NODES, TestbedError
 
@@ -32,6 +33,7 @@ def _nodes_list(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     dir_help = f"testbed directory (default: ./{DEFAULT_DIR})"
 

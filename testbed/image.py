@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node.version import version
 from testbed import doctor
 from testbed.build import TestbedError
 
@@ -241,11 +242,6 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
 
 # --- node image -----------------------------------------------------------------------------------
 
-def project_version() -> str:
-    m = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    return m.group(1) if m else "0"
-
-
 def source_digest() -> str:
     """A digest of what goes into the node image: pyproject, the Dockerfile and every package's .py files."""
     h = hashlib.sha256()
@@ -258,7 +254,7 @@ def source_digest() -> str:
 
 
 def node_tag() -> str:
-    return f"{NODE_REPO}:{project_version()}-{source_digest()}"
+    return f"{NODE_REPO}:{version()}-{source_digest()}"
 
 
 def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = False, say: Say = _say) -> str:
