@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from node.version import version
-from testbed import doctor
+from testbed import doctor, fresh
 from testbed.build import MAX_NODES, TestbedError
 
 DEFAULT_DIR = Path(".testbed")
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.image import add_parser as add_image_parser
     add_image_parser(sub)
     doctor.add_parser(sub)
+    fresh.add_parser(sub)
     return p
 
 
@@ -245,7 +246,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "logs": cmd_logs, "bench": cmd_bench,
-            "image": cmd_image, "fault": cmd_fault, "doctor": doctor.cmd_doctor}
+            "image": cmd_image, "fault": cmd_fault, "doctor": doctor.cmd_doctor, "fresh-check": fresh.cmd_fresh_check}
 
 
 def main(argv: list[str] | None = None) -> int:
