@@ -99,6 +99,9 @@ def host_pip_paths() -> list[Path]:
             continue
         for value in m.group(2).split():
             p = Path(value.removeprefix("file://"))
+            # A local index's pages link to its files beside it (<root>/simple -> ../../files/...).
+            if m.group(1).endswith("index-url") and value.startswith("file://"):
+                p = p.parent
             if p.is_absolute() and p.exists():
                 paths.append(p)
     return paths
