@@ -30,12 +30,11 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage import Database  # noqa: E402
-from storage import memories  # noqa: E402
-from storage.memories import MemoryRow  # noqa: E402
+from node.assemble import open_service  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
-from node.assemble import open_service  # noqa: E402
+from storage import Database, memories  # noqa: E402
+from storage.memories import MemoryRow  # noqa: E402
 
 SEED = 20240611
 

@@ -11,8 +11,17 @@ from pathlib import Path
 from testbed.build import MAX_NODES, MeshLayout, TestbedError, build_layout
 from testbed.local import health, start_node, stop_node, wait_ready
 from testbed.progress import Progress
-from testbed.state import (STATE_NAME, NodeState, TestbedState, is_ours, read_state, start_ticks, state_path,
-                           stop_pid, write_state)
+from testbed.state import (
+    STATE_NAME,
+    NodeState,
+    TestbedState,
+    is_ours,
+    read_state,
+    start_ticks,
+    state_path,
+    stop_pid,
+    write_state,
+)
 
 BACKENDS = ("local", "docker")
 MIN_NODES = 2

@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from testbed.build import TestbedError
 from testbed import netns
+from testbed.build import TestbedError
 
 CHAIN = "am_fault"
 QUEUE = 0

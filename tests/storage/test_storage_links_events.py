@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import Database, StorageError
-from storage import events, links
+from storage import Database, StorageError, events, links
 from storage.links import AttestLevel, LinkRow
 
 

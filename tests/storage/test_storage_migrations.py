@@ -6,11 +6,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-from storage import MAX_SUPPORTED_SCHEMA, Database, StorageError
-from storage import migrations
-
 from storage_helpers import schema_dump
+
+from storage import MAX_SUPPORTED_SCHEMA, Database, StorageError, migrations
 
 
 async def test_open_creates_parent_dir_and_reaches_max_schema(db_path: Path):
