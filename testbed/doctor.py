@@ -72,6 +72,8 @@ def _root() -> tuple[bool, str]:
 def _netns() -> tuple[bool, str]:
     from testbed.netns import ip_netns_supported  # netns itself asks this table for `ip`
 
+    if which("ip") is None:
+        return False, "ip not installed"
     ok, why = ip_netns_supported()
     return (True, "`ip netns add` works") if ok else (False, why)
 
@@ -103,7 +105,7 @@ TOOLS: tuple[Tool, ...] = (
     Tool("root", "network namespaces (testbed up --netns, fault)", "run as root", _root),
     Tool("ip", "network namespaces (iproute2)", f"{APT} iproute2", _command("ip")),
     Tool("ss", "partition: aborting established connections (iproute2)", f"{APT} iproute2", _command("ss")),
-    Tool("netns", "testbed up --netns: creating a network namespace", f"{APT} iproute2 (as root)", _netns),
+    Tool("netns", "testbed up --netns: creating a network namespace", f"{APT} iproute2, and run as root", _netns),
     Tool("iptables", "testbed fault partition/latency/loss", f"{APT} iptables", _command("iptables")),
     Tool("nats-server", "testbed bench: the NATS peer", f"{APT} nats-server", _command("nats-server")),
     Tool("openssl", "tests cross-checking certificates and key files", f"{APT} openssl", _command("openssl")),

@@ -52,7 +52,7 @@ def test_parse_netem() -> None:
     assert parse_netem("delay 0.1s").delay_ms == 100.0
 
 
-@needs("root", "netns", "iptables", "ss")
+@needs("netns", "iptables", "ss")
 def test_partition_heal_latency_kill_restart_down(tmp_path: Path) -> None:
     d = tmp_path / "tb"
     net_id = None
@@ -112,7 +112,7 @@ def test_partition_heal_latency_kill_restart_down(tmp_path: Path) -> None:
                 subprocess.run(["ip", "netns", "del", ns], timeout=15)
 
 
-@needs("root", "netns")
+@needs("netns")
 def test_faults_refused_on_loopback_testbed(tmp_path: Path) -> None:
     d = tmp_path / "tb"
     try:
