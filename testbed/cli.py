@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
 

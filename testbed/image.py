@@ -50,7 +50,7 @@ SOURCE_DIRS = ("node", "mesh", "a2a", "storage", "testbed")
 Say = Callable[[str], None]
 
 
-def _say(msg: str) -> None:
+def say_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -100,7 +100,7 @@ def require_engine() -> str:
     return detail
 
 
-def start_engine(say: Say = _say) -> str:
+def start_engine(say: Say = say_stderr) -> str:
     """Start dockerd (host networking only) in the background, wait until `docker info` answers."""
     ok, detail = engine_info()
     if ok:
@@ -181,7 +181,7 @@ def mounts_under(path: Path) -> list[str]:
 
 
 def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None = None,
-               say: Say = _say) -> str:
+               say: Say = say_stderr) -> str:
     """Make ``tag`` from Debian packages with debootstrap + docker import; returns the image id."""
     require_engine()
     existing = image_id(tag)
@@ -257,7 +257,7 @@ def node_tag() -> str:
     return f"{NODE_REPO}:{version()}-{source_digest()}"
 
 
-def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = False, say: Say = _say) -> str:
+def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = False, say: Say = say_stderr) -> str:
     """Build the node image from configs/Dockerfile on ``base``; returns the tag. Kept when it exists."""
     require_engine()
     tag = tag or node_tag()
