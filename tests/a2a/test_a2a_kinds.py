@@ -26,7 +26,8 @@ def test_first_kinds_are_known() -> None:
         {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},
         {"kind": "memory.put", "memory": memory(confidence=1), "signature": None, "signed_by": None},
         {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
-        {"kind": "link.put", "link": link(valid_until=2_000_000_000_000, confidence=0.5), "signature": b"s" * 64, "signed_by": "ai:node-1@lab"},
+        {"kind": "link.put", "link": link(valid_until=2_000_000_000_000, confidence=0.5), "signature": b"s" * 64,
+         "signed_by": "ai:node-1@lab"},
         {"kind": "link.put", "link": link(confidence=None), "signature": None, "signed_by": None},
     ],
 )
@@ -59,9 +60,12 @@ def test_unknown_kind_is_refused_by_name() -> None:
         ({"kind": "link.put", "link": link(), "signature": "s" * 64, "signed_by": "ai:x"}, "payload.signature"),
         ({"kind": "link.put", "link": link(), "signature": b"s" * 64, "signed_by": None}, "signed_by"),
         ({"kind": "link.put", "link": link(), "signature": None}, "payload.signed_by"),
-        ({"kind": "link.put", "link": link(valid_until="never"), "signature": None, "signed_by": None}, "payload.link.valid_until"),
-        ({"kind": "link.put", "link": link(valid_from=None), "signature": None, "signed_by": None}, "payload.link.valid_from"),
-        ({"kind": "link.put", "link": link(relation=""), "signature": None, "signed_by": None}, "payload.link.relation"),
+        ({"kind": "link.put", "link": link(valid_until="never"), "signature": None, "signed_by": None},
+         "payload.link.valid_until"),
+        ({"kind": "link.put", "link": link(valid_from=None), "signature": None, "signed_by": None},
+         "payload.link.valid_from"),
+        ({"kind": "link.put", "link": link(relation=""), "signature": None, "signed_by": None},
+         "payload.link.relation"),
     ],
 )
 def test_bad_payload_names_the_field(payload: dict, field: str) -> None:
@@ -76,7 +80,8 @@ def test_non_map_or_kindless_payload_is_bad_payload(payload: object) -> None:
 
 
 @settings(max_examples=1000)
-@given(st.one_of(plain_values, st.dictionaries(st.text(max_size=10), plain_values, max_size=5).map(lambda d: d | {"kind": "ping"})))
+@given(st.one_of(plain_values,
+                 st.dictionaries(st.text(max_size=10), plain_values, max_size=5).map(lambda d: d | {"kind": "ping"})))
 def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
     try:
         validate_payload(payload)
@@ -91,7 +96,8 @@ def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
     st.sampled_from(list(memory()) + list(link())),
     plain_values,
 )
-def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str, value: object) -> None:
+def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str,
+                                                                          value: object) -> None:
     payload: dict = {
         "ping": {"kind": "ping", "sent_at": 1},
         "memory.put": {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
@@ -65,11 +66,14 @@ def stdio_params(h: Home) -> StdioServerParameters:
 
 @contextlib.asynccontextmanager
 async def stdio_session(h: Home) -> AsyncIterator[ClientSession]:
-    with open(h.cfg.home / "mcp-stderr.log", "a") as errlog:
+    errlog = await asyncio.to_thread(open, h.cfg.home / "mcp-stderr.log", "a")
+    try:
         async with stdio_client(stdio_params(h), errlog=errlog) as (r, w):
             async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as session:
                 await session.initialize()
                 yield session
+    finally:
+        errlog.close()
 
 
 @contextlib.asynccontextmanager
