@@ -102,11 +102,14 @@ async def stdio(toml: Path, home: Path):
     env = {"AI_MEMORY_HOME": str(home), "PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "node.mcp_cli", "--config", str(toml)],
                                    env=env, cwd=str(ROOT))
-    with open(home / "mcp-stderr.log", "a") as errlog:
+    errlog = await asyncio.to_thread(open, home / "mcp-stderr.log", "a")
+    try:
         async with stdio_client(params, errlog=errlog) as (r, w):
             async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as s:
                 await s.initialize()
                 yield s
+    finally:
+        errlog.close()
 
 
 @contextlib.asynccontextmanager
