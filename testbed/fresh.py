@@ -119,7 +119,11 @@ class Chroot:
         self.root = self.work / "rootfs"
         self.mounted: list[Path] = []
         _say(f"copying the rootfs to {self.root}")
-        _run(["cp", "-a", str(rootfs), str(self.root)], COPY_TIMEOUT_S, "copying the rootfs")
+        try:
+            _run(["cp", "-a", str(rootfs), str(self.root)], COPY_TIMEOUT_S, "copying the rootfs")
+        except TestbedError:
+            shutil.rmtree(self.work, ignore_errors=True)  # nothing is mounted yet
+            raise
 
     def mount(self, target: Path, *args: str) -> None:
         where = self.root / target.relative_to("/")
@@ -138,11 +142,15 @@ class Chroot:
         _run(["mount", "-o", "remount,bind,ro", str(inside)], MOUNT_TIMEOUT_S, f"remount {inside} read-only")
 
     def __enter__(self) -> Chroot:
-        self.mount(Path("/proc"), "-t", "proc", "proc")
-        self.mount(Path("/sys"), "-t", "sysfs", "sysfs")
-        self.mount(Path("/dev"), "--bind", "/dev")
-        self.mount(Path("/dev/pts"), "--bind", "/dev/pts")
-        self.mount(Path("/dev/shm"), "-t", "tmpfs", "tmpfs")
+        try:
+            self.mount(Path("/proc"), "-t", "proc", "proc")
+            self.mount(Path("/sys"), "-t", "sysfs", "sysfs")
+            self.mount(Path("/dev"), "--bind", "/dev")
+            self.mount(Path("/dev/pts"), "--bind", "/dev/pts")
+            self.mount(Path("/dev/shm"), "-t", "tmpfs", "tmpfs")
+        except BaseException:
+            self.__exit__()  # `with` does not call __exit__ when __enter__ fails
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
