@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # Debian's postgresql-15 keeps its server binaries off PATH, here.
@@ -150,7 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     rows = report()
     if args.json:
-        print(json.dumps([s.__dict__ for s in rows], indent=2))
+        print(json.dumps([asdict(s) for s in rows], indent=2))
     else:
         width = max(len(s.name) for s in rows)
         for s in rows:
