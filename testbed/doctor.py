@@ -2,7 +2,7 @@
 
 One table (``TOOLS``) is the only place that knows this. Tests skip through ``missing()`` with a reason
 that names the install command; ``testbed doctor`` (and ``scripts/doctor``) prints the whole table;
-``scripts/system-deps`` installs the apt packages named here (keep the two in step).
+``scripts/system-deps`` installs the apt packages named here (a test keeps the two in step).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Tool:
     used_by: str
     install: str
     probe: Callable[[], tuple[bool, str]]
+    apt: tuple[str, ...] = ()  # the Debian packages it takes (scripts/system-deps installs them, but docker.io)
 
 
 @dataclass(frozen=True)
@@ -101,22 +102,28 @@ def _age() -> tuple[bool, str]:
 
 
 APT = "apt-get install -y"
+AGE_BUILD_DEPS = ("postgresql-server-dev-15", "bison", "flex", "build-essential")
 TOOLS: tuple[Tool, ...] = (
     Tool("root", "network namespaces (testbed up --netns, fault)", "run as root", _root),
-    Tool("ip", "network namespaces (iproute2)", f"{APT} iproute2", _command("ip")),
-    Tool("ss", "partition: aborting established connections (iproute2)", f"{APT} iproute2", _command("ss")),
-    Tool("netns", "testbed up --netns: creating a network namespace", f"{APT} iproute2, and run as root", _netns),
-    Tool("iptables", "testbed fault partition/latency/loss", f"{APT} iptables", _command("iptables")),
-    Tool("nats-server", "testbed bench: the NATS peer", f"{APT} nats-server", _command("nats-server")),
-    Tool("openssl", "tests cross-checking certificates and key files", f"{APT} openssl", _command("openssl")),
-    Tool("debootstrap", "testbed image base, testbed fresh-check", f"{APT} debootstrap", _command("debootstrap")),
-    Tool("docker", "testbed --backend docker",
-         f"{APT} docker.io && testbed image engine --start", _docker_engine),
+    Tool("ip", "network namespaces (iproute2)", f"{APT} iproute2", _command("ip"), ("iproute2",)),
+    Tool("ss", "partition: aborting established connections (iproute2)", f"{APT} iproute2", _command("ss"),
+         ("iproute2",)),
+    Tool("netns", "testbed up --netns: creating a network namespace", f"{APT} iproute2, and run as root", _netns,
+         ("iproute2",)),
+    Tool("iptables", "testbed fault partition/latency/loss", f"{APT} iptables", _command("iptables"), ("iptables",)),
+    Tool("nats-server", "testbed bench: the NATS peer", f"{APT} nats-server", _command("nats-server"),
+         ("nats-server",)),
+    Tool("openssl", "tests cross-checking certificates and key files", f"{APT} openssl", _command("openssl"),
+         ("openssl",)),
+    Tool("debootstrap", "testbed image base, testbed fresh-check", f"{APT} debootstrap", _command("debootstrap"),
+         ("debootstrap",)),
+    Tool("docker", "testbed --backend docker", f"{APT} docker.io && testbed image engine --start", _docker_engine,
+         ("docker.io",)),
     Tool("postgres", "PostgreSQL 15 server (initdb, pg_ctl)", f"{APT} postgresql-15",
-         _files(PG_BIN / "initdb", PG_BIN / "pg_ctl")),
+         _files(PG_BIN / "initdb", PG_BIN / "pg_ctl"), ("postgresql-15",)),
     Tool("age", "Apache AGE extension for PostgreSQL 15",
-         f"scripts/system-deps (builds it from the vendored source; needs {APT} postgresql-server-dev-15 "
-         "bison flex build-essential)", _age),
+         f"scripts/system-deps (builds it from the vendored source; needs {APT} {' '.join(AGE_BUILD_DEPS)})",
+         _age, AGE_BUILD_DEPS),
 )
 BY_NAME = {t.name: t for t in TOOLS}
 
