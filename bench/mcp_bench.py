@@ -31,9 +31,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from mesh import keys  # noqa: E402
+from node.assemble import open_service  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.mcp_server import start_http, start_local_socket  # noqa: E402
-from node.assemble import open_service  # noqa: E402
 from node.service import Service  # noqa: E402
 from node.tools import ServiceBackend  # noqa: E402
 

@@ -15,9 +15,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from mesh import keys
-from node.config import NodeConfig, from_dict
 from node.assemble import open_service
-from node.service import Service
+from node.config import NodeConfig, from_dict
 
 AGENT = "ai:mcp-test@lab"
 ROOT = Path(__file__).resolve().parents[2]

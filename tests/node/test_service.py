@@ -4,9 +4,9 @@ import sqlite3
 
 import pytest
 
+from node.assemble import open_service
 from node.config import NodeConfig
 from node.errors import ServiceError
-from node.assemble import open_service
 from node.service import Service
 from tests.node.conftest import AGENT, make_config
 
