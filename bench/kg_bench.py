@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from storage_bench import Corpus  # noqa: E402
 
-from node.config import from_dict  # noqa: E402
 from node.assemble import open_service  # noqa: E402
+from node.config import from_dict  # noqa: E402
 from node.service import Service  # noqa: E402
 from storage import changelog, links, memories  # noqa: E402
 from storage.links import LinkRow  # noqa: E402
@@ -100,7 +100,7 @@ def load_graph(conn: Any, ids: list[str], rows: list[LinkRow], first: int, last:
         changelog.append(conn, "link", row.link_id, 1, row.created_at)
 
 
-async def open_service(home: Path, storage: dict[str, Any]) -> Service:
+async def open_bench_service(home: Path, storage: dict[str, Any]) -> Service:
     cfg = from_dict({"agent_id": "ai:bench@local", "home": str(home),
                      "storage": {"synchronous": "normal", **storage}}, env={})
     return await open_service(cfg)
@@ -157,7 +157,7 @@ async def run(sizes: Sizes, tmp: Path, cluster: Any) -> dict[str, Any]:
     backends = {"sqlite-cte": {}, "postgres-cte": {"backend": "postgres", "dsn": cluster.dsn(cluster.create_db())},
                 "postgres-age": {"backend": "postgres", "dsn": cluster.dsn(cluster.create_db(age=True)), "age": "on"}}
     for name, storage in backends.items():
-        svc = await open_service(tmp / name, storage)
+        svc = await open_bench_service(tmp / name, storage)
         try:
             assert svc.kg.backend == name, (svc.kg.backend, name)
             t = time.perf_counter()
@@ -172,7 +172,7 @@ async def run(sizes: Sizes, tmp: Path, cluster: Any) -> dict[str, Any]:
             await svc.close()
     for name, storage in (("sqlite", {}), ("postgres", {"backend": "postgres",
                                                           "dsn": cluster.dsn(cluster.create_db())})):
-        svc = await open_service(tmp / f"recall-{name}", storage)
+        svc = await open_bench_service(tmp / f"recall-{name}", storage)
         try:
             out["recall"][name] = await bench_recall(svc, sizes)
             print(f"recall {name}: {out['recall'][name]}", flush=True)

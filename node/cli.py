@@ -18,6 +18,7 @@ from typing import Any
 from node import mcp_cli
 from node.config import HOME_ENV, NodeConfig, load_config
 from node.errors import describe, is_project_error
+from node.version import version
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
 
@@ -34,6 +35,7 @@ def command(name: str) -> Callable[[Handler], Handler]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     p.add_argument("--config", type=Path, help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, help=f"node home directory (overrides {HOME_ENV} and the config file)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")

@@ -31,8 +31,18 @@ from mcp.server.stdio import stdio_server
 from node.config import LimitsConfig, NodeConfig
 from node.errors import describe
 from node.ratelimit import RateLimiter
-from node.tools import (CONNECT_TIMEOUT_S, MAX_FRAME_BYTES, JSON, ServiceBackend, SocketClientBackend,
-                        ToolBackend, encode_frame, error_reply, read_frame, tool_specs)
+from node.tools import (
+    CONNECT_TIMEOUT_S,
+    JSON,
+    MAX_FRAME_BYTES,
+    ServiceBackend,
+    SocketClientBackend,
+    ToolBackend,
+    encode_frame,
+    error_reply,
+    read_frame,
+    tool_specs,
+)
 
 log = logging.getLogger("node.mcp")
 
@@ -254,13 +264,12 @@ class SocketHandle:
                 await asyncio.wait(pending, timeout=SOCKET_DRAIN_S)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), SOCKET_DRAIN_S)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        await asyncio.to_thread(self.path.unlink, missing_ok=True)
 
 
 async def _remove_stale_socket(path: Path) -> None:
     try:
-        st = path.lstat()
+        st = await asyncio.to_thread(path.lstat)
     except FileNotFoundError:
         return
     from node.errors import ServiceError
@@ -269,7 +278,7 @@ async def _remove_stale_socket(path: Path) -> None:
     try:
         _, w = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
-        path.unlink(missing_ok=True)  # nobody listens: a leftover from a node that died
+        await asyncio.to_thread(path.unlink, missing_ok=True)  # nobody listens: a leftover from a node that died
         return
     w.close()
     raise ServiceError("socket_in_use", f"another process is serving {path}; is a node already running?")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node.config import from_dict
 from node.assemble import open_service
+from node.config import from_dict
 from node.service import Service
 from storage import changelog, links
 from storage.links import LinkRow

@@ -3,9 +3,8 @@ from pathlib import Path
 import pytest
 
 from mesh import keys
-from node.config import NodeConfig, from_dict
 from node.assemble import open_service
-from node.service import Service
+from node.config import NodeConfig, from_dict
 from tests.pg import pg_cluster  # noqa: F401  (pytest finds fixtures by name)
 
 BACKENDS = ("sqlite", "postgres")

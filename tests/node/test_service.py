@@ -2,9 +2,9 @@
 
 import pytest
 
+from node.assemble import open_service
 from node.config import NodeConfig
 from node.errors import ServiceError
-from node.assemble import open_service
 from node.service import Service
 from tests.node.conftest import AGENT, dump_tables, make_config, tamper
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sqlite3
 
 import pytest
 
-from storage import Database, StorageError
-from storage import events, links
+from storage import Database, StorageError, events, links
 from storage.links import AttestLevel, LinkRow
 from tests.storage.storage_helpers import Raw
 
@@ -69,7 +69,7 @@ async def _append_n(db: Database, n: int) -> list[events.EventRow]:
 async def test_events_chain_from_genesis_and_verify(db: Database):
     rows = await _append_n(db, 5)
     assert rows[0].seq == 1 and rows[0].prev_hash == events.GENESIS_HASH
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         assert b.prev_hash == a.event_hash and b.seq == a.seq + 1
     assert rows[2].event_hash == events.event_hash(rows[1].event_hash, 3, "link", rows[2].link_id, "ai:node-1@lab",
                                                    rows[2].payload_hash, None, rows[2].created_at)
