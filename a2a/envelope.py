@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ REASON_DUPLICATE = "duplicate"
 REASON_REJECTED_PREFIX = "rejected:"
 # Rejections that a later attempt can cure (the receiver lacks something that is on its way),
 # so the sender keeps its retry schedule instead of dead-lettering.
-RETRYABLE_REJECT_CODES = frozenset({"unknown_memory", "storage_full"})
+RETRYABLE_REJECT_CODES = frozenset({"unknown_memory", "unknown_link", "storage_full"})
 
 _ENVELOPE_KEYS = frozenset({"v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"})
 _ACK_KEYS = frozenset({"v", "type", "correlation_id", "recipient", "accepted", "reason"})
@@ -188,7 +188,7 @@ class Envelope:
 
     @property
     def kind(self) -> str:
-        return self.payload["kind"]
+        return str(self.payload["kind"])
 
     def to_map(self) -> dict[str, Any]:
         return {
@@ -371,12 +371,8 @@ def _check_keys(obj: Mapping[Any, Any], expected: frozenset[str], what: str, cid
         )
 
 
-def decode_frame(data: bytes, max_bytes: int) -> Envelope | Ack:
-    """Parse one binary frame into an Envelope or Ack.
-
-    Raises ProtocolError (and nothing else) for any bad input; the size limit (bytes) is checked
-    before decoding.
-    """
+def _frame_map(data: bytes, max_bytes: int) -> dict[Any, Any]:
+    """The frame's CBOR map, after the size limit (bytes) and the protocol version are checked."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(ErrorCode.MALFORMED, f"frame must be bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -388,32 +384,51 @@ def decode_frame(data: bytes, max_bytes: int) -> Envelope | Ack:
     v = obj.get("v")
     if not is_int(v) or v != VERSION:
         raise ProtocolError(ErrorCode.BAD_VERSION, f"v must be {VERSION}, got {_short(v)}")
-    ftype = obj.get("type")
-    if ftype == TYPE_MSG:
-        expected = _ENVELOPE_KEYS
-    elif ftype == TYPE_ACK:
-        expected = _ACK_KEYS
-    else:
-        raise ProtocolError(ErrorCode.BAD_TYPE, f"type must be 'msg' or 'ack', got {_short(ftype)}")
-    cid = check_correlation_id(obj.get("correlation_id"))
-    _check_keys(obj, expected, "envelope" if ftype == TYPE_MSG else "ack", cid)
-    try:
-        if ftype == TYPE_MSG:
-            recipients = obj["recipients"]
-            if not isinstance(recipients, list):
-                raise ProtocolError(
-                    ErrorCode.BAD_FIELD, f"recipients must be an array, got {_short(recipients)}", correlation_id=cid
-                )
-            return Envelope(
-                correlation_id=cid,
-                sender=obj["sender"],
-                recipients=tuple(recipients),
-                payload=obj["payload"],
-                expires_at=obj["expires_at"],
-            )
-        return Ack(
-            correlation_id=cid, recipient=obj["recipient"], accepted=obj["accepted"], reason=obj["reason"]
+    return obj
+
+
+def _envelope_from_map(obj: dict[Any, Any], cid: str) -> Envelope:
+    recipients = obj["recipients"]
+    if not isinstance(recipients, list):
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"recipients must be an array, got {_short(recipients)}", correlation_id=cid
         )
+    return Envelope(
+        correlation_id=cid,
+        sender=obj["sender"],
+        recipients=tuple(recipients),
+        payload=obj["payload"],
+        expires_at=obj["expires_at"],
+    )
+
+
+def _ack_from_map(obj: dict[Any, Any], cid: str) -> Ack:
+    return Ack(correlation_id=cid, recipient=obj["recipient"], accepted=obj["accepted"], reason=obj["reason"])
+
+
+# frame type -> (its keys, its name in errors, its builder)
+_FRAME_KINDS: dict[str, tuple[frozenset[str], str, Callable[[dict[Any, Any], str], Envelope | Ack]]] = {
+    TYPE_MSG: (_ENVELOPE_KEYS, "envelope", _envelope_from_map),
+    TYPE_ACK: (_ACK_KEYS, "ack", _ack_from_map),
+}
+
+
+def decode_frame(data: bytes, max_bytes: int) -> Envelope | Ack:
+    """Parse one binary frame into an Envelope or Ack.
+
+    Raises ProtocolError (and nothing else) for any bad input; the size limit (bytes) is checked
+    before decoding.
+    """
+    obj = _frame_map(data, max_bytes)
+    ftype = obj.get("type")
+    kind = _FRAME_KINDS.get(ftype) if isinstance(ftype, str) else None
+    if kind is None:
+        raise ProtocolError(ErrorCode.BAD_TYPE, f"type must be 'msg' or 'ack', got {_short(ftype)}")
+    expected, what, build = kind
+    cid = check_correlation_id(obj.get("correlation_id"))
+    _check_keys(obj, expected, what, cid)
+    try:
+        return build(obj, cid)
     except ProtocolError:
         raise
     except Exception as exc:  # defence in depth: validation bugs must still surface as protocol errors

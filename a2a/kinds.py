@@ -144,6 +144,13 @@ LINK = {
     "confidence": Field(nullable(number()), required=False),
 }
 
+# The signed fields of a link invalidation (node/attest.py InvalidationPayload).
+INVALIDATION = {
+    "link_id": Field(string(nonempty=True)),
+    "observed_by": Field(string(nonempty=True)),
+    "valid_until": Field(integer(minimum=0)),
+}
+
 # kind -> fields of the payload other than "kind" itself.
 SCHEMAS: dict[str, Mapping[str, Field]] = {
     "ping": {"sent_at": Field(integer(minimum=0), required=False)},
@@ -156,6 +163,11 @@ SCHEMAS: dict[str, Mapping[str, Field]] = {
     },
     "link.put": {
         "link": Field(record(LINK)),
+        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+        "signed_by": Field(nullable(string(nonempty=True))),
+    },
+    "link.invalidate": {
+        "invalidation": Field(record(INVALIDATION)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
     },
@@ -173,6 +185,7 @@ def _signature_pairs_with_signer(payload: Mapping[str, Any]) -> None:
 CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
     "memory.put": (_signature_pairs_with_signer,),
     "link.put": (_signature_pairs_with_signer,),
+    "link.invalidate": (_signature_pairs_with_signer,),
 }
 
 KNOWN_KINDS = frozenset(SCHEMAS)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from cachetools import TLRUCache
 
@@ -18,7 +17,7 @@ def _until_expires_at(_key: str, expires_at_ms: int, _now: float) -> int:
     return expires_at_ms
 
 
-class _CountingTLRU(TLRUCache):
+class _CountingTLRU(TLRUCache[str, int]):
     """TLRUCache that counts why entries left: pushed out by size while live, or expired."""
 
     def __init__(self, maxsize: int, timer: Callable[[], float],
@@ -28,7 +27,7 @@ class _CountingTLRU(TLRUCache):
         self.on_evict = on_evict
         self.expired_dropped = 0
 
-    def popitem(self) -> tuple[Any, Any]:
+    def popitem(self) -> tuple[str, int]:
         # TLRUCache.popitem first drops expired entries, so what it returns was still live.
         item = super().popitem()
         self.evictions_live += 1
@@ -36,7 +35,7 @@ class _CountingTLRU(TLRUCache):
             self.on_evict(item[0], item[1])
         return item
 
-    def expire(self, time: float | None = None) -> list[tuple[Any, Any]]:
+    def expire(self, time: float | None = None) -> list[tuple[str, int]]:
         expired = super().expire(time)
         self.expired_dropped += len(expired)
         return expired

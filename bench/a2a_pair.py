@@ -169,13 +169,24 @@ def table(ours: dict, floor: dict) -> str:
     return "\n".join(rows)
 
 
-async def bench(args) -> dict:
+async def measure(layout, echo_port: int, args) -> tuple[dict, int, dict]:
+    """(ours, frame size in bytes, floor): the PeerLink runs to node 2, then the bare-TLS echo runs."""
+    n1 = layout.node(1)
+    ours, frame_size = await link_run(layout, args.messages, args.pipelined, args.window)
+    ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv",
+                             layout.root / "ca" / "ca.crt")
+    floor = await floor_run(echo_port, ctx, os.urandom(frame_size), args.messages, args.pipelined, args.window)
+    return ours, frame_size, floor
+
+
+def bench(args) -> dict:
+    """Start node 2 and the echo server (plain processes), measure both on one event loop, stop both."""
     from testbed.build import build_layout
     from testbed.local import LocalMesh
 
     with tempfile.TemporaryDirectory(prefix="a2a-bench-") as tmp:
         layout = build_layout(Path(tmp) / "mesh", 2, mcp_http=False)
-        n1, n2 = layout.node(1), layout.node(2)
+        n2 = layout.node(2)
         ca_path = layout.root / "ca" / "ca.crt"
         mesh = LocalMesh(layout)
         echo = subprocess.Popen([sys.executable, __file__, "--echo-server", str(n2.home / "tls" / "node.crt"),
@@ -184,11 +195,7 @@ async def bench(args) -> dict:
         try:
             mesh.start([2], want_links=False)
             echo_port = int(echo.stdout.readline().split()[1])  # "port N"
-            ours, frame_size = await link_run(layout, args.messages, args.pipelined, args.window)
-            ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv",
-                                     ca_path)
-            floor = await floor_run(echo_port, ctx, os.urandom(frame_size), args.messages, args.pipelined,
-                                    args.window)
+            ours, frame_size, floor = run(measure(layout, echo_port, args))
         finally:
             mesh.stop_all()
             echo.stdin.close()
@@ -240,7 +247,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.messages, args.pipelined = 500, 5000
-    result = run(bench(args))
+    result = bench(args)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result["ours"], result["floor"]))

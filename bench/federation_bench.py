@@ -82,15 +82,18 @@ def summary(samples_ms: list[float], failed: int = 0) -> dict[str, Any]:
 
 def pinger_main(cfg: dict[str, Any], ready: Any, stop: Any) -> None:
     """Ping B as A over one PeerLink until ``stop``; write [(t_send_monotonic_ns, rtt_ns | -1)] to cfg['out']."""
-    asyncio.run(_pinger(cfg, ready, stop))
+    samples: list[tuple[int, int]] = []
+    try:
+        asyncio.run(_pinger(cfg, ready, stop, samples))
+    finally:
+        Path(cfg["out"]).write_text(json.dumps(samples))
 
 
-async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any) -> None:
+async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tuple[int, int]]) -> None:
     ctx = tls.client_context(Path(cfg["cert"]), Path(cfg["key"]), Path(cfg["ca"]))
     pinned = {cfg["peer_id"]: keys.load_public_key(Path(cfg["peer_pub"]))}
     link = PeerLink(cfg["peer_id"], cfg["peer_url"], ctx, pinned=lambda: pinned, backoff=Backoff(0.1, 1.0),
                     ack_timeout_s=PING_TIMEOUT_S, max_bytes=cfg["max_bytes"])
-    samples: list[tuple[int, int]] = []
     interval = cfg["interval_s"]
 
     async def one() -> None:
@@ -136,7 +139,6 @@ async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any) -> None:
         runner.cancel()
         with contextlib.suppress(BaseException):
             await runner
-        Path(cfg["out"]).write_text(json.dumps(samples))
 
 
 def start_pinger(layout: MeshLayout, workdir: Path, interval_s: float) -> tuple[mp.Process, Any, Any, Path]:
@@ -345,13 +347,7 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
         proc, ready, stop, pings_path = start_pinger(layout, workdir, args.ping_interval_ms / 1000)
         if args.pin:
             pin(proc.pid, {args.pin_b_cpu})
-        deadline = time.monotonic() + PINGER_START_TIMEOUT_S
-        while not ready.is_set():
-            if not proc.is_alive():
-                raise RuntimeError(f"pinger exited with {proc.exitcode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("pinger did not connect to B in time")
-            await asyncio.sleep(0.05)
+        await wait_pinger_ready(proc, ready)
         pids = {**pids, "pinger": proc.pid}
         cpu_idle = CpuMeter(pids)
         idle_start = time.monotonic_ns()
@@ -385,24 +381,47 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
         await sessions.close()
 
     samples = json.loads(pings_path.read_text())
+    return report(args, samples, (idle_start, idle_end), cpu_idle, prefill_s, main, control, caps)
 
-    def window(lo: int, hi: int) -> dict[str, Any]:
-        rows = [(t, r) for t, r in samples if lo <= t < hi]
-        return summary([r / 1e6 for _, r in rows if r >= 0], failed=sum(1 for _, r in rows if r < 0))
 
-    def flood_stats(f: dict[str, Any]) -> dict[str, Any]:
-        made = len(f["call_ms"])
-        calls_s, conv_s = (f["calls_end"] - f["start"]) / 1e9, (f["end"] - f["start"]) / 1e9
-        return {"links_made": made, "call_errors": len(f["errors"]), "call_error_samples": f["errors"][:5],
-                "calls_s": calls_s, "calls_per_s": made / calls_s, "convergence_s": conv_s,
-                "links_per_s_end_to_end": made / conv_s, "converged_at_s": f["converged_at_s"],
-                "memory_link_call_ms": summary(f["call_ms"]), "cpu_per_wall_s": f["cpu"],
-                "ping": window(f["start"], f["end"]), "ping_while_calls_run": window(f["start"], f["calls_end"])}
+async def wait_pinger_ready(proc: mp.Process, ready: Any) -> None:
+    deadline = time.monotonic() + PINGER_START_TIMEOUT_S
+    while not ready.is_set():
+        if not proc.is_alive():
+            raise RuntimeError(f"pinger exited with {proc.exitcode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("pinger did not connect to B in time")
+        await asyncio.sleep(0.05)
 
-    idle = window(idle_start, idle_end)
-    res_main = flood_stats(main)
-    during = res_main["ping"]
-    ratio = during["p95_ms"] / idle["p95_ms"] if idle.get("n") and during.get("n") else None
+
+def ping_window(samples: list[tuple[int, int]], lo: int, hi: int) -> dict[str, Any]:
+    """Ping RTT summary (ms) of the pings sent in [lo, hi) monotonic ns; failed pings counted apart."""
+    rows = [(t, r) for t, r in samples if lo <= t < hi]
+    return summary([r / 1e6 for _, r in rows if r >= 0], failed=sum(1 for _, r in rows if r < 0))
+
+
+def flood_stats(samples: list[tuple[int, int]], f: dict[str, Any]) -> dict[str, Any]:
+    made = len(f["call_ms"])
+    calls_s, conv_s = (f["calls_end"] - f["start"]) / 1e9, (f["end"] - f["start"]) / 1e9
+    return {"links_made": made, "call_errors": len(f["errors"]), "call_error_samples": f["errors"][:5],
+            "calls_s": calls_s, "calls_per_s": made / calls_s, "convergence_s": conv_s,
+            "links_per_s_end_to_end": made / conv_s, "converged_at_s": f["converged_at_s"],
+            "memory_link_call_ms": summary(f["call_ms"]), "cpu_per_wall_s": f["cpu"],
+            "ping": ping_window(samples, f["start"], f["end"]),
+            "ping_while_calls_run": ping_window(samples, f["start"], f["calls_end"])}
+
+
+def p95_ratio(during: dict[str, Any], idle: dict[str, Any]) -> float | None:
+    """p95 during a flood over p95 idle; None when either window has no successful ping."""
+    return during["p95_ms"] / idle["p95_ms"] if during.get("n") and idle.get("n") else None
+
+
+def report(args: argparse.Namespace, samples: list[tuple[int, int]], idle_ns: tuple[int, int], cpu_idle: Any,
+           prefill_s: float, main: dict[str, Any], control: dict[str, Any] | None,
+           caps: dict[str, Any]) -> dict[str, Any]:
+    idle = ping_window(samples, *idle_ns)
+    res_main = flood_stats(samples, main)
+    ratio = p95_ratio(res_main["ping"], idle)
     out = {
         "links_requested": args.links, "memories": args.memories, "prefill_s": prefill_s,
         "sessions": args.sessions, "concurrency": args.concurrency, "ping_interval_ms": args.ping_interval_ms,
@@ -412,9 +431,9 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
                       "dead_letters": cp["dead_letters"], "a2a": cp.get("a2a")} for n, cp in caps.items()},
     }
     if control is not None:
-        rc = flood_stats(control)
+        rc = flood_stats(samples, control)
         rc["b_received_peer_attested"] = control["b_received"]
-        rc["p95_ratio_to_idle"] = rc["ping"]["p95_ms"] / idle["p95_ms"] if rc["ping"].get("n") and idle.get("n") else None
+        rc["p95_ratio_to_idle"] = p95_ratio(rc["ping"], idle)
         out["control_flood_not_reaching_b"] = rc
     return out
 

@@ -31,9 +31,9 @@ from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from mesh import keys  # noqa: E402
+from node.assemble import open_service  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.mcp_server import start_http, start_local_socket  # noqa: E402
-from node.assemble import open_service  # noqa: E402
 from node.service import Service  # noqa: E402
 from node.tools import ServiceBackend  # noqa: E402
 
@@ -102,11 +102,14 @@ async def stdio(toml: Path, home: Path):
     env = {"AI_MEMORY_HOME": str(home), "PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "node.mcp_cli", "--config", str(toml)],
                                    env=env, cwd=str(ROOT))
-    with open(home / "mcp-stderr.log", "a") as errlog:
+    errlog = await asyncio.to_thread(open, home / "mcp-stderr.log", "a")
+    try:
         async with stdio_client(params, errlog=errlog) as (r, w):
             async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as s:
                 await s.initialize()
                 yield s
+    finally:
+        errlog.close()
 
 
 @contextlib.asynccontextmanager

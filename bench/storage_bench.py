@@ -30,12 +30,11 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage import Database  # noqa: E402
-from storage import memories  # noqa: E402
-from storage.memories import MemoryRow  # noqa: E402
+from node.assemble import open_service  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
-from node.assemble import open_service  # noqa: E402
+from storage import Database, memories  # noqa: E402
+from storage.memories import MemoryRow  # noqa: E402
 
 SEED = 20240611
 
@@ -73,7 +72,8 @@ class Corpus:
 
     def memory(self, now_ms: int, origin: str = "ai:bench@local") -> MemoryRow:
         r = self.rng
-        return MemoryRow(id=str(uuid.UUID(int=r.getrandbits(128), version=4)), namespace=r.choice(("work", "home", "lab")),
+        return MemoryRow(id=str(uuid.UUID(int=r.getrandbits(128), version=4)),
+                         namespace=r.choice(("work", "home", "lab")),
                          title=" ".join(self.words(r.randint(3, 6))), content=" ".join(self.words(r.randint(15, 50))),
                          tags=tuple(self.words(r.randint(0, 3))), priority=r.randint(1, 9), origin=origin,
                          created_at=now_ms, updated_at=now_ms)
@@ -212,7 +212,7 @@ async def bench_recall(db: Database, corpus: Corpus, queries: list[str], limit: 
             "queries_with_hits": hits, "db_read": summarize(through_read), "direct_sql": summarize(direct)}
 
 
-async def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "storage.json")
@@ -221,6 +221,16 @@ async def main(argv: list[str] | None = None) -> dict:
                          "Python's own default is 0.005)")
     args = ap.parse_args(argv)
     sys.setswitchinterval(args.switch_interval)
+    report = asyncio.run(run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(markdown(report))
+    print(f"\nJSON: {args.out}")
+    return report
+
+
+async def run(args: argparse.Namespace) -> dict:
+    """The write and recall measurements at the sizes ``args`` asks for; the report as a dict."""
     sizes = QUICK if args.quick else FULL
     corpus = Corpus()
     queries = [corpus.query() for _ in range(sizes.queries)]
@@ -236,14 +246,10 @@ async def main(argv: list[str] | None = None) -> dict:
                 recall.append(await bench_recall(db, corpus, queries))
         finally:
             await db.close()
-    report = {"bench": "storage", "quick": args.quick, "switch_interval_s": args.switch_interval, "sizes": asdict(sizes), "writes": writes, "recall": recall,
-              "sqlite": sqlite3.sqlite_version, "python": platform.python_version(), "machine": platform.machine(),
-              "total_seconds": round(time.perf_counter() - t_start, 1)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(markdown(report))
-    print(f"\nJSON: {args.out}")
-    return report
+    return {"bench": "storage", "quick": args.quick, "switch_interval_s": args.switch_interval,
+            "sizes": asdict(sizes), "writes": writes, "recall": recall,
+            "sqlite": sqlite3.sqlite_version, "python": platform.python_version(), "machine": platform.machine(),
+            "total_seconds": round(time.perf_counter() - t_start, 1)}
 
 
 def markdown(r: dict) -> str:
@@ -269,4 +275,4 @@ def markdown(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

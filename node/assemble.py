@@ -13,7 +13,7 @@ from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
-from storage.db import Database
+from storage.backend import open_database
 
 
 async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False,
@@ -27,8 +27,9 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
     keyring = Keyring(cfg, identity)
     if hooks is None:
         hooks = HookPipeline.open(cfg)
-    db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
-                             synchronous=cfg.storage.synchronous)
+    st = cfg.storage
+    db = await open_database(backend=st.backend, path=cfg.db_path, dsn=st.dsn, batch_max=st.batch_max,
+                             readers=st.readers, synchronous=st.synchronous, age=st.age)
     federation = Federation(cfg, db, keyring, clock, hooks=hooks)
     return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks)
 

@@ -108,22 +108,70 @@ class MemoryPayload:
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
 
 
+# The invalidation record's "type" field: no link payload has it, so the two can never be confused.
+INVALIDATION_TYPE = "link.invalidate"
+INVALIDATION_FIELDS = ("link_id", "observed_by", "valid_until")
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidationPayload:
+    """A signed end of validity for one link: canonical CBOR of ``{type, link_id, observed_by, valid_until}``.
+
+    ``valid_until`` is unix ms: the link is not valid at or after it. ``inval_id`` is the hex SHA-256 of
+    the canonical bytes, as ``link_id`` is for links.
+    """
+
+    link_id: str
+    observed_by: str
+    valid_until: int
+
+    def __post_init__(self) -> None:
+        for name in ("link_id", "observed_by"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise AttestError("bad_invalidation_field",
+                                  f"invalidation field {name} must be a non-empty string, got {value!r}")
+        if not _is_int(self.valid_until) or self.valid_until < 0:
+            raise AttestError("bad_invalidation_field",
+                              f"valid_until must be an integer >= 0 (unix ms), got {self.valid_until!r}")
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> InvalidationPayload:
+        missing = [f for f in INVALIDATION_FIELDS if f not in m]
+        if missing:
+            raise AttestError("bad_invalidation_field", f"invalidation is missing field(s) {', '.join(missing)}")
+        return cls(**{f: m[f] for f in INVALIDATION_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def canonical_bytes(self) -> bytes:
+        return cbor2.dumps({"type": INVALIDATION_TYPE, **self.to_dict()}, canonical=True)
+
+    @property
+    def inval_id(self) -> str:
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
+Signable = LinkPayload | MemoryPayload | InvalidationPayload
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def sign(private_key: Ed25519PrivateKey, payload: LinkPayload | MemoryPayload) -> bytes:
+def sign(private_key: Ed25519PrivateKey, payload: Signable) -> bytes:
     """Ed25519 signature (64 bytes) over the canonical payload."""
     return private_key.sign(payload.canonical_bytes())
 
 
-def verify_any(keys: Iterable[Ed25519PublicKey], payload: LinkPayload | MemoryPayload,
+def verify_any(keys: Iterable[Ed25519PublicKey], payload: Signable,
                signature: bytes | None) -> bool:
     """True when ``signature`` verifies under one of ``keys`` (a signer's current key, then its retired ones)."""
     return any(verify(k, payload, signature) for k in keys)
 
 
-def verify(public_key: Ed25519PublicKey, payload: LinkPayload | MemoryPayload, signature: bytes | None) -> bool:
+def verify(public_key: Ed25519PublicKey, payload: Signable, signature: bytes | None) -> bool:
     """True when ``signature`` is a valid Ed25519 signature of the canonical payload by ``public_key``."""
     if not isinstance(signature, (bytes, bytearray)) or len(signature) != SIGNATURE_BYTES:
         return False
@@ -134,7 +182,7 @@ def verify(public_key: Ed25519PublicKey, payload: LinkPayload | MemoryPayload, s
     return True
 
 
-def verify_many(items: Iterable[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None]]
+def verify_many(items: Iterable[tuple[tuple[Ed25519PublicKey, ...], Signable, bytes | None]]
                 ) -> list[bool]:
     """Verify a batch, each against a signer's keyring; run on a worker thread so the event loop keeps
     serving between verifications."""

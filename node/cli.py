@@ -18,6 +18,7 @@ from typing import Any
 from node import mcp_cli
 from node.config import HOME_ENV, NodeConfig, load_config
 from node.errors import describe, is_project_error
+from node.version import version
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
 
@@ -34,6 +35,7 @@ def command(name: str) -> Callable[[Handler], Handler]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     p.add_argument("--config", type=Path, help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, help=f"node home directory (overrides {HOME_ENV} and the config file)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -124,6 +126,32 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("id", help="a link_id, or a memory id (its current version is checked)")
     v.add_argument("--json", action="store_true")
 
+    kg = sub.add_parser("kg", help="the knowledge graph over the links: neighbours, paths, timeline, invalidate")
+    kgsub = kg.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    kq = kgsub.add_parser("query", help="memories reachable from one memory, each with the path that reached it")
+    kq.add_argument("memory_id", help="the memory to start from")
+    kq.add_argument("--depth", type=int, default=2, help="hops, 1..kg.max_depth (default 2)")
+    kq.add_argument("--relation", action="append", dest="relations", help="only these relations (repeatable)")
+    kq.add_argument("--as-of", type=int, help="links valid at this instant, unix ms (default now)")
+    kq.add_argument("--limit", type=int, help="most neighbours (default kg.max_results)")
+    kq.add_argument("--json", action="store_true")
+    kp = kgsub.add_parser("paths", help="simple paths between two memories, shortest first")
+    kp.add_argument("src_id", help="memory id the paths start at")
+    kp.add_argument("dst_id", help="memory id the paths end at")
+    kp.add_argument("--max-depth", type=int, default=3, help="most links per path, 1..kg.max_depth (default 3)")
+    kp.add_argument("--limit", type=int, default=10, help="most paths, 1..kg.max_paths (default 10)")
+    kp.add_argument("--relation", action="append", dest="relations", help="only these relations (repeatable)")
+    kp.add_argument("--as-of", type=int, help="links valid at this instant, unix ms (default now)")
+    kp.add_argument("--json", action="store_true")
+    kt = kgsub.add_parser("timeline", help="the links touching a memory over time")
+    kt.add_argument("memory_id", help="the memory whose links to show")
+    kt.add_argument("--limit", type=int, help="most links, 1..kg.max_timeline (default all up to it)")
+    kt.add_argument("--json", action="store_true")
+    ki = kgsub.add_parser("invalidate", help="end a link's validity with a signed invalidation (replicated)")
+    ki.add_argument("link_id", help="the link to end")
+    ki.add_argument("--valid-until", type=int, help="end of validity, unix ms (default now)")
+    ki.add_argument("--json", action="store_true")
+
     a = sub.add_parser("audit", help="the append-only signed event chain")
     asub = a.add_subparsers(dest="sub", required=True, metavar="ACTION")
     asub.add_parser("verify", help="walk the hash chain; exit 3 and name the first bad seq if broken").add_argument(
@@ -171,9 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp_cli.add_parser(sub)
 
-    dr = sub.add_parser("doctor", help="check the node's moving parts (now: --hooks)")
+    dr = sub.add_parser("doctor", help="what this node runs on (storage backend, schema, kg backend, key, audit "
+                                       "chain) and its hooks; exit 3 when a check fails")
     dr.add_argument("--hooks", action="store_true",
-                    help="hooks per event in chain order, daemon state, fire/deny/timeout/crash counts (the default)")
+                    help="only the hooks: per event in chain order, daemon state, fire/deny/timeout/crash counts")
     dr.add_argument("--json", action="store_true")
 
     pe = sub.add_parser("peers", help="peers: key fingerprint, link state, last ACK, outbox, dead letters, sync "
@@ -644,6 +673,65 @@ def _not_running_note(cfg: NodeConfig) -> None:
           file=sys.stderr)
 
 
+# ---- knowledge graph ----------------------------------------------------------------------
+
+@command("kg query")
+def _kg_query(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        r = await svc.kg.query(args.memory_id, depth=args.depth, relations=args.relations, as_of=args.as_of,
+                               limit=args.limit)
+
+        def human(r: dict[str, Any]) -> str:
+            lines = [f"{n['depth']}  {n['memory_id']}  via {' > '.join(v['relation'] for v in n['via'])}"
+                     for n in r["neighbours"]]
+            lines.append(f"{r['count']} neighbour(s) within {r['depth']} hop(s)"
+                         + (f" (truncated at {r['limit']})" if r["truncated"] else ""))
+            return "\n".join(lines)
+
+        emit(args, r, human)
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("kg paths")
+def _kg_paths(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        r = await svc.kg.find_paths(args.src_id, args.dst_id, max_depth=args.max_depth, limit=args.limit,
+                                    relations=args.relations, as_of=args.as_of)
+
+        def human(r: dict[str, Any]) -> str:
+            lines = [f"{p['length']}  {' '.join(p['links'])}" for p in r["paths"]]
+            lines.append(f"{r['count']} path(s)" + (" (truncated)" if r["truncated"] else ""))
+            return "\n".join(lines)
+
+        emit(args, r, human)
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("kg timeline")
+def _kg_timeline(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        r = await svc.kg.timeline(args.memory_id, limit=args.limit)
+
+        def human(r: dict[str, Any]) -> str:
+            lines = [f"{e['at']}  {e['event']:<11} {e['link_id']}" for e in r["events"]]
+            return "\n".join(lines) or "no links"
+
+        emit(args, r, human)
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("kg invalidate")
+def _kg_invalidate(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        r = await svc.kg.invalidate(args.link_id, valid_until=args.valid_until)
+        emit(args, r, lambda r: f"{r['inval_id']}  ends {r['link_id']} at {r['valid_until']} ({r['attest_level']})")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
 @command("peers")
 def _peers(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node.peers import peer_rows
@@ -700,8 +788,20 @@ def _status_lines(d: dict[str, Any]) -> str:
 def _doctor(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node.hooks.doctor import hooks_report, render
     report = asyncio.run(hooks_report(cfg))
-    emit(args, {"hooks": report}, lambda d: render(d["hooks"]))
-    return EXIT_CHECK if report.get("reload_error") else EXIT_OK
+    hooks_ok = not report.get("reload_error")
+    if args.hooks:
+        emit(args, {"hooks": report}, lambda d: render(d["hooks"]))
+        return EXIT_OK if hooks_ok else EXIT_CHECK
+
+    async def go(svc) -> int:
+        chain = await svc.audit_verify()
+        r = {"storage_backend": cfg.storage.backend, "schema_version": svc.db.schema_version,
+             "kg_backend": svc.kg.backend, "agent_id": svc.agent_id, "signing": svc.identity is not None,
+             "audit_chain_ok": chain["ok"], "hooks": report}
+        emit(args, r, lambda r: "\n".join([*(f"{k}: {v}" for k, v in r.items() if k != "hooks"),
+                                            render(r["hooks"])]))
+        return EXIT_OK if chain["ok"] and hooks_ok else EXIT_CHECK
+    return with_service(go, cfg)
 
 
 if __name__ == "__main__":

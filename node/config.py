@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,28 @@ class StorageConfig:
     readers: int = 2
     # "full": an ACK (and a local commit) survives power loss; "normal": a process crash only, faster.
     synchronous: str = "full"
+    # "sqlite" (the file at ``path``) or "postgres" (the database at ``dsn``).
+    backend: str = "sqlite"
+    dsn: str = ""
+    # Apache AGE for the graph walks on Postgres: "auto" = use it when the extension is installed
+    # and enabled below, "on" = required, "off" = recursive CTEs. PERFORMANCE.md says why "off" is the default.
+    age: str = "off"
+
+
+@dataclass(frozen=True)
+class KgConfig:
+    # Hops a knowledge-graph walk may take (memory_kg_query depth, memory_find_paths max_depth).
+    max_depth: int = 5
+    # Most neighbours one memory_kg_query returns; past it the result says truncated.
+    max_results: int = 1000
+    # Most paths one memory_find_paths returns.
+    max_paths: int = 100
+    # Most candidate paths a memory_find_paths walk collects before ranking; past it: truncated.
+    path_scan_cap: int = 10_000
+    # Relations one query may filter on.
+    max_relations: int = 16
+    # Most links memory_kg_timeline lists.
+    max_timeline: int = 1000
 
 
 @dataclass(frozen=True)
@@ -162,6 +185,7 @@ class NodeConfig:
     home: Path = Path(DEFAULT_HOME).expanduser()
     limits: LimitsConfig = LimitsConfig()
     storage: StorageConfig = StorageConfig()
+    kg: KgConfig = KgConfig()
     a2a: A2AConfig = A2AConfig()
     mesh: MeshConfig = MeshConfig()
     federation: FederationConfig = FederationConfig()
@@ -213,6 +237,7 @@ class NodeConfig:
 _SECTIONS: dict[str, type] = {
     "limits": LimitsConfig,
     "storage": StorageConfig,
+    "kg": KgConfig,
     "a2a": A2AConfig,
     "mesh": MeshConfig,
     "federation": FederationConfig,
@@ -364,53 +389,86 @@ def _validate_hooks(hooks: HooksConfig) -> None:
                                             f"not exceed hooks.daemon_restart_max_s ({hooks.daemon_restart_max_s})")
 
 
+def _validate_backend(st: StorageConfig) -> None:
+    if st.backend not in ("sqlite", "postgres"):
+        raise ConfigError("config_invalid", f"storage.backend must be sqlite|postgres, got {st.backend!r}")
+    if st.backend == "postgres" and not st.dsn:
+        raise ConfigError("config_invalid", "storage.backend is postgres but storage.dsn is empty; "
+                                            "give a libpq DSN, e.g. \"host=/run/postgresql dbname=ai_memory\"")
+    if st.age not in ("auto", "on", "off"):
+        raise ConfigError("config_invalid", f"storage.age must be auto|on|off, got {st.age!r}")
+
+
+# Settings that must be > 0, checked in this order (section.name).
+_POSITIVE_STORAGE_A2A = ("storage.batch_max", "storage.readers", "a2a.ttl_s", "a2a.ack_timeout_s",
+                         "a2a.seen_cache_size", "a2a.max_message_bytes", "a2a.apply_timeout_s")
+_POSITIVE_MESH_FEDERATION = ("mesh.reconnect_min_s", "mesh.reconnect_max_s", "mesh.drain_timeout_s",
+                             "mesh.ready_writer_stuck_s",
+                             "federation.quorum_timeout_s", "federation.sync_page_limit")
+_POSITIVE_SYNC = ("federation.sync_interval_s", "federation.max_clock_skew_s", "federation.max_version_step",
+                  "federation.sync_park_after")
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+MAX_PORT = 65535
+
+
 def _validate(cfg: NodeConfig) -> None:
-    for section_name in ("limits",):
-        section = getattr(cfg, section_name)
-        for f in dataclasses.fields(section):
-            _positive(f"{section_name}.{f.name}", getattr(section, f.name))
-    _positive("storage.batch_max", cfg.storage.batch_max)
-    _positive("storage.readers", cfg.storage.readers)
-    _positive("a2a.ttl_s", cfg.a2a.ttl_s)
-    _positive("a2a.ack_timeout_s", cfg.a2a.ack_timeout_s)
-    _positive("a2a.seen_cache_size", cfg.a2a.seen_cache_size)
-    _positive("a2a.max_message_bytes", cfg.a2a.max_message_bytes)
-    _positive("a2a.apply_timeout_s", cfg.a2a.apply_timeout_s)
+    _all_positive(cfg, [f"{section}.{f.name}" for section in ("limits", "kg")
+                        for f in dataclasses.fields(getattr(cfg, section))])
+    _all_positive(cfg, _POSITIVE_STORAGE_A2A)
+    _validate_retry_delays(cfg)
+    _validate_listen_addresses(cfg)
+    _all_positive(cfg, _POSITIVE_MESH_FEDERATION)
+    _validate_sync_mode_and_backoff(cfg)
+    _validate_peers(cfg)
+    _validate_federation_trust_and_log(cfg)
+
+
+def _all_positive(cfg: NodeConfig, keys: Iterable[str]) -> None:
+    for key in keys:
+        section, name = key.split(".")
+        _positive(key, getattr(getattr(cfg, section), name))
+
+
+def _validate_retry_delays(cfg: NodeConfig) -> None:
     for i, d in enumerate(cfg.a2a.retry_delays_s):
         if d < 0:
             raise ConfigError("config_invalid", f"a2a.retry_delays_s[{i}] must be >= 0, got {d!r}")
+
+
+def _validate_listen_addresses(cfg: NodeConfig) -> None:
     for key in ("listen_port", "health_port"):
         port = getattr(cfg.mesh, key)
-        if not 0 <= port <= 65535:
-            raise ConfigError("config_invalid", f"mesh.{key} must be in 0..65535, got {port!r}")
-    if not 0 <= cfg.mcp.http_port <= 65535:
-        raise ConfigError("config_invalid", f"mcp.http_port must be in 0..65535, got {cfg.mcp.http_port!r}")
-    if cfg.mcp.http_port and cfg.mcp.http_host not in ("127.0.0.1", "::1", "localhost"):
+        if not 0 <= port <= MAX_PORT:
+            raise ConfigError("config_invalid", f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
+    if not 0 <= cfg.mcp.http_port <= MAX_PORT:
+        raise ConfigError("config_invalid", f"mcp.http_port must be in 0..{MAX_PORT}, got {cfg.mcp.http_port!r}")
+    if cfg.mcp.http_port and cfg.mcp.http_host not in LOOPBACK_HOSTS:
         raise ConfigError("config_invalid",
                           f"mcp.http_host must be a loopback address (127.0.0.1, ::1), got {cfg.mcp.http_host!r}")
-    _positive("mesh.reconnect_min_s", cfg.mesh.reconnect_min_s)
-    _positive("mesh.reconnect_max_s", cfg.mesh.reconnect_max_s)
-    _positive("mesh.drain_timeout_s", cfg.mesh.drain_timeout_s)
-    _positive("mesh.ready_writer_stuck_s", cfg.mesh.ready_writer_stuck_s)
-    _positive("federation.quorum_timeout_s", cfg.federation.quorum_timeout_s)
-    _positive("federation.sync_page_limit", cfg.federation.sync_page_limit)
+
+
+def _validate_sync_mode_and_backoff(cfg: NodeConfig) -> None:
     if cfg.storage.synchronous not in ("full", "normal"):
         raise ConfigError("config_invalid", f"storage.synchronous must be full|normal, got {cfg.storage.synchronous!r}")
+    _validate_backend(cfg.storage)
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
         raise ConfigError("config_invalid", f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
                                             f"mesh.reconnect_max_s ({cfg.mesh.reconnect_max_s})")
+
+
+def _validate_peers(cfg: NodeConfig) -> None:
     ids = [p.agent_id for p in cfg.mesh.peers]
     if len(set(ids)) != len(ids):
         raise ConfigError("config_invalid", f"mesh.peers names an agent_id twice: {sorted(ids)}")
     if cfg.agent_id and cfg.agent_id in ids:
         raise ConfigError("config_invalid", f"mesh.peers lists this node itself ({cfg.agent_id!r})")
+
+
+def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
     if cfg.federation.orphan_hold_s < 0:
         raise ConfigError("config_invalid",
                           f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
-    _positive("federation.sync_interval_s", cfg.federation.sync_interval_s)
-    _positive("federation.max_clock_skew_s", cfg.federation.max_clock_skew_s)
-    _positive("federation.max_version_step", cfg.federation.max_version_step)
-    _positive("federation.sync_park_after", cfg.federation.sync_park_after)
+    _all_positive(cfg, _POSITIVE_SYNC)
     if cfg.mesh.trust not in ("pinned", "ca"):
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)

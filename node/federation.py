@@ -27,16 +27,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
-from node.attest import AttestLevel, LinkPayload, MemoryPayload
+from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.hooks import HookError, HookEvent, Hooks, NoHooks
+from node.kg import invalidation_wire
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
 from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
-from storage import changelog, events, links, memories, outbox
+from storage import changelog, events, graph, links, memories, outbox
 from storage.db import Database
 from storage.errors import StorageError
+from storage.graph import InvalidationRow
 from storage.links import LinkRow
 from storage.memories import MemoryRow
 
@@ -50,7 +52,7 @@ VERIFY_BATCH_MAX = 256
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 # Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", "link.put")
+SYNCED_KINDS = ("memory.put", "link.put", "link.invalidate")
 ORPHAN_RECHECK_S = 0.1
 # Pending sync items retried per peer per pull round.
 PENDING_RETRY_MAX = 1000
@@ -232,6 +234,8 @@ class Federation:
             applied = await self.apply_memory(payload, sender)
         elif kind == "link.put":
             applied = await self.apply_link(payload, sender)
+        elif kind == "link.invalidate":
+            applied = await self.apply_invalidation(payload, sender)
         else:  # validate_payload knows the kind but this node has no handler for it
             applied = Applied("unsupported_kind")
         if applied.code is not None:
@@ -437,9 +441,8 @@ class Federation:
         deadline = loop.time() + self.cfg.federation.orphan_hold_s
         while True:
             found = await self.db.read(memories.get_many, ids)
-            if any(not self.visible_to(sender, m) for m in found.values()):
-                return False
-            if set(found) == ids:
+            # A memory the sender may not see counts as missing, also in time: it waits the same hold.
+            if {i for i, m in found.items() if self.visible_to(sender, m)} == ids:
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -450,6 +453,51 @@ class Federation:
                     await asyncio.wait_for(self._memory_arrived.wait(), min(remaining, ORPHAN_RECHECK_S))
             except TimeoutError:
                 pass
+
+    async def apply_invalidation(self, body: dict[str, Any], sender: str) -> Applied:
+        """Verify and store one received link invalidation (as links are); only where the sender may see
+        the link's both ends (otherwise, as for a link not here: ``unknown_link``, retryable)."""
+        try:
+            payload = InvalidationPayload.from_mapping(body["invalidation"])
+        except attest.AttestError as e:
+            raise ProtocolError("bad_payload", e.message) from None
+        inval_id = payload.inval_id
+        if await self.db.read(graph.get_invalidation, inval_id) is not None:
+            return OK_UNCHANGED
+        signed_by = body["signed_by"]
+        if signed_by is not None and signed_by != payload.observed_by:
+            log.warning("signer_mismatch", extra={"ev": {"peer": sender, "inval_id": inval_id,
+                                                         "signed_by": signed_by, "observed_by": payload.observed_by}})
+            return Applied("signer_mismatch")
+        level = await self._attest(payload, body["signature"], payload.observed_by, sender, what=inval_id)
+        if isinstance(level, Applied):
+            return level
+        now = self.clock()
+        attested = level is AttestLevel.PEER_ATTESTED
+        row = InvalidationRow(inval_id=inval_id, link_id=payload.link_id, observed_by=payload.observed_by,
+                              valid_until=payload.valid_until, signature=body["signature"] if attested else None,
+                              attest_level=str(level), signed_by=signed_by if attested else None,
+                              received_from=sender, created_at=now)
+
+        def write(conn: Any) -> Applied:
+            link = links.get(conn, payload.link_id)
+            if link is None or not self._link_visible(conn, sender, link):
+                return Applied("unknown_link")
+            if graph.get_invalidation(conn, inval_id) is not None:
+                return OK_UNCHANGED
+            graph.insert_invalidation(conn, row)
+            events.append(conn, "link_invalidation", payload.link_id, payload.observed_by, inval_id,
+                          row.signature, now)
+            changelog.append(conn, "link", inval_id, 1, now)
+            changelog.incr(conn, f"applied:link.invalidate.{level}")
+            return OK_CHANGED
+
+        return await self.db.write(write)
+
+    def _link_visible(self, conn: Any, peer: str, link: LinkRow) -> bool:
+        """``peer`` may see both memories ``link`` joins."""
+        ends = memories.get_many(conn, {link.src_id, link.dst_id})
+        return len(ends) == len({link.src_id, link.dst_id}) and all(self.visible_to(peer, m) for m in ends.values())
 
     # ---- catch-up: serving ----------------------------------------------------------------
 
@@ -485,12 +533,14 @@ class Federation:
             if m is None or m.author in omit or not self.visible_to(peer, m):
                 return None
             return {"seq": r.seq, "kind": "memory.put", **memory_put_body(m)}
-        link = links.get(conn, r.ref_id)
-        if link is None or link.observed_by in omit:
+        inv = graph.get_invalidation(conn, r.ref_id)
+        # A 'link' change is a link or an invalidation of one; either goes where the link may go.
+        link = links.get(conn, inv.link_id if inv is not None else r.ref_id)
+        author = inv.observed_by if inv is not None else link.observed_by if link is not None else None
+        if link is None or author in omit or not self._link_visible(conn, peer, link):
             return None
-        ends = memories.get_many(conn, {link.src_id, link.dst_id})
-        if len(ends) != len({link.src_id, link.dst_id}) or not all(self.visible_to(peer, m) for m in ends.values()):
-            return None
+        if inv is not None:
+            return {"seq": r.seq, "kind": "link.invalidate", **invalidation_wire(inv)}
         return {"seq": r.seq, "kind": "link.put", **link_wire(link)}
 
     # ---- catch-up: pulling ----------------------------------------------------------------
@@ -503,7 +553,7 @@ class Federation:
         """
         outcome = SyncOutcome()
         good = [i for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)]
-        for item in sorted(good, key=lambda i: i.get("kind") != "memory.put"):
+        for item in sorted(good, key=_apply_order):
             await self._apply_sync_item(peer, item, outcome)
         return outcome
 
@@ -511,7 +561,7 @@ class Federation:
         """Apply again the items from ``peer`` that could not be applied on earlier rounds."""
         outcome = SyncOutcome()
         waiting = await self.db.read(changelog.pending, peer, PENDING_RETRY_MAX)
-        for p in sorted(waiting, key=lambda p: p.kind != "memory.put"):
+        for p in sorted(waiting, key=lambda p: _apply_order({"kind": p.kind})):
             try:
                 item = cbor2.loads(p.item)
             except (cbor2.CBORDecodeError, ValueError):
@@ -547,6 +597,11 @@ class Federation:
                                                           "code": code, "rounds": pending.rounds}})
         else:
             outcome["pending"] += 1
+
+
+def _apply_order(item: dict[str, Any]) -> int:
+    """Within a pulled page: memories, then links, then invalidations (each finds what it refers to)."""
+    return {"memory.put": 0, "link.put": 1}.get(str(item.get("kind")), 2)
 
 
 class SyncOutcome(Counter[str]):

@@ -357,13 +357,12 @@ class SocketHandle:
                 await asyncio.wait(pending, timeout=SOCKET_DRAIN_S)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), SOCKET_DRAIN_S)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        await asyncio.to_thread(self.path.unlink, missing_ok=True)
 
 
 async def _remove_stale_socket(path: Path) -> None:
     try:
-        st = path.lstat()
+        st = await asyncio.to_thread(path.lstat)
     except FileNotFoundError:
         return
     from node.errors import ServiceError
@@ -372,7 +371,7 @@ async def _remove_stale_socket(path: Path) -> None:
     try:
         _, w = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
-        path.unlink(missing_ok=True)  # nobody listens: a leftover from a node that died
+        await asyncio.to_thread(path.unlink, missing_ok=True)  # nobody listens: a leftover from a node that died
         return
     w.close()
     raise ServiceError("socket_in_use", f"another process is serving {path}; is a node already running?")

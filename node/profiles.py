@@ -22,7 +22,7 @@ class Family(enum.StrEnum):
     FULL = "full"
 
 
-# One line per tool. memory_kg_* / memory_find_paths belong in GRAPH, memory_approval_* in ADMIN.
+# One line per tool (memory_approval_* belong in ADMIN).
 FAMILY_OF: dict[str, Family] = {
     "memory_store": Family.CORE,
     "memory_recall": Family.CORE,
@@ -31,6 +31,10 @@ FAMILY_OF: dict[str, Family] = {
     "memory_smart_load": Family.CORE,
     "memory_link": Family.GRAPH,
     "memory_verify": Family.GRAPH,
+    "memory_kg_query": Family.GRAPH,
+    "memory_find_paths": Family.GRAPH,
+    "memory_kg_timeline": Family.GRAPH,
+    "memory_kg_invalidate": Family.GRAPH,
     "memory_peers": Family.ADMIN,
     "memory_capabilities": Family.ADMIN,
     "memory_update": Family.POWER,

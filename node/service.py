@@ -19,6 +19,7 @@ from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.hooks import HookEvent, Hooks, NoHooks
+from node.kg import KnowledgeGraph
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
@@ -65,6 +66,8 @@ class Service:
         self.replicator = replicator
         # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
         self.runtime: Any = None
+        # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
+        self.kg = KnowledgeGraph(self)
 
     async def close(self) -> None:
         await self.hooks.close()
@@ -400,6 +403,7 @@ class Service:
             "limits": asdict(self.cfg.limits),
             "node_running": self.runtime is not None,
             "hooks": self.hooks.snapshot(),
+            "kg_backend": self.kg.backend,
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()

@@ -19,7 +19,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from node.config import LimitsConfig
+from node.config import KgConfig, LimitsConfig
 from node.errors import ServiceError, describe
 
 JSON = dict[str, Any] | list[Any]
@@ -98,9 +98,10 @@ def _int(lo: int, hi: int | None = None, default: int | None = None) -> dict[str
     return s
 
 
-def instructions(lim: LimitsConfig) -> str:
+def instructions(lim: LimitsConfig, kg: KgConfig | None = None) -> str:
     """What every tool shares, said once per session (the MCP server's instructions) instead of in each
     listed schema: units, id formats, the length bounds in force, and that unknown arguments are refused."""
+    kg = KgConfig() if kg is None else kg
     return (f"ai-memory: a signed, federated memory store. Times are unix ms; memory ids UUIDv4, link ids hex "
             f"SHA-256; namespace defaults to 'default'. Text bounds (chars): content {lim.max_content_bytes} "
             f"UTF-8 bytes, title {lim.max_title_chars}, source {lim.max_source_chars}, namespace "
@@ -109,14 +110,21 @@ def instructions(lim: LimitsConfig) -> str:
             f"relation and tags not empty. Numbers: priority 1..10 (default 5), confidence 0..1 (default 1 on "
             f"store), limit 1..{lim.max_recall_limit} (list 50, recall 10), offset >= 0 (0), valid_until >= 0 or "
             "null (open-ended). source: where a memory came from; relation e.g. related_to. Unknown arguments are "
-            "refused. memory_capabilities version: 3 (default) or 2. More tools: memory_load_family or "
-            "memory_smart_load.")
+            "refused. memory_capabilities version: 3 (default) or 2. "
+            f"Graph tools: links valid at as_of (default now); depth 1..{kg.max_depth} (query 2, paths 3), "
+            f"relations at most {kg.max_relations}, limit up to {kg.max_results} neighbours, {kg.max_paths} paths "
+            f"(10), {kg.max_timeline} timeline links; invalidate's valid_until defaults to now. More tools: "
+            "memory_load_family or memory_smart_load.")
 
 
-def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
-    """The service's tools, with bounds taken from the limits in force; descriptions kept short because every
-    session pays for them in its context (units and id formats are in INSTRUCTIONS)."""
+def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSpec, ...]:
+    """The service's tools, with bounds taken from the limits (and knowledge-graph bounds) in force;
+    descriptions kept short because every session pays for them in its context (units, id formats and
+    bounds are said once, in ``instructions``)."""
     lim = limits
+    kg = KgConfig() if kg is None else kg
+    relations = {"type": "array", "maxItems": kg.max_relations, "items": _text(lim.max_relation_chars, min_chars=1)}
+    as_of = _int(0)
     memory_id = _text(lim.max_id_chars, min_chars=1)
     namespace = _text(lim.max_namespace_chars, min_chars=1)
     tags = {"type": "array", "maxItems": lim.max_tags, "items": _text(lim.max_tag_chars, min_chars=1)}
@@ -144,6 +152,17 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
                       ("src_id", "dst_id", "relation"))),
         ToolSpec("memory_verify", "Verify a link's or memory's signature; give one id.",
                  _obj({"link_id": _text(lim.max_id_chars, min_chars=1), "memory_id": memory_id})),
+        ToolSpec("memory_kg_query", "Memories reachable from one along valid links, nearest first, with paths.",
+                 _obj({"memory_id": memory_id, "depth": _int(1, kg.max_depth, 2), "relations": relations,
+                       "as_of": as_of, "limit": _int(1, kg.max_results)}, ("memory_id",))),
+        ToolSpec("memory_find_paths", "Paths (lists of link ids) between two memories, shortest first.",
+                 _obj({"src_id": memory_id, "dst_id": memory_id, "max_depth": _int(1, kg.max_depth, 3),
+                       "limit": _int(1, kg.max_paths, 10), "relations": relations, "as_of": as_of},
+                      ("src_id", "dst_id"))),
+        ToolSpec("memory_kg_timeline", "A memory's links over time: begins, ends, invalidations.",
+                 _obj({"memory_id": memory_id, "limit": _int(1, kg.max_timeline)}, ("memory_id",))),
+        ToolSpec("memory_kg_invalidate", "End a link's validity (a signed record; replicated).",
+                 _obj({"link_id": _text(lim.max_id_chars, min_chars=1), "valid_until": _int(0)}, ("link_id",))),
         ToolSpec("memory_peers", "Trusted peers, live link state.", _obj({})),
         ToolSpec("memory_capabilities", "Node state: key, counts, limits.",
                  _obj({"version": {"enum": [2, 3]}})),
@@ -225,13 +244,21 @@ def _schema_rule(e: ValidationError) -> str:
 
 # ---- in-process backend ---------------------------------------------------------------------
 
+# Knowledge-graph tools -> (method of node.kg.KnowledgeGraph, arguments passed by position).
+_KG_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "memory_kg_query": ("query", ("memory_id",)),
+    "memory_find_paths": ("find_paths", ("src_id", "dst_id")),
+    "memory_kg_timeline": ("timeline", ("memory_id",)),
+    "memory_kg_invalidate": ("invalidate", ("link_id",)),
+}
+
 class ServiceBackend:
     """Runs tool calls on a ``node.service.Service`` in this process."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
         self.limits: LimitsConfig = service.cfg.limits
-        self.validator = ArgValidator(tool_specs(self.limits))
+        self.validator = ArgValidator(tool_specs(self.limits, service.cfg.kg))
         # (tool, "ok" or the error code) -> calls; an unknown tool name counts as "unknown" (bounded labels).
         self.calls: Counter[tuple[str, str]] = Counter()
 
@@ -247,6 +274,15 @@ class ServiceBackend:
 
     async def _dispatch(self, name: str, args: dict[str, Any]) -> JSON:
         args = self.validator.check(name, args)
+        kg_tool = _KG_TOOLS.get(name)
+        if kg_tool is not None:
+            method, positional = kg_tool
+            first = [args.pop(a) for a in positional]
+            result: JSON = await getattr(self.service.kg, method)(*first, **args)
+            return result
+        return await self._call_first_set(name, args)
+
+    async def _call_first_set(self, name: str, args: dict[str, Any]) -> JSON:
         s = self.service
         match name:
             case "memory_store":

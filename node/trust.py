@@ -7,8 +7,6 @@ One ``Keyring`` is shared by the service (local writes, ``memory_verify``) and t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from mesh import keys as mesh_keys
@@ -23,7 +21,7 @@ class Keyring:
         self._peer_keys: dict[str, Ed25519PublicKey] = {}
         self._peer_rings: dict[str, tuple[Ed25519PublicKey, ...]] = {}
         self._own_retired: tuple[Ed25519PublicKey, ...] = ()
-        self._stamp_seen: tuple[tuple[int, int] | None, ...] | None = None
+        self._stamp_seen: tuple[object, ...] | None = None
         self._reload_if_changed()
 
     @property
@@ -49,13 +47,10 @@ class Keyring:
         """A peer with a trusted .pub (membership under ``mesh.trust = "pinned"``)."""
         return agent_id in self.peer_keys
 
-    def _stamps(self) -> tuple[tuple[int, int] | None, ...]:
-        return tuple(_stamp(d) for d in self._watched())
-
-    def _watched(self) -> tuple[Path, ...]:
-        # A key file copied straight into a retired/ directory changes only that directory.
-        return (self.cfg.peers_dir, self.cfg.peers_dir / mesh_keys.RETIRED_DIR,
-                self.cfg.keys_dir / mesh_keys.RETIRED_DIR)
+    def _stamps(self) -> tuple[object, ...]:
+        # peers/, peers/retired/ and keys/retired/: a key file copied straight into a retired/ directory
+        # changes only that directory.
+        return mesh_keys.keyring_stamp(self.cfg.peers_dir), mesh_keys.keyring_stamp(self.cfg.keys_dir)
 
     def _reload_if_changed(self) -> None:
         stamps = self._stamps()
@@ -66,14 +61,6 @@ class Keyring:
         self._peer_keys = {agent: ring[0] for agent, ring in self._peer_rings.items()}
         self._own_retired = (mesh_keys.retired_public_keys(self.cfg.keys_dir, self.identity.agent_id)
                              if self.identity is not None else ())
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return st.st_mtime_ns, st.st_ino
 
 
 def load_node_identity(cfg: NodeConfig, *, required: bool) -> mesh_keys.Identity | None:

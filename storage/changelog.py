@@ -6,6 +6,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Literal
 
+from storage.rows import inserted_id, scalar_int
+
 ChangeKind = Literal["memory", "link"]
 
 
@@ -29,7 +31,7 @@ def append(conn: sqlite3.Connection, kind: ChangeKind, ref_id: str, version: int
     """Record a local or applied change; returns its seq (strictly increasing, never reused)."""
     cur = conn.execute("INSERT INTO change_log (kind, ref_id, version, created_at) VALUES (?,?,?,?)",
                        (kind, ref_id, version, created_at))
-    return cur.lastrowid
+    return inserted_id(cur)
 
 
 def page(conn: sqlite3.Connection, since_seq: int, limit: int) -> list[ChangeRow]:
@@ -40,7 +42,7 @@ def page(conn: sqlite3.Connection, since_seq: int, limit: int) -> list[ChangeRow
 
 
 def last_seq(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchone()[0]
+    return scalar_int(conn, "SELECT coalesce(max(seq), 0) FROM change_log")
 
 
 def get_peer_state(conn: sqlite3.Connection, peer: str) -> PeerState | None:
@@ -53,8 +55,8 @@ def set_peer_state(conn: sqlite3.Connection, peer: str, *, last_sync_seq: int | 
     """Upsert the given fields of ``peer``'s state (None leaves a field as it is); returns the new state."""
     conn.execute(
         "INSERT INTO peer_state (peer, last_sync_seq, last_ack_at) VALUES (?, coalesce(?, 0), ?) "
-        "ON CONFLICT (peer) DO UPDATE SET last_sync_seq = coalesce(?, last_sync_seq), "
-        "last_ack_at = coalesce(?, last_ack_at)",
+        "ON CONFLICT (peer) DO UPDATE SET last_sync_seq = coalesce(?, peer_state.last_sync_seq), "
+        "last_ack_at = coalesce(?, peer_state.last_ack_at)",
         (peer, last_sync_seq, last_ack_at, last_sync_seq, last_ack_at))
     state = get_peer_state(conn, peer)
     assert state is not None
@@ -68,9 +70,8 @@ def list_peer_states(conn: sqlite3.Connection) -> list[PeerState]:
 
 def incr(conn: sqlite3.Connection, name: str, by: int = 1) -> int:
     """Add ``by`` to counter ``name`` (created at 0); returns the new value."""
-    return conn.execute("INSERT INTO counters (name, value) VALUES (?, ?) "
-                        "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
-                        (name, by)).fetchone()[0]
+    return scalar_int(conn, "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) "
+                      "DO UPDATE SET value = counters.value + excluded.value RETURNING value", (name, by))
 
 
 def get_counter(conn: sqlite3.Connection, name: str) -> int:

@@ -56,6 +56,9 @@ _STOP = object()
 class Database:
     """An open attested-mesh database. Create with ``await Database.open(path)``."""
 
+    # How the knowledge-graph walks run on this backend (storage/kg_ops.py).
+    kg_backend = "sqlite-cte"
+
     def __init__(self, path: Path, batch_max: int, readers: int) -> None:
         self._synchronous = "full"
         if batch_max < 1 or readers < 1:
@@ -164,18 +167,18 @@ class Database:
         if self._closed:
             raise StorageError("closed", "the database is closed; no further writes are accepted")
         assert self._loop is not None
-        fut = self._loop.create_future()
+        fut: asyncio.Future[T] = self._loop.create_future()
         self._queue.put(_Job(fn, args, fut, per_commit))
         return await fut
 
     def _writer_main(self, opened: concurrent.futures.Future[int]) -> None:
         try:
-            conn = _open_writer(self.path, self._synchronous)
+            conn = self._open_writer_conn()
         except BaseException as e:  # noqa: BLE001 - delivered to the opener
             opened.set_exception(e)
             self._writer_done.set_result(None)
             return
-        opened.set_result(conn.execute("PRAGMA user_version").fetchone()[0])
+        opened.set_result(self._stored_schema_version(conn))
         pending: deque[Any] = deque()
         try:
             while True:
@@ -207,10 +210,44 @@ class Database:
             conn.close()
             self._writer_done.set_result(None)
 
+    # The backend seam: storage/pg.py overrides these three for Postgres.
+
+    def _open_writer_conn(self) -> sqlite3.Connection:
+        return _open_writer(self.path, self._synchronous)
+
+    def _stored_schema_version(self, conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _open_reader_conn(self) -> sqlite3.Connection:
+        return _open_reader(self.path)
+
     def _run_batch(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
         """Run ``jobs`` in one transaction, one savepoint each; deliver results after COMMIT."""
+        if not self._begin_batch(conn, jobs):
+            return
         done: list[_Job] = []      # jobs whose outcome is final (delivered after this batch)
         uncommitted: list[_Job] = []  # jobs that succeeded inside the open transaction
+        for job in jobs:
+            if not _open_savepoint(conn, job):
+                done.append(job)
+                continue
+            failure = _run_in_savepoint(conn, job)
+            if failure is None:
+                uncommitted.append(job)
+                continue
+            done.append(job)
+            if conn.in_transaction:
+                _roll_back_savepoint(conn)
+            else:
+                # SQLite rolled the whole transaction back (e.g. disk full): earlier jobs are gone too.
+                done.extend(_lost_with_transaction(uncommitted, failure))
+                uncommitted = []
+                _reopen_transaction(conn)
+        self._commit_batch(conn, uncommitted)
+        self._deliver(done + uncommitted)
+
+    def _begin_batch(self, conn: sqlite3.Connection, jobs: list[_Job]) -> bool:
+        """BEGIN IMMEDIATE; when it fails every job gets the error (delivered now) and the batch is off."""
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
@@ -218,38 +255,11 @@ class Database:
             for j in jobs:
                 j.error = err
             self._deliver(jobs)
-            return
-        for job in jobs:
-            try:
-                conn.execute("SAVEPOINT job")
-            except sqlite3.Error as e:
-                job.error = translate(e, "opening a savepoint")
-                done.append(job)
-                continue
-            try:
-                job.result = job.fn(conn, *job.args)
-                conn.execute("RELEASE job")
-                uncommitted.append(job)
-            except BaseException as e:  # noqa: BLE001 - delivered to this job's caller only
-                job.error = translate(e) if isinstance(e, sqlite3.Error) else e
-                done.append(job)
-                if not conn.in_transaction:
-                    # SQLite rolled the whole transaction back (e.g. disk full): earlier jobs are gone too.
-                    for lost in uncommitted:
-                        lost.error = StorageError("transaction_aborted",
-                                                  f"the batch transaction was rolled back by a later job's error: {e}")
-                    done.extend(uncommitted)
-                    uncommitted = []
-                    try:
-                        conn.execute("BEGIN IMMEDIATE")
-                    except sqlite3.Error:
-                        pass  # later jobs then fail on their savepoint, each with its own error
-                    continue
-                try:
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-                except sqlite3.Error:
-                    pass  # the transaction state is re-checked at COMMIT
+            return False
+        return True
+
+    def _commit_batch(self, conn: sqlite3.Connection, uncommitted: list[_Job]) -> None:
+        """COMMIT; when it fails, the jobs that had succeeded get 'commit_failed' instead of a result."""
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as e:
@@ -265,7 +275,6 @@ class Database:
         else:
             self._commits += 1
             self._committed_jobs += len(uncommitted)
-        self._deliver(done + uncommitted)
 
     def _deliver(self, jobs: list[_Job]) -> None:
         assert self._loop is not None
@@ -287,7 +296,7 @@ class Database:
         conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)
         try:
             if conn is None:
-                conn = _open_reader(self.path)
+                conn = self._open_reader_conn()
                 self._reader_local.conn = conn
                 with self._reader_lock:
                     self._reader_conns.append(conn)
@@ -298,6 +307,49 @@ class Database:
                 conn.execute("ROLLBACK")
         except sqlite3.Error as e:
             raise translate(e) from e
+
+
+def _open_savepoint(conn: sqlite3.Connection, job: _Job) -> bool:
+    try:
+        conn.execute("SAVEPOINT job")
+    except sqlite3.Error as e:
+        job.error = translate(e, "opening a savepoint")
+        return False
+    return True
+
+
+def _run_in_savepoint(conn: sqlite3.Connection, job: _Job) -> BaseException | None:
+    """Run the job and release its savepoint; on failure the job holds the error and it is returned."""
+    try:
+        job.result = job.fn(conn, *job.args)
+        conn.execute("RELEASE job")
+    except BaseException as e:  # noqa: BLE001 - delivered to this job's caller only
+        job.error = translate(e) if isinstance(e, sqlite3.Error) else e
+        return e
+    return None
+
+
+def _roll_back_savepoint(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK TO job")
+        conn.execute("RELEASE job")
+    except sqlite3.Error:
+        pass  # the transaction state is re-checked at COMMIT
+
+
+def _lost_with_transaction(uncommitted: list[_Job], cause: BaseException) -> list[_Job]:
+    """Mark jobs that had succeeded in a transaction SQLite has since rolled back; returns them."""
+    for lost in uncommitted:
+        lost.error = StorageError("transaction_aborted",
+                                  f"the batch transaction was rolled back by a later job's error: {cause}")
+    return uncommitted
+
+
+def _reopen_transaction(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error:
+        pass  # later jobs then fail on their savepoint, each with its own error
 
 
 def _resolve_all(jobs: list[_Job]) -> None:

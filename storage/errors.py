@@ -42,8 +42,7 @@ def translate(exc: sqlite3.Error, doing: str = "") -> StorageError:
         code = "append_only"
     else:
         name = getattr(exc, "sqlite_errorname", "") or ""
-        code = next((c for prefix, c in _BY_ERRORNAME if name.startswith(prefix)), None)
-        if code is None:
-            code = "constraint" if isinstance(exc, sqlite3.IntegrityError) else "sql_error"
+        fallback = "constraint" if isinstance(exc, sqlite3.IntegrityError) else "sql_error"
+        code = next((c for prefix, c in _BY_ERRORNAME if name.startswith(prefix)), fallback)
     prefix = f"{doing}: " if doing else ""
     return StorageError(code, f"{prefix}{text}")

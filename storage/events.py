@@ -20,6 +20,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from storage.errors import StorageError
+from storage.rows import Row
 
 GENESIS_HASH = "0" * 64
 
@@ -57,7 +58,7 @@ def event_hash(prev_hash: str, seq: int, event_type: str, link_id: str | None, a
     return hashlib.sha256(encoded).hexdigest()
 
 
-def _row(r: tuple) -> EventRow:
+def _row(r: Row) -> EventRow:
     return EventRow(seq=r[0], event_type=r[1], link_id=r[2], agent_id=r[3], payload_hash=r[4],
                     signature=None if r[5] is None else bytes(r[5]), prev_hash=r[6], event_hash=r[7],
                     created_at=r[8])

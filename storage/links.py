@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from storage.errors import StorageError
+from storage.rows import Row
 
 
 class AttestLevel(StrEnum):
@@ -36,7 +37,7 @@ _COLUMNS = ("link_id, src_id, dst_id, relation, observed_by, valid_from, valid_u
             "signature, attest_level, signed_by, received_from, created_at")
 
 
-def _row(r: tuple) -> LinkRow:
+def _row(r: Row) -> LinkRow:
     return LinkRow(link_id=r[0], src_id=r[1], dst_id=r[2], relation=r[3], observed_by=r[4], valid_from=r[5],
                    valid_until=r[6], confidence=r[7], signature=None if r[8] is None else bytes(r[8]),
                    attest_level=AttestLevel(r[9]), signed_by=r[10], received_from=r[11], created_at=r[12])

@@ -225,6 +225,8 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
     tokens = fts_tokens(query)
     if not tokens or limit <= 0:
         return []
+    if getattr(conn, "dialect", "sqlite") == "postgres":
+        return recall_pg(conn, tokens, limit, namespace, rank_window)
     hits = _search(conn, " AND ".join(tokens), limit, namespace, rank_window)
     if not hits and len(tokens) > 1:
         hits = _search(conn, " OR ".join(tokens), limit, namespace, rank_window)
@@ -253,5 +255,31 @@ def _search(conn: sqlite3.Connection, match: str, limit: int, namespace: str | N
 
 
 def rebuild_fts(conn: sqlite3.Connection) -> None:
-    """Rebuild the FTS index from the memories table (needed after a VACUUM, which may renumber rowids)."""
+    """Rebuild the FTS index from the memories table (needed after a VACUUM, which may renumber rowids).
+    On Postgres the tsvector is a generated column, always in step: nothing to do."""
+    if getattr(conn, "dialect", "sqlite") == "postgres":
+        return
     conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
+
+
+def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None,
+              rank_window: int = RANK_WINDOW) -> list[tuple[MemoryRow, float]]:
+    """Postgres recall: the same words (quoted FTS5 literals from fts_tokens), ANDed then ORed, matched
+    against the weighted tsvector column (title A 1.0, tags B 0.75, content C 0.5: the ratios of the FTS5
+    bm25 weights) over its GIN index, ranked by ts_rank (higher is better). As on SQLite, only the
+    ``rank_window`` most recently inserted matches are ranked."""
+    # Words are letters and digits only, so as tsquery lexemes they need no escaping beyond the quotes.
+    words = ["'" + t[1:-1].replace('""', '"').replace("'", "''") + "'" for t in tokens]
+    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
+    # The window is found on the index alone (rowids only); only its rows are fetched and ranked.
+    sql = ("WITH q AS (SELECT to_tsquery('simple', ?) AS q), "
+           f"w AS (SELECT m.rowid FROM memories AS m, q WHERE m.fts @@ q.q {ns_where} "
+           "ORDER BY m.rowid DESC LIMIT ?) "
+           f"SELECT {cols}, ts_rank('{{0.05, 0.5, 0.75, 1.0}}', m.fts, q.q) AS score "
+           "FROM w JOIN memories AS m ON m.rowid = w.rowid, q ORDER BY score DESC, m.rowid DESC LIMIT ?")
+    for op in (" & ", " | ") if len(words) > 1 else (" & ",):
+        rows = conn.execute(sql, (op.join(words), *ns_args, rank_window, limit)).fetchall()
+        if rows:
+            return [(_row(r[:-1]), float(r[-1])) for r in rows]
+    return []

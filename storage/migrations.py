@@ -173,14 +173,32 @@ _M3_TRUST = Migration(3, "trust", (
     )""",
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST)
+# Number 3 belongs to the signed memory versions; the knowledge graph starts at 4.
+_M4_KG = Migration(4, "knowledge_graph", (
+    # Links are signed and immutable: an invalidation is a signed record of its own that ends one.
+    """CREATE TABLE IF NOT EXISTS link_invalidations (
+        inval_id TEXT PRIMARY KEY,
+        link_id TEXT NOT NULL,
+        observed_by TEXT NOT NULL,
+        valid_until INTEGER NOT NULL,
+        signature BLOB NULL,
+        attest_level TEXT NOT NULL CHECK (attest_level IN ('unsigned','self_signed','peer_attested')),
+        signed_by TEXT NULL,
+        received_from TEXT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS link_invalidations_link ON link_invalidations(link_id, valid_until)",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
 OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
-    "change_log", "peer_state", "counters", "sync_pending", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "change_log", "peer_state", "counters", "sync_pending", "link_invalidations", "sqlite_sequence",
+    "sqlite_stat1", "sqlite_stat4",
 })
 
 

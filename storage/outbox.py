@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from storage.errors import StorageError
+from storage.rows import Row, inserted_id, scalar_int
 
 _OUT = ("id, correlation_id, peer, kind, envelope, expires_at, attempts, next_attempt_at, last_error, "
         "created_at")
@@ -45,12 +46,12 @@ class DeadLetterRow:
     dead_at: int
 
 
-def _out(r: tuple) -> OutboxRow:
+def _out(r: Row) -> OutboxRow:
     return OutboxRow(id=r[0], correlation_id=r[1], peer=r[2], kind=r[3], envelope=bytes(r[4]), expires_at=r[5],
                      attempts=r[6], next_attempt_at=r[7], last_error=r[8], created_at=r[9])
 
 
-def _dead(r: tuple) -> DeadLetterRow:
+def _dead(r: Row) -> DeadLetterRow:
     return DeadLetterRow(id=r[0], correlation_id=r[1], peer=r[2], kind=r[3], envelope=bytes(r[4]),
                          expires_at=r[5], attempts=r[6], last_error=r[7], created_at=r[8], dead_at=r[9])
 
@@ -62,8 +63,7 @@ def enqueue(conn: sqlite3.Connection, correlation_id: str, peer: str, kind: str,
     conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?) "
                  "ON CONFLICT (correlation_id, peer) DO NOTHING",
                  (correlation_id, peer, kind, envelope, expires_at, next_attempt_at, created_at))
-    return conn.execute("SELECT id FROM a2a_outbox WHERE correlation_id = ? AND peer = ?",
-                        (correlation_id, peer)).fetchone()[0]
+    return scalar_int(conn, "SELECT id FROM a2a_outbox WHERE correlation_id = ? AND peer = ?", (correlation_id, peer))
 
 
 def get(conn: sqlite3.Connection, id: int) -> OutboxRow | None:
@@ -133,8 +133,8 @@ def dead_letter_peers_except(conn: sqlite3.Connection, peers: list[str], last_er
 
 def depth(conn: sqlite3.Connection, peer: str | None = None) -> int:
     if peer is None:
-        return conn.execute("SELECT count(*) FROM a2a_outbox").fetchone()[0]
-    return conn.execute("SELECT count(*) FROM a2a_outbox WHERE peer = ?", (peer,)).fetchone()[0]
+        return scalar_int(conn, "SELECT count(*) FROM a2a_outbox")
+    return scalar_int(conn, "SELECT count(*) FROM a2a_outbox WHERE peer = ?", (peer,))
 
 
 def dead_letters(conn: sqlite3.Connection, peer: str | None = None, limit: int = 100,
@@ -155,7 +155,7 @@ def undelivered_count(conn: sqlite3.Connection, correlation_ids: list[str]) -> i
     marks = ",".join("?" * len(correlation_ids))
     q = (f"SELECT (SELECT count(*) FROM a2a_outbox WHERE correlation_id IN ({marks})) + "
          f"(SELECT count(*) FROM a2a_dead_letters WHERE correlation_id IN ({marks}))")
-    return conn.execute(q, (*correlation_ids, *correlation_ids)).fetchone()[0]
+    return scalar_int(conn, q, (*correlation_ids, *correlation_ids))
 
 
 def get_dead_letter(conn: sqlite3.Connection, id: int) -> DeadLetterRow | None:
@@ -165,8 +165,8 @@ def get_dead_letter(conn: sqlite3.Connection, id: int) -> DeadLetterRow | None:
 
 def dead_letter_count(conn: sqlite3.Connection, peer: str | None = None) -> int:
     if peer is None:
-        return conn.execute("SELECT count(*) FROM a2a_dead_letters").fetchone()[0]
-    return conn.execute("SELECT count(*) FROM a2a_dead_letters WHERE peer = ?", (peer,)).fetchone()[0]
+        return scalar_int(conn, "SELECT count(*) FROM a2a_dead_letters")
+    return scalar_int(conn, "SELECT count(*) FROM a2a_dead_letters WHERE peer = ?", (peer,))
 
 
 def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expires_at: int, *,
@@ -188,14 +188,15 @@ def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expir
         raise StorageError("already_queued",
                            f"message {cid} for {d.peer} is already in the outbox; not replayed") from e
     conn.execute("DELETE FROM a2a_dead_letters WHERE id = ?", (id,))
-    return cur.lastrowid
+    return inserted_id(cur)
 
 
 def clear_dead_letters(conn: sqlite3.Connection, peer: str | None = None,
                        kinds: tuple[str, ...] | None = None, dead_before: int | None = None) -> int:
     """Delete dead letters (all, or one peer's, optionally only of ``kinds`` and dead at or before
     ``dead_before`` unix ms); returns how many."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[int | str] = []
     if dead_before is not None:
         where.append("dead_at <= ?")
         params.append(dead_before)

@@ -35,11 +35,11 @@ from testbed import floor, nats_peer
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
 from testbed.control import check_node_count
 from testbed.local import LocalMesh
+from testbed.progress import Progress
+from testbed.state import cpu_seconds
 
 # Starts one mesh for the bench: LocalMesh or a container mesh (testbed/docker.py).
 MeshFactory = Callable[[MeshLayout], AbstractContextManager[Any]]
-from testbed.progress import Progress
-from testbed.state import cpu_seconds
 
 # Design budgets for the all-ACK p95 (DESIGN.md section 7), ms by node count.
 BUDGET_P95_MS = {3: 100.0, 5: 250.0, 10: 500.0}
@@ -82,22 +82,22 @@ def figures(samples_s: list[float], wall_s: float, receiver_cpu_s: list[float], 
                    cpu_ms_per_msg_receivers=per_rx, cpu_ms_per_msg_sender=sender_cpu_s / n * 1e3)
 
 
-def _creds(spec: NodeSpec) -> tuple[Path, Path, Path]:
+def node_creds(spec: NodeSpec) -> tuple[Path, Path, Path]:
     cfg = load_config(spec.config_path, env={})
     ident = keys.load_identity(spec.home / "keys", spec.agent_id)
     return cfg.cert_path, ident.priv_path, cfg.ca_cert_path
 
 
-def _frame(layout: MeshLayout, sent_at_ms: int) -> tuple[str, bytes]:
+def ping_frame(layout: MeshLayout, sent_at_ms: int) -> tuple[str, bytes]:
     me = layout.node(1).agent_id
     env = new_envelope(me, [n.agent_id for n in layout.nodes[1:]], {"kind": "ping", "sent_at": sent_at_ms},
                        sent_at_ms, TTL_MS)
     return env.correlation_id, env.to_wire()
 
 
-async def _bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup: int,
+async def bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup: int,
                       progress: Progress) -> tuple[list[float], float, list[float], float]:
-    cert, key, ca = _creds(layout.node(1))
+    cert, key, ca = node_creds(layout.node(1))
     ctx = tls.client_context(cert, key, ca)
     pinned = keys.load_peer_keys(layout.node(1).home / "peers").keys
     cfg = load_config(layout.node(1).config_path, env={})
@@ -107,7 +107,7 @@ async def _bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup
              for n in layout.nodes[1:]]
 
     async def fan(i: int) -> None:
-        cid, frame = _frame(layout, int(time.time() * 1000))
+        cid, frame = ping_frame(layout, int(time.time() * 1000))
         acks = await asyncio.gather(*(link.send_wire(cid, frame) for link in links))
         bad = [a for a in acks if not a.accepted or a.reason is not None]
         if bad:
@@ -119,7 +119,7 @@ async def _bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup
             deadline = time.monotonic() + LINK_UP_TIMEOUT_S
             while any(link.state is not LinkState.UP for link in links):
                 if time.monotonic() > deadline:
-                    down = [f"{l.agent_id} ({l.last_error})" for l in links if l.state is not LinkState.UP]
+                    down = [f"{k.agent_id} ({k.last_error})" for k in links if k.state is not LinkState.UP]
                     raise TestbedError("links_not_up", f"bench links not up in {LINK_UP_TIMEOUT_S:g} s: {down}")
                 await asyncio.sleep(0.02)
             for i in range(warmup):
@@ -136,7 +136,7 @@ async def _bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup
                     progress.update(i, "messages (mesh)")
             wall = time.perf_counter() - started
             self_cpu = time.process_time() - self0
-            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
             progress.update(messages, "messages (mesh)")
             return samples, wall, cpu, self_cpu
         finally:
@@ -147,9 +147,9 @@ async def _bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup
 
 async def _bench_floor(layout: MeshLayout, frame: bytes, messages: int, warmup: int) \
         -> tuple[list[float], float, list[float], float]:
-    cert, key, ca = _creds(layout.node(1))
+    cert, key, ca = node_creds(layout.node(1))
     ctx = tls.client_context(cert, key, ca)
-    with floor.FloorReceivers([_creds(n) for n in layout.nodes[1:]]) as rx:
+    with floor.FloorReceivers([node_creds(n) for n in layout.nodes[1:]]) as rx:
         pids = [p.pid for p in rx.procs]
         # Warm up first, then read CPU, as for the mesh.
         await floor.fan_out(rx.ports, ctx, frame, 0, warmup)
@@ -157,18 +157,18 @@ async def _bench_floor(layout: MeshLayout, frame: bytes, messages: int, warmup: 
         self0 = time.process_time()
         samples, wall = await floor.fan_out(rx.ports, ctx, frame, messages, 0)
         self_cpu = time.process_time() - self0
-        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
     return samples, wall, cpu, self_cpu
 
 
 async def _bench_nats(layout: MeshLayout, root: Path, frame: bytes, messages: int, warmup: int) \
         -> tuple[tuple[list[float], float, list[float], float], float]:
     """NATS scatter figures' inputs, plus nats-server's CPU seconds over the measured messages."""
-    cert, key, ca = _creds(layout.node(1))
+    cert, key, ca = node_creds(layout.node(1))
     ctx = tls.client_context(cert, key, ca)
     work = root / "nats"
     with nats_peer.NatsServer(work, cert, key, ca) as server, \
-            nats_peer.NatsResponders(server.url, [_creds(n) for n in layout.nodes[1:]], work) as rx:
+            nats_peer.NatsResponders(server.url, [node_creds(n) for n in layout.nodes[1:]], work) as rx:
         assert server.proc is not None
         pids = [p.pid for p in rx.procs]
         receivers = len(pids)
@@ -178,7 +178,7 @@ async def _bench_nats(layout: MeshLayout, root: Path, frame: bytes, messages: in
         self0 = time.process_time()
         samples, wall = await nats_peer.scatter(server.url, ctx, frame, receivers, messages, 0)
         self_cpu = time.process_time() - self0
-        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
         srv = (cpu_seconds(server.proc.pid) or 0.0) - srv0
     return (samples, wall, cpu, self_cpu), srv
 
@@ -190,12 +190,12 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: 
     # Short names: each node's unix socket path must stay under the 108-byte limit.
     root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
     layout = build_layout(root, nodes)
-    _, frame = _frame(layout, int(time.time() * 1000))
+    _, frame = ping_frame(layout, int(time.time() * 1000))
     progress = Progress(f"bench {nodes} nodes", messages)
     print(f"bench: starting {nodes} nodes under {root}", file=sys.stderr)
     with mesh_factory(layout) as mesh:
         pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
-        ours = asyncio.run(_bench_mesh(layout, pids, messages, warmup, progress), debug=False)
+        ours = asyncio.run(bench_mesh(layout, pids, messages, warmup, progress), debug=False)
     progress.done()
     print(f"bench: floor for {nodes} nodes", file=sys.stderr)
     fl = asyncio.run(_bench_floor(layout, frame, messages, warmup))
@@ -216,11 +216,11 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: 
                     "ratio_p95_nats": o.p95_ms / n.p95_ms, "ratio_p50_nats": o.p50_ms / n.p50_ms,
                     "p95_le_nats": o.p95_ms <= n.p95_ms})
         row["_samples"]["nats"] = sorted(nt[0])
-    _remove_tree(root)
+    remove_tree(root)
     return row
 
 
-def _remove_tree(root: Path) -> None:
+def remove_tree(root: Path) -> None:
     import shutil
 
     shutil.rmtree(root, ignore_errors=True)

@@ -82,7 +82,8 @@ def check_ports_free(ports: list[int], host: str = "127.0.0.1") -> None:
                 s.bind((host, port))
                 s.listen()
             except OSError:
-                raise TestbedError("port_in_use", f"port {port} on {host} is in use; choose another --base-port")
+                raise TestbedError("port_in_use",
+                                   f"port {port} on {host} is in use; choose another --base-port") from None
 
 
 def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_http: bool = True,
@@ -105,7 +106,8 @@ def build_layout(root: Path, nodes: int, *, base_port: int | None = None, mcp_ht
                                            f"({longest}) would exceed the {MAX_UNIX_PATH}-byte unix socket path "
                                            "limit; choose a shorter --dir")
     if root.exists() and any(root.iterdir()):
-        raise TestbedError("dir_not_empty", f"{root} is not empty (another testbed?); use `testbed down` or another --dir")
+        raise TestbedError("dir_not_empty",
+                           f"{root} is not empty (another testbed?); use `testbed down` or another --dir")
     if base_port is None:
         ports = free_ports(3 * nodes)
     else:

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from node.version import version
+from testbed import doctor, fresh
 from testbed.build import MAX_NODES, TestbedError
 
 DEFAULT_DIR = Path(".testbed")
@@ -31,6 +33,7 @@ def _nodes_list(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     dir_help = f"testbed directory (default: ./{DEFAULT_DIR})"
 
@@ -105,11 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--timeout", type=float, default=60.0, help="restart: seconds to wait until ready (default 60)")
     from testbed.image import add_parser as add_image_parser
     add_image_parser(sub)
+    doctor.add_parser(sub)
+    fresh.add_parser(sub)
     return p
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
 
@@ -241,7 +246,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "logs": cmd_logs, "bench": cmd_bench,
-            "image": cmd_image, "fault": cmd_fault}
+            "image": cmd_image, "fault": cmd_fault, "doctor": doctor.cmd_doctor, "fresh-check": fresh.cmd_fresh_check}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,17 @@ from pathlib import Path
 from testbed.build import MAX_NODES, MeshLayout, TestbedError, build_layout
 from testbed.local import health, start_node, stop_node, wait_ready
 from testbed.progress import Progress
-from testbed.state import (STATE_NAME, NodeState, TestbedState, is_ours, read_state, start_ticks, state_path,
-                           stop_pid, write_state)
+from testbed.state import (
+    STATE_NAME,
+    NodeState,
+    TestbedState,
+    is_ours,
+    read_state,
+    start_ticks,
+    state_path,
+    stop_pid,
+    write_state,
+)
 
 BACKENDS = ("local", "docker")
 MIN_NODES = 2
@@ -48,7 +57,7 @@ def up(root: Path, nodes: int, *, backend: str = "local", base_port: int | None 
     layout = build_layout(root, nodes, base_port=base_port)
     state = TestbedState(root=str(root), backend=backend, created_at=time.time())
     start_all(layout, state, ready_timeout_s=ready_timeout_s,
-              on_failure=lambda: _remove_layout(root, remove_root=created_root))
+              on_failure=lambda: remove_layout(root, remove_root=created_root))
     return state, False
 
 
@@ -130,11 +139,11 @@ def down(root: Path, *, grace_s: float | None = None) -> list[tuple[NodeState, s
     still = [n for n in state.nodes if is_ours(n)]
     if still:
         raise TestbedError("stop_failed", f"pids {[n.pid for n in still]} did not stop; state kept in {root}")
-    _remove_layout(Path(state.root), remove_root=True)
+    remove_layout(Path(state.root), remove_root=True)
     return results
 
 
-def _remove_layout(root: Path, *, remove_root: bool) -> None:
+def remove_layout(root: Path, *, remove_root: bool) -> None:
     """Remove what the testbed wrote (ca/, node-*/, state), then ``root`` itself if it is left empty."""
     if not root.exists():
         return

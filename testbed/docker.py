@@ -27,7 +27,7 @@ from pathlib import Path
 
 from testbed import image, local
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
-from testbed.control import _remove_layout, check_free_dir, check_node_count, require_state
+from testbed.control import check_free_dir, check_node_count, remove_layout, require_state
 from testbed.local import health
 from testbed.progress import Progress
 from testbed.state import NodeState, TestbedState, read_state, start_ticks, state_path, write_state
@@ -181,20 +181,14 @@ def _alive(state: TestbedState, ds: DockerState) -> list[NodeState]:
 
 def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
        node_image: str | None = None, base_image: str = image.BASE_TAG,
-       say: Callable[[str], None] = image._say) -> tuple[TestbedState, bool]:
+       say: Callable[[str], None] = image.say_stderr) -> tuple[TestbedState, bool]:
     """As testbed.control.up, with one host-network container per node. Returns (state, already_running)."""
     check_node_count(nodes)
     image.require_engine()
     root = root.resolve()
-    existing = read_state(root)
-    if existing is not None:
-        if existing.backend != "docker":
-            raise TestbedError("stale_state", f"{state_path(root)} records a {existing.backend} testbed; "
-                                              f"use `testbed down --dir {root}` first")
-        if _alive(existing, read_docker_state(root)):
-            return existing, True
-        raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose containers are not "
-                                          f"running; run `testbed down --dir {root}` first")
+    running = _running_docker_testbed(root)
+    if running is not None:
+        return running, True
     check_free_dir(root)
     img = node_image or image.build_node(base=base_image, say=say)
     created_root = not root.exists()
@@ -209,18 +203,7 @@ def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s:
     try:
         progress = Progress("starting", nodes)
         if compose:
-            say(f"docker: {' '.join(compose)} -p {project} -f {root / COMPOSE_FILE} up -d")
-            r = subprocess.run([*compose, "-p", project, "-f", str(root / COMPOSE_FILE), "up", "-d"],
-                               capture_output=True, timeout=300)
-            ids = {}
-            for spec in layout.nodes:
-                cid = inspect_id(container_name(project, spec))
-                if cid:
-                    ids[str(spec.index)] = cid
-            ds.containers = ids
-            write_docker_state(root, ds)
-            if r.returncode != 0:
-                raise TestbedError("docker_failed", f"compose up failed: {r.stderr.decode(errors='replace')}")
+            _compose_up(compose, root, layout, ds, say)
         else:
             say("docker: no compose implementation (`docker compose version` / `docker-compose` absent); "
                 "starting each node with `docker run -d --network host`")
@@ -247,6 +230,37 @@ def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s:
     return state, False
 
 
+def _running_docker_testbed(root: Path) -> TestbedState | None:
+    """The docker testbed already running in ``root``; None when there is none; raises on stale state."""
+    existing = read_state(root)
+    if existing is None:
+        return None
+    if existing.backend != "docker":
+        raise TestbedError("stale_state", f"{state_path(root)} records a {existing.backend} testbed; "
+                                          f"use `testbed down --dir {root}` first")
+    if _alive(existing, read_docker_state(root)):
+        return existing
+    raise TestbedError("stale_state", f"{state_path(root)} records a testbed whose containers are not "
+                                      f"running; run `testbed down --dir {root}` first")
+
+
+def _compose_up(compose: list[str], root: Path, layout: MeshLayout, ds: DockerState,
+                say: Callable[[str], None]) -> None:
+    """`compose up -d` the rendered file, then record whichever containers it started (even on failure)."""
+    say(f"docker: {' '.join(compose)} -p {ds.project} -f {root / COMPOSE_FILE} up -d")
+    r = subprocess.run([*compose, "-p", ds.project, "-f", str(root / COMPOSE_FILE), "up", "-d"],
+                       capture_output=True, timeout=300)
+    ids = {}
+    for spec in layout.nodes:
+        cid = inspect_id(container_name(ds.project, spec))
+        if cid:
+            ids[str(spec.index)] = cid
+    ds.containers = ids
+    write_docker_state(root, ds)
+    if r.returncode != 0:
+        raise TestbedError("docker_failed", f"compose up failed: {r.stderr.decode(errors='replace')}")
+
+
 def inspect_id(name: str) -> str | None:
     r = image.docker("inspect", "--type", "container", "--format", "{{.Id}}", name, check=False, timeout=30)
     return r.stdout.decode().strip() if r.returncode == 0 else None
@@ -268,7 +282,7 @@ def _remove_containers(ds: DockerState, grace_s: float = STOP_GRACE_S) -> list[t
 def _remove_files(root: Path, *, remove_root: bool) -> None:
     for name in (COMPOSE_FILE, DOCKER_STATE, DOCKER_STATE + ".tmp"):
         (root / name).unlink(missing_ok=True)
-    _remove_layout(root, remove_root=remove_root)
+    remove_layout(root, remove_root=remove_root)
 
 
 def down(root: Path, *, grace_s: float | None = None) -> list[tuple[NodeState, str]]:

@@ -31,11 +31,14 @@ import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed.build import TestbedError
 from testbed import netns
+from testbed.build import MeshLayout, NodeSpec, TestbedError
+from testbed.local import start_node, wait_ready
+from testbed.state import TestbedState, is_ours, start_ticks, stop_pid, write_state
 
 CHAIN = "am_fault"
 QUEUE = 0
@@ -257,75 +260,107 @@ def _need_net(net: netns.NetState | None, what: str, root: Path) -> netns.NetSta
     return net
 
 
+@dataclass
+class _FaultTarget:
+    """The testbed a fault applies to, and the fault's command-line arguments."""
+
+    root: Path
+    state: TestbedState
+    net: netns.NetState | None
+    specs: list[NodeSpec]
+    action: str
+    args: list[str]
+    timeout_s: float
+
+    def need(self, n: int) -> None:
+        if len(self.args) < n:
+            raise TestbedError("bad_fault", f"`fault {self.action}` needs {n} argument(s)")
+
+    def index(self, name: str) -> int:
+        return self.state.node(name).index
+
+    def netns_state(self) -> netns.NetState:
+        return _need_net(self.net, self.action, self.root)
+
+
+def _fault_latency(t: _FaultTarget) -> list[str]:
+    t.need(2)
+    net = t.netns_state()
+    i = t.index(t.args[0])
+    old = net.faults.get(str(i), {})
+    em = Netem(parse_time_ms(t.args[1]), parse_time_ms(t.args[2]) if len(t.args) > 2 else 0.0,
+               old.get("loss_pct", 0.0))
+    set_netem(t.root, net, i, em)
+    return [f"node-{i}: egress {em.describe()} (RTT to a node without faults +{em.delay_ms:g} ms)"]
+
+
+def _fault_loss(t: _FaultTarget) -> list[str]:
+    t.need(2)
+    net = t.netns_state()
+    i = t.index(t.args[0])
+    old = net.faults.get(str(i), {})
+    em = Netem(old.get("delay_ms", 0.0), old.get("jitter_ms", 0.0), parse_pct(t.args[1]))
+    set_netem(t.root, net, i, em)
+    return [f"node-{i}: egress {em.describe()}"]
+
+
+def _fault_partition(t: _FaultTarget) -> list[str]:
+    t.need(2)
+    net = t.netns_state()
+    a, b = t.index(t.args[0]), t.index(t.args[1])
+    partition(t.root, net, a, b)
+    return [f"node-{a} and node-{b} partitioned (traffic between them dropped, connections aborted)"]
+
+
+def _fault_heal(t: _FaultTarget) -> list[str]:
+    net = t.netns_state()
+    which = None if not t.args or t.args[0] == "all" else t.index(t.args[0])
+    touched = heal(t.root, net, which)
+    return [f"healed: {', '.join(f'node-{i}' for i in touched) or 'nothing to heal'}"]
+
+
+def _fault_kill(t: _FaultTarget) -> list[str]:
+    t.need(1)
+    node = t.state.node(t.args[0])
+    if not is_ours(node):
+        return [f"node-{node.index}: not running"]
+    os.kill(node.pid, signal.SIGKILL)
+    return [f"node-{node.index}: pid {node.pid} SIGKILLed"]
+
+
+def _fault_restart(t: _FaultTarget) -> list[str]:
+    t.need(1)
+    node = t.state.node(t.args[0])
+    spec = t.specs[node.index - 1]
+    lines = []
+    if is_ours(node):
+        lines.append(f"node-{node.index}: pid {node.pid} {stop_pid(node)}")
+    proc = start_node(spec)
+    node.pid, node.pid_start_ticks = proc.pid, start_ticks(proc.pid) or 0
+    write_state(t.state)
+    others_ok = all(is_ours(n) for n in t.state.nodes if n is not node) and not (
+        t.net and any(node.index in p for p in t.net.partitions))
+    wait_ready(MeshLayout(root=t.root, nodes=t.specs), [spec], {node.index: proc}, timeout_s=t.timeout_s,
+               want_links=others_ok)
+    lines.append(f"node-{node.index}: restarted as pid {proc.pid}, "
+                 + ("every link up" if others_ok else "healthy (some peers down or partitioned)"))
+    return lines
+
+
+_FAULTS: dict[str, Callable[[_FaultTarget], list[str]]] = {
+    "latency": _fault_latency, "loss": _fault_loss, "partition": _fault_partition, "heal": _fault_heal,
+    "kill": _fault_kill, "restart": _fault_restart,
+}
+
+
 def run_fault(root: Path, action: str, targets: list[str], *, timeout_s: float = 60.0) -> list[str]:
     """Apply one fault to the testbed in ``root``; returns lines to print."""
-    from testbed.build import MeshLayout
-    from testbed.local import start_node, wait_ready
-    from testbed.state import is_ours, start_ticks, stop_pid, write_state
-
     state, net, specs = netns.specs_for(root)
-    root = Path(state.root)
-
-    def idx(name: str) -> int:
-        return state.node(name).index
-
-    def need(n: int) -> None:
-        if len(targets) < n:
-            raise TestbedError("bad_fault", f"`fault {action}` needs {n} argument(s)")
-
-    if action == "latency":
-        need(2)
-        net = _need_net(net, action, root)
-        i = idx(targets[0])
-        old = net.faults.get(str(i), {})
-        em = Netem(parse_time_ms(targets[1]), parse_time_ms(targets[2]) if len(targets) > 2 else 0.0,
-                   old.get("loss_pct", 0.0))
-        set_netem(root, net, i, em)
-        return [f"node-{i}: egress {em.describe()} (RTT to a node without faults +{em.delay_ms:g} ms)"]
-    if action == "loss":
-        need(2)
-        net = _need_net(net, action, root)
-        i = idx(targets[0])
-        old = net.faults.get(str(i), {})
-        em = Netem(old.get("delay_ms", 0.0), old.get("jitter_ms", 0.0), parse_pct(targets[1]))
-        set_netem(root, net, i, em)
-        return [f"node-{i}: egress {em.describe()}"]
-    if action == "partition":
-        need(2)
-        net = _need_net(net, action, root)
-        a, b = idx(targets[0]), idx(targets[1])
-        partition(root, net, a, b)
-        return [f"node-{a} and node-{b} partitioned (traffic between them dropped, connections aborted)"]
-    if action == "heal":
-        net = _need_net(net, action, root)
-        which = None if not targets or targets[0] == "all" else idx(targets[0])
-        touched = heal(root, net, which)
-        return [f"healed: {', '.join(f'node-{i}' for i in touched) or 'nothing to heal'}"]
-    if action == "kill":
-        need(1)
-        node = state.node(targets[0])
-        if not is_ours(node):
-            return [f"node-{node.index}: not running"]
-        os.kill(node.pid, signal.SIGKILL)
-        return [f"node-{node.index}: pid {node.pid} SIGKILLed"]
-    if action == "restart":
-        need(1)
-        node = state.node(targets[0])
-        spec = specs[node.index - 1]
-        lines = []
-        if is_ours(node):
-            lines.append(f"node-{node.index}: pid {node.pid} {stop_pid(node)}")
-        proc = start_node(spec)
-        node.pid, node.pid_start_ticks = proc.pid, start_ticks(proc.pid) or 0
-        write_state(state)
-        others_ok = all(is_ours(n) for n in state.nodes if n is not node) and not (
-            net and any(node.index in p for p in net.partitions))
-        wait_ready(MeshLayout(root=root, nodes=specs), [spec], {node.index: proc}, timeout_s=timeout_s,
-                   want_links=others_ok)
-        lines.append(f"node-{node.index}: restarted as pid {proc.pid}, "
-                     + ("every link up" if others_ok else "healthy (some peers down or partitioned)"))
-        return lines
-    raise TestbedError("bad_fault", f"unknown fault {action!r}")
+    target = _FaultTarget(Path(state.root), state, net, specs, action, targets, timeout_s)
+    fault = _FAULTS.get(action)
+    if fault is None:
+        raise TestbedError("bad_fault", f"unknown fault {action!r}")
+    return fault(target)
 
 
 # --- the user-space netem helper (NFQUEUE) -----------------------------------------------------------
@@ -376,72 +411,106 @@ def _packet_id(payload: bytes) -> int | None:
     return None
 
 
-def delayd(queue: int, delay_ms: float, jitter_ms: float, loss_pct: float) -> int:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind((0, 0))
-    seq = 0
+class _Nfqueue:
+    """One NFQUEUE over a netfilter netlink socket: bind and configure it, read packet ids, send verdicts."""
 
-    def request(attrs: bytes) -> None:
-        nonlocal seq
-        seq += 1
-        sock.send(_msg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, seq, queue, attrs))
-        for kind, payload in _parse(sock.recv(65536)):
+    def __init__(self, queue: int) -> None:
+        self.queue = queue
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _configure(self, attrs: bytes) -> None:
+        self.sock.send(_msg(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, self._next_seq(), self.queue, attrs))
+        for kind, payload in _parse(self.sock.recv(65536)):
             if kind == NLMSG_ERROR:
                 err = struct.unpack_from("=i", payload)[0]
                 if err:
                     raise OSError(-err, f"nfqueue config: {os.strerror(-err)}")
 
-    request(_attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_BIND, 0)))
-    request(_attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0xFFFF, NFQNL_COPY_META)))
-    request(_attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)))
-    request(_attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_FAIL_OPEN))
-            + _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_FAIL_OPEN)))
-    sock.setblocking(False)
+    def bind(self) -> None:
+        """Take the queue: packet metadata only, a long queue, fail open when it is full; then non-blocking."""
+        self._configure(_attr(NFQA_CFG_CMD, struct.pack("!BxH", NFQNL_CFG_CMD_BIND, 0)))
+        self._configure(_attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0xFFFF, NFQNL_COPY_META)))
+        self._configure(_attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)))
+        self._configure(_attr(NFQA_CFG_FLAGS, struct.pack("!I", NFQA_CFG_F_FAIL_OPEN))
+                        + _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_FAIL_OPEN)))
+        self.sock.setblocking(False)
+
+    def verdict(self, packet_id: int, v: int) -> None:
+        self.sock.send(_msg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, self._next_seq(), self.queue,
+                            _attr(NFQA_VERDICT_HDR, struct.pack("!II", v, packet_id))))
+
+    def packet_batches(self) -> Iterator[list[int]]:
+        """The queued packets' ids, one list per socket read, until nothing more is waiting."""
+        while True:
+            try:
+                buf = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:  # ENOBUFS: the kernel dropped notifications; those packets are retransmitted
+                return
+            ids = (_packet_id(payload) for kind, payload in _parse(buf)
+                   if kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET)
+            yield [i for i in ids if i is not None]
+
+
+@dataclass
+class _Delayer:
+    """Drops a packet with probability loss %, else holds it delay ± jitter (ms), releasing in arrival order."""
+
+    delay_ms: float
+    jitter_ms: float
+    loss_pct: float
+    rng: random.Random
+    pending: list[tuple[float, int, int]] = field(default_factory=list)  # (release at, arrival n, packet id)
+    last_release: float = 0.0
+    arrivals: int = 0
+
+    def admit(self, packet_id: int, now: float) -> bool:
+        """Hold the packet for later release (True), or drop it (False)."""
+        if self.loss_pct and self.rng.random() * 100 < self.loss_pct:
+            return False
+        jitter = self.rng.uniform(-self.jitter_ms, self.jitter_ms) if self.jitter_ms else 0.0
+        d = (self.delay_ms + jitter) / 1e3
+        self.last_release = max(self.last_release, now + d)  # keep order, as a real link would
+        self.arrivals += 1
+        heapq.heappush(self.pending, (self.last_release, self.arrivals, packet_id))
+        return True
+
+    def due(self, now: float) -> Iterator[int]:
+        while self.pending and self.pending[0][0] <= now:
+            yield heapq.heappop(self.pending)[2]
+
+    def wait_s(self, now: float) -> float:
+        """How long nothing is due (s); 1 s when nothing is held."""
+        return max(0.0, self.pending[0][0] - now) if self.pending else 1.0
+
+
+def delayd(queue: int, delay_ms: float, jitter_ms: float, loss_pct: float) -> int:
+    nfq = _Nfqueue(queue)
+    nfq.bind()
     print("ready", flush=True)
     os.close(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-
-    rng = random.Random()
-    pending: list[tuple[float, int, int]] = []
-    last_release = 0.0
-    n = 0
-
-    def verdict(pid: int, v: int) -> None:
-        nonlocal seq
-        seq += 1
-        sock.send(_msg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, seq, queue,
-                       _attr(NFQA_VERDICT_HDR, struct.pack("!II", v, pid))))
-
+    delayer = _Delayer(delay_ms, jitter_ms, loss_pct, random.Random())
     while True:
         now = time.monotonic()
-        while pending and pending[0][0] <= now:
-            verdict(heapq.heappop(pending)[2], NF_ACCEPT)
-        timeout = max(0.0, pending[0][0] - now) if pending else 1.0
-        ready, _, _ = select.select([sock], [], [], timeout)
+        for packet_id in delayer.due(now):
+            nfq.verdict(packet_id, NF_ACCEPT)
+        ready, _, _ = select.select([nfq.sock], [], [], delayer.wait_s(now))
         if not ready:
             continue
-        while True:
-            try:
-                buf = sock.recv(1 << 16)
-            except BlockingIOError:
-                break
-            except OSError:  # ENOBUFS: the kernel dropped notifications; those packets are retransmitted
-                break
+        for batch in nfq.packet_batches():
             now = time.monotonic()
-            for kind, payload in _parse(buf):
-                if kind != (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
-                    continue
-                pid = _packet_id(payload)
-                if pid is None:
-                    continue
-                if loss_pct and rng.random() * 100 < loss_pct:
-                    verdict(pid, NF_DROP)
-                    continue
-                d = (delay_ms + (rng.uniform(-jitter_ms, jitter_ms) if jitter_ms else 0.0)) / 1e3
-                last_release = max(last_release, now + d)  # keep order, as a real link would
-                n += 1
-                heapq.heappush(pending, (last_release, n, pid))
+            for packet_id in batch:
+                if not delayer.admit(packet_id, now):
+                    nfq.verdict(packet_id, NF_DROP)
 
 
 # --- floor receivers under netem (same path as the mesh: namespace address, veth, bridge) -----------
@@ -522,14 +591,14 @@ def _floor_under_netem(layout, frame: bytes, messages: int, warmup: int):
     procs: list[subprocess.Popen] = []
     try:
         for spec in layout.nodes[1:]:
-            cert, key, ca = bench._creds(spec)
+            cert, key, ca = bench.node_creds(spec)
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", spec.netns, sys.executable, "-m", "testbed.faults", "floor-rx",
                  "--host", spec.host, "--cert", str(cert), "--key", str(key), "--ca", str(ca)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                 env={**os.environ, "PYTHONPATH": _pythonpath()}))
-        addrs = [(spec.host, floor._read_port(p)) for spec, p in zip(layout.nodes[1:], procs)]
-        cert, key, ca = bench._creds(layout.node(1))
+        addrs = [(spec.host, floor.read_port(p)) for spec, p in zip(layout.nodes[1:], procs, strict=True)]
+        cert, key, ca = bench.node_creds(layout.node(1))
         ctx = tls.client_context(cert, key, ca)
         pids = [p.pid for p in procs]
         with netns.entered(layout.node(1).netns):
@@ -538,7 +607,7 @@ def _floor_under_netem(layout, frame: bytes, messages: int, warmup: int):
             self0 = time.process_time()
             samples, wall = asyncio.run(_floor_fan_out(addrs, ctx, frame, messages, 0))
             self_cpu = time.process_time() - self0
-            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0)]
+            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
         return samples, wall, cpu, self_cpu
     finally:
         helpers.stop_all(procs, 15)
@@ -579,7 +648,7 @@ def bench_one_netem(work: Path, nodes: int, messages: int, warmup: int, em: Nete
         netns.create(root, net)
         for n in net.nodes:
             set_netem(root, net, n.index, em)
-        _, frame = bench._frame(layout, int(time.time() * 1000))
+        _, frame = bench.ping_frame(layout, int(time.time() * 1000))
         progress = Progress(f"bench {nodes} nodes ({em.describe()})", messages)
         print(f"bench: starting {nodes} nodes in namespaces under {root}, netem {em.describe()}", file=sys.stderr)
         with LocalMesh(layout) as mesh:
@@ -587,13 +656,13 @@ def bench_one_netem(work: Path, nodes: int, messages: int, warmup: int, em: Nete
             measured_rtt = _tcp_rtt_ms(layout.node(1).netns, n2.host, n2.port)
             pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
             with netns.entered(layout.node(1).netns):
-                ours = asyncio.run(bench._bench_mesh(layout, pids, messages, warmup, progress), debug=False)
+                ours = asyncio.run(bench.bench_mesh(layout, pids, messages, warmup, progress), debug=False)
         progress.done()
         print(f"bench: floor for {nodes} nodes under the same netem", file=sys.stderr)
         fl = _floor_under_netem(layout, frame, messages, warmup)
     finally:
         netns.teardown(root)
-        bench._remove_tree(root)
+        bench.remove_tree(root)
     o, f = bench.figures(*ours), bench.figures(*fl)
     budget = bench.BUDGET_P95_MS.get(nodes)
     rtt = em.emulated_rtt_ms

@@ -81,7 +81,7 @@ class FloorReceivers:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
                 self.procs.append(proc)
             for proc in self.procs:
-                self.ports.append(_read_port(proc))
+                self.ports.append(read_port(proc))
         except BaseException:
             self.__exit__()
             raise
@@ -91,7 +91,7 @@ class FloorReceivers:
         procs.stop_all(self.procs, START_TIMEOUT_S)
 
 
-def _read_port(proc: subprocess.Popen) -> int:
+def read_port(proc: subprocess.Popen) -> int:
     line = procs.first_line(proc, START_TIMEOUT_S, "floor receiver (waiting for its port)").decode().split()
     if len(line) != 2 or line[0] != "port":
         raise RuntimeError(f"floor receiver pid {proc.pid} failed to start (exit {proc.poll()})")

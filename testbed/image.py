@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node.version import version
+from testbed import doctor
 from testbed.build import TestbedError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +50,7 @@ SOURCE_DIRS = ("node", "mesh", "a2a", "storage", "testbed")
 Say = Callable[[str], None]
 
 
-def _say(msg: str) -> None:
+def say_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -98,7 +100,7 @@ def require_engine() -> str:
     return detail
 
 
-def start_engine(say: Say = _say) -> str:
+def start_engine(say: Say = say_stderr) -> str:
     """Start dockerd (host networking only) in the background, wait until `docker info` answers."""
     ok, detail = engine_info()
     if ok:
@@ -155,7 +157,7 @@ def apt_mirror(suite: str = SUITE) -> str:
     return DEFAULT_MIRROR
 
 
-def _run_stage(cmd: list[str], timeout: float, what: str, log: Path, env: dict | None = None) -> None:
+def run_stage(cmd: list[str], timeout: float, what: str, log: Path, env: dict | None = None) -> None:
     with open(log, "ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
@@ -169,7 +171,7 @@ def _run_stage(cmd: list[str], timeout: float, what: str, log: Path, env: dict |
         raise TestbedError("image_failed", f"{what} failed ({r.returncode}); log: {log}\n{tail}")
 
 
-def _mounts_under(path: Path) -> list[str]:
+def mounts_under(path: Path) -> list[str]:
     try:
         lines = Path("/proc/mounts").read_text().splitlines()
     except OSError:
@@ -179,7 +181,7 @@ def _mounts_under(path: Path) -> list[str]:
 
 
 def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None = None,
-               say: Say = _say) -> str:
+               say: Say = say_stderr) -> str:
     """Make ``tag`` from Debian packages with debootstrap + docker import; returns the image id."""
     require_engine()
     existing = image_id(tag)
@@ -188,8 +190,8 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
         return existing
     if os.geteuid() != 0:
         raise TestbedError("image_failed", "debootstrap and chroot need root")
-    if shutil.which("debootstrap") is None:
-        raise TestbedError("image_failed", "no debootstrap; install it with `apt-get install -y debootstrap`")
+    if why := doctor.missing("debootstrap"):
+        raise TestbedError("image_failed", why)
     mirror = mirror or apt_mirror()
     work = Path(tempfile.mkdtemp(prefix="am-base-", dir="/var/tmp"))
     rootfs = work / "rootfs"
@@ -198,7 +200,7 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
     stage = lambda n, text: say(f"image base [{n}/5] {text} (+{time.monotonic() - t0:.0f}s)")  # noqa: E731
     try:
         stage(1, f"debootstrap --variant=minbase {SUITE} from {mirror} (log: {log})")
-        _run_stage(["debootstrap", "--variant=minbase", SUITE, str(rootfs), mirror],
+        run_stage(["debootstrap", "--variant=minbase", SUITE, str(rootfs), mirror],
                    DEBOOTSTRAP_TIMEOUT_S, "debootstrap", log)
         stage(2, f"apt-get install {' '.join(BASE_PACKAGES)} in the chroot")
         shutil.copyfile("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
@@ -206,11 +208,11 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
         (rootfs / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")
         (rootfs / "usr/sbin/policy-rc.d").chmod(0o755)
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
-        _run_stage(["chroot", str(rootfs), "apt-get", "update", "-q"], APT_TIMEOUT_S, "apt-get update", log, env)
-        _run_stage(["chroot", str(rootfs), "apt-get", "install", "-y", "-q", "--no-install-recommends",
+        run_stage(["chroot", str(rootfs), "apt-get", "update", "-q"], APT_TIMEOUT_S, "apt-get update", log, env)
+        run_stage(["chroot", str(rootfs), "apt-get", "install", "-y", "-q", "--no-install-recommends",
                     *BASE_PACKAGES], APT_TIMEOUT_S, "apt-get install", log, env)
         stage(3, "cleaning apt caches and lists")
-        _run_stage(["chroot", str(rootfs), "apt-get", "clean"], APT_TIMEOUT_S, "apt-get clean", log, env)
+        run_stage(["chroot", str(rootfs), "apt-get", "clean"], APT_TIMEOUT_S, "apt-get clean", log, env)
         for d in ("var/lib/apt/lists", "var/cache/apt/archives"):
             for entry in (rootfs / d).glob("*"):
                 if entry.is_file():
@@ -218,8 +220,8 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
         (rootfs / "usr/sbin/policy-rc.d").unlink()
         (rootfs / "etc/resolv.conf").write_text("")
         stage(4, f"tar -C rootfs -c . | docker import - {tag}")
-        if _mounts_under(rootfs):
-            raise TestbedError("image_failed", f"something is mounted under {rootfs}: {_mounts_under(rootfs)}")
+        if mounts_under(rootfs):
+            raise TestbedError("image_failed", f"something is mounted under {rootfs}: {mounts_under(rootfs)}")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
         try:
             imp = subprocess.run([docker_bin(), "import", "--change", 'CMD ["/bin/bash"]', "-", tag],
@@ -234,16 +236,11 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
         stage(5, f"{tag} imported: {ident[:19]}, {int(size) / 1e6:.0f} MB")
         return ident
     finally:
-        if not _mounts_under(work):
+        if not mounts_under(work):
             shutil.rmtree(work, ignore_errors=True)
 
 
 # --- node image -----------------------------------------------------------------------------------
-
-def project_version() -> str:
-    m = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    return m.group(1) if m else "0"
-
 
 def source_digest() -> str:
     """A digest of what goes into the node image: pyproject, the Dockerfile and every package's .py files."""
@@ -257,10 +254,10 @@ def source_digest() -> str:
 
 
 def node_tag() -> str:
-    return f"{NODE_REPO}:{project_version()}-{source_digest()}"
+    return f"{NODE_REPO}:{version()}-{source_digest()}"
 
 
-def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = False, say: Say = _say) -> str:
+def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = False, say: Say = say_stderr) -> str:
     """Build the node image from configs/Dockerfile on ``base``; returns the tag. Kept when it exists."""
     require_engine()
     tag = tag or node_tag()

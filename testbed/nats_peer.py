@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import shutil
 import signal
 import socket
 import sqlite3
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 from mesh import tls
-from testbed import floor, procs
+from testbed import doctor, floor, procs
 
 START_TIMEOUT_S = 15.0
 IO_TIMEOUT_S = 10.0
@@ -41,8 +40,8 @@ REPLY_PREFIX = "bench.reply."
 def unavailable() -> str | None:
     """Why the NATS peer cannot run here (nats-server or nats-py missing), or None when it can."""
     missing = []
-    if shutil.which("nats-server") is None:
-        missing.append("nats-server not on PATH (Debian: apt-get install nats-server)")
+    if why := doctor.missing("nats-server"):
+        missing.append(why)
     if importlib.util.find_spec("nats") is None:
         missing.append("nats-py not installed (pip install 'attested-mesh[bench]')")
     return "; ".join(missing) or None

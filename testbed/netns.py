@@ -18,7 +18,6 @@ import ctypes
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed import doctor
 from testbed.build import TestbedError
 
 NETNS_STATE = "netns.json"
@@ -74,8 +74,8 @@ def ip_netns_supported() -> tuple[bool, str]:
     """(True, "") when this process may create network namespaces, else (False, why not)."""
     if os.geteuid() != 0:
         return False, "network namespaces need root (this process is not root)"
-    if shutil.which("ip") is None:
-        return False, "`ip` (iproute2) is not installed"
+    if why := doctor.missing("ip"):
+        return False, why
     probe = f"{PREFIX}probe-{os.getpid()}"
     r = _run(["ip", "netns", "add", probe], check=False)
     if r.returncode != 0:
@@ -206,7 +206,7 @@ def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s:
        say=print):
     """Like testbed.control.up, with every node in its own namespace (see the module docstring)."""
     from testbed.build import build_layout
-    from testbed.control import _remove_layout, check_node_count, live_or_free, start_all
+    from testbed.control import check_node_count, live_or_free, remove_layout, start_all
     from testbed.state import TestbedState
 
     check_node_count(nodes)
@@ -222,7 +222,7 @@ def up(root: Path, nodes: int, *, base_port: int | None = None, ready_timeout_s:
 
     def remove_all() -> None:
         teardown(root)
-        _remove_layout(root, remove_root=created_root)
+        remove_layout(root, remove_root=created_root)
 
     try:
         create(root, net)
@@ -252,6 +252,13 @@ def down(root: Path, *, grace_s: float | None = None) -> tuple[list, list[str]]:
     return results, done
 
 
+def _health_word(h: dict | None) -> str:
+    """'ok', 'down' (no answer) or the status the node reported."""
+    if h is None:
+        return "down"
+    return "ok" if h.get("status") == "ok" else str(h.get("status"))
+
+
 def specs_for(root: Path):
     """The node specs of a testbed in DIR, with namespace and address when it runs in namespaces."""
     from dataclasses import replace
@@ -278,12 +285,12 @@ def node_rows(root: Path) -> list[dict]:
 
     state, net, specs = specs_for(root)
     rows = []
-    for n, spec in zip(state.nodes, specs):
+    for n, spec in zip(state.nodes, specs, strict=True):
         alive = is_ours(n)
         h = health(spec) if alive else None
         peers = (h or {}).get("peers", {})
         rows.append({"node": n.index, "agent_id": n.agent_id, "pid": n.pid, "alive": alive,
-                     "health": "ok" if h and h.get("status") == "ok" else ("down" if h is None else str(h.get("status"))),
+                     "health": _health_word(h),
                      "links_up": sum(1 for v in peers.values() if v == "up"), "links": len(peers), "peers": peers,
                      "port": n.port,
                      "mcp": f"ip netns exec {spec.netns} ... {n.mcp_endpoint}" if n.mcp_http_port else "-",

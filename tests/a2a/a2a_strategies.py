@@ -11,7 +11,8 @@ agent_ids = st.text(
 )
 correlation_ids = st.uuids(version=4).map(str)
 cbor_ints = st.integers(min_value=-(2**64), max_value=2**64 - 1)
-plain_leaves = st.none() | st.booleans() | cbor_ints | st.floats(allow_nan=False) | st.text(max_size=20) | st.binary(max_size=20)
+plain_leaves = (st.none() | st.booleans() | cbor_ints | st.floats(allow_nan=False) | st.text(max_size=20)
+                | st.binary(max_size=20))
 plain_values = st.recursive(
     plain_leaves,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

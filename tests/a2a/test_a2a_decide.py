@@ -73,7 +73,8 @@ def test_ack_for_each_outcome() -> None:
     cid = e.correlation_id
     assert ack_for(Decision(Outcome.ACCEPT), e, ME) == Ack.ok(cid, ME)
     assert ack_for(Decision(Outcome.DUPLICATE), e, ME) == Ack(cid, ME, False, "duplicate")
-    assert ack_for(Decision(Outcome.REJECT, "sender_mismatch"), e, ME) == Ack(cid, ME, False, "rejected:sender_mismatch")
+    assert ack_for(Decision(Outcome.REJECT, "sender_mismatch"), e, ME) == Ack(cid, ME, False,
+                                                                              "rejected:sender_mismatch")
     assert ack_for(Decision(Outcome.EXPIRED), e, ME) is None
 
 

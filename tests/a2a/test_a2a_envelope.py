@@ -68,7 +68,8 @@ def test_ack_wire_is_the_design_map() -> None:
     }
 
 
-@pytest.mark.parametrize("ack", [Ack.ok(CID, "ai:b"), Ack.duplicate(CID, "ai:b"), Ack.rejected(CID, "ai:b", "bad_signature")])
+@pytest.mark.parametrize("ack", [Ack.ok(CID, "ai:b"), Ack.duplicate(CID, "ai:b"),
+                                 Ack.rejected(CID, "ai:b", "bad_signature")])
 def test_acks_round_trip(ack: Ack) -> None:
     assert decode_frame(ack.to_wire(), MAX) == ack
 
@@ -183,7 +184,8 @@ def test_bad_envelope_fields_are_bad_field(overrides: dict) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [[], "ping", {}, {"kind": 1}, {"kind": ""}, {"kind": "ping", 1: 2}, {"kind": "ping", "x": {"y": float("nan")}} | {"z": cbor2.CBORSimpleValue(99)}],
+    [[], "ping", {}, {"kind": 1}, {"kind": ""}, {"kind": "ping", 1: 2},
+     {"kind": "ping", "x": {"y": float("nan")}} | {"z": cbor2.CBORSimpleValue(99)}],
 )
 def test_payload_must_be_a_map_with_a_string_kind(payload: object) -> None:
     assert code_of(cbor2.dumps(wire(payload=payload))) in {"bad_payload", "malformed"}
@@ -254,7 +256,9 @@ def test_arbitrary_cbor_structures_raise_only_protocol_error(obj: object) -> Non
 
 
 @settings(max_examples=500)
-@given(envelope_fields, st.sampled_from(["v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"]), cbor_structures)
+@given(envelope_fields,
+       st.sampled_from(["v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"]),
+       cbor_structures)
 def test_envelopes_with_one_field_corrupted_raise_only_protocol_error(fields: dict, key: str, value: object) -> None:
     m = Envelope(**fields).to_map()
     m[key] = value

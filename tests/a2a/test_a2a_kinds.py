@@ -7,6 +7,9 @@ from hypothesis import strategies as st
 
 from a2a import KNOWN_KINDS, ProtocolError, validate_payload
 
+# A memory.put without a signature; the cases below add the memory.
+UNSIGNED_MEMORY = {"kind": "memory.put", "signature": None, "signed_by": None}
+
 
 def code_of(payload: object) -> tuple[str, str]:
     with pytest.raises(ProtocolError) as info:
@@ -15,7 +18,7 @@ def code_of(payload: object) -> tuple[str, str]:
 
 
 def test_first_kinds_are_known() -> None:
-    assert KNOWN_KINDS == {"ping", "memory.put", "link.put"}
+    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "link.invalidate"}
 
 
 @pytest.mark.parametrize(
@@ -26,7 +29,8 @@ def test_first_kinds_are_known() -> None:
         {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},
         {"kind": "memory.put", "memory": memory(confidence=1), "signature": None, "signed_by": None},
         {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
-        {"kind": "link.put", "link": link(valid_until=2_000_000_000_000, confidence=0.5), "signature": b"s" * 64, "signed_by": "ai:node-1@lab"},
+        {"kind": "link.put", "link": link(valid_until=2_000_000_000_000, confidence=0.5), "signature": b"s" * 64,
+         "signed_by": "ai:node-1@lab"},
         {"kind": "link.put", "link": link(confidence=None), "signature": None, "signed_by": None},
     ],
 )
@@ -46,22 +50,25 @@ def test_unknown_kind_is_refused_by_name() -> None:
         ({"kind": "ping", "sent_at": -1}, "payload.sent_at"),
         ({"kind": "ping", "extra": 1}, "extra"),
         ({"kind": "memory.put"}, "payload.memory"),
-        ({"kind": "memory.put", "memory": memory(id="not-a-uuid"), "signature": None, "signed_by": None}, "payload.memory.id"),
-        ({"kind": "memory.put", "memory": memory(tags=["a", 3]), "signature": None, "signed_by": None}, "payload.memory.tags[1]"),
-        ({"kind": "memory.put", "memory": memory(tags="a"), "signature": None, "signed_by": None}, "payload.memory.tags"),
-        ({"kind": "memory.put", "memory": memory(priority=True), "signature": None, "signed_by": None}, "payload.memory.priority"),
-        ({"kind": "memory.put", "memory": memory(confidence=float("nan")), "signature": None, "signed_by": None}, "payload.memory.confidence"),
-        ({"kind": "memory.put", "memory": memory(confidence="high"), "signature": None, "signed_by": None}, "payload.memory.confidence"),
-        ({"kind": "memory.put", "memory": memory(version=0), "signature": None, "signed_by": None}, "payload.memory.version"),
-        ({"kind": "memory.put", "memory": memory(created_at=1.5), "signature": None, "signed_by": None}, "payload.memory.created_at"),
-        ({"kind": "memory.put", "memory": {k: v for k, v in memory().items() if k != "origin"}, "signature": None, "signed_by": None}, "payload.memory.origin"),
+        ({**UNSIGNED_MEMORY, "memory": memory(id="not-a-uuid")}, "payload.memory.id"),
+        ({**UNSIGNED_MEMORY, "memory": memory(tags=["a", 3])}, "payload.memory.tags[1]"),
+        ({**UNSIGNED_MEMORY, "memory": memory(tags="a")}, "payload.memory.tags"),
+        ({**UNSIGNED_MEMORY, "memory": memory(priority=True)}, "payload.memory.priority"),
+        ({**UNSIGNED_MEMORY, "memory": memory(confidence=float("nan"))}, "payload.memory.confidence"),
+        ({**UNSIGNED_MEMORY, "memory": memory(confidence="high")}, "payload.memory.confidence"),
+        ({**UNSIGNED_MEMORY, "memory": memory(version=0)}, "payload.memory.version"),
+        ({**UNSIGNED_MEMORY, "memory": memory(created_at=1.5)}, "payload.memory.created_at"),
+        ({**UNSIGNED_MEMORY, "memory": {k: v for k, v in memory().items() if k != "origin"}}, "payload.memory.origin"),
         ({"kind": "link.put", "link": link(), "signature": b"s" * 63, "signed_by": "ai:x"}, "payload.signature"),
         ({"kind": "link.put", "link": link(), "signature": "s" * 64, "signed_by": "ai:x"}, "payload.signature"),
         ({"kind": "link.put", "link": link(), "signature": b"s" * 64, "signed_by": None}, "signed_by"),
         ({"kind": "link.put", "link": link(), "signature": None}, "payload.signed_by"),
-        ({"kind": "link.put", "link": link(valid_until="never"), "signature": None, "signed_by": None}, "payload.link.valid_until"),
-        ({"kind": "link.put", "link": link(valid_from=None), "signature": None, "signed_by": None}, "payload.link.valid_from"),
-        ({"kind": "link.put", "link": link(relation=""), "signature": None, "signed_by": None}, "payload.link.relation"),
+        ({"kind": "link.put", "link": link(valid_until="never"), "signature": None, "signed_by": None},
+         "payload.link.valid_until"),
+        ({"kind": "link.put", "link": link(valid_from=None), "signature": None, "signed_by": None},
+         "payload.link.valid_from"),
+        ({"kind": "link.put", "link": link(relation=""), "signature": None, "signed_by": None},
+         "payload.link.relation"),
     ],
 )
 def test_bad_payload_names_the_field(payload: dict, field: str) -> None:
@@ -76,7 +83,8 @@ def test_non_map_or_kindless_payload_is_bad_payload(payload: object) -> None:
 
 
 @settings(max_examples=1000)
-@given(st.one_of(plain_values, st.dictionaries(st.text(max_size=10), plain_values, max_size=5).map(lambda d: d | {"kind": "ping"})))
+@given(st.one_of(plain_values,
+                 st.dictionaries(st.text(max_size=10), plain_values, max_size=5).map(lambda d: d | {"kind": "ping"})))
 def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
     try:
         validate_payload(payload)
@@ -87,15 +95,18 @@ def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
 @settings(max_examples=1000)
 @given(
     st.sampled_from(sorted(KNOWN_KINDS)),
-    st.sampled_from(["memory", "link", "signature", "signed_by", "sent_at"]),
-    st.sampled_from(list(memory()) + list(link())),
+    st.sampled_from(["memory", "link", "invalidation", "signature", "signed_by", "sent_at"]),
+    st.sampled_from(list(memory()) + list(link()) + ["link_id"]),
     plain_values,
 )
-def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str, value: object) -> None:
+def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str,
+                                                                          value: object) -> None:
     payload: dict = {
         "ping": {"kind": "ping", "sent_at": 1},
         "memory.put": {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},
         "link.put": {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
+        "link.invalidate": {"kind": "link.invalidate", "signature": None, "signed_by": None,
+                            "invalidation": {"link_id": "ab" * 32, "observed_by": "ai:a@lab", "valid_until": 5}},
     }[kind]
     target = payload.get(top)
     if isinstance(target, dict):

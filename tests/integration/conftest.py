@@ -56,6 +56,18 @@ def cli() -> Callable[..., tuple[int, Any, str]]:
     return run_cli
 
 
+def ok(spec: NodeSpec, *args: str) -> Any:
+    rc, out, err = run_cli(spec, *args)
+    assert rc == 0, f"{spec.agent_id}: {args} -> {rc}: {err}"
+    return out
+
+
+def maybe(spec: NodeSpec, *args: str) -> Any:
+    """Like ``ok`` but None on failure, for polling."""
+    rc, out, _ = run_cli(spec, *args)
+    return out if rc == 0 else None
+
+
 def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0, poll_s: float = POLL_S) -> Any:
     """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

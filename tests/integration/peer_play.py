@@ -34,7 +34,7 @@ from a2a import Ack, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.link import MESSAGES_PATH, WS_PATH
 from testbed.build import MeshLayout, NodeSpec
-from tests.integration.conftest import run_cli
+from tests.integration.conftest import maybe, ok
 
 SYNC_PATH = "/a2a/v1/sync"
 MAX_BYTES = 4 * 1024 * 1024
@@ -373,18 +373,6 @@ def change_log_seq(spec: NodeSpec) -> int:
         return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchone()[0]
     finally:
         conn.close()
-
-
-def ok(spec: NodeSpec, *args: str) -> Any:
-    rc, out, err = run_cli(spec, *args)
-    assert rc == 0, f"{spec.agent_id}: {args} -> {rc}: {err}"
-    return out
-
-
-def maybe(spec: NodeSpec, *args: str) -> Any:
-    """Like ``ok`` but None on failure, for polling."""
-    rc, out, _ = run_cli(spec, *args)
-    return out if rc == 0 else None
 
 
 def memory_on(spec: NodeSpec, memory_id: str) -> dict[str, Any] | None:

@@ -16,21 +16,9 @@ from node import attest
 from node.attest import LinkPayload
 from testbed.build import MeshLayout, NodeSpec, build_layout
 from testbed.local import LocalMesh
-from tests.integration.conftest import run_cli, wait_for
+from tests.integration.conftest import maybe, ok, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
-
-def ok(spec: NodeSpec, *args: str) -> object:
-    rc, out, err = run_cli(spec, *args)
-    assert rc == 0, f"{args} -> {rc}: {err}"
-    return out
-
-
-def maybe(spec: NodeSpec, *args: str) -> object:
-    """Like ``ok`` but None on failure, for polling."""
-    rc, out, _ = run_cli(spec, *args)
-    return out if rc == 0 else None
-
 
 def link_on(spec: NodeSpec, link_id: str) -> dict | None:
     rows = ok(spec, "links", "--limit", "100")

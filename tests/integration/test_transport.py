@@ -45,7 +45,7 @@ def test_ack_then_duplicate_then_expired(mesh_factory, cli, node_log, wait_for):
         assert rc == 3 and out["ack"] is None
         assert out["http_status"] == 410 and out["error"]["code"] == "expired"
         expired_cid = out["correlation_id"]
-        wait_for(lambda: node_log.has(n2, "expired", correlation_id=expired_cid, sender=n1.agent_id),
+        wait_for(lambda cid=expired_cid: node_log.has(n2, "expired", correlation_id=cid, sender=n1.agent_id),
                  f"the receiver's structured 'expired' log line for {expired_cid}", timeout_s=10)
 
 

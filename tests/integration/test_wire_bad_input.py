@@ -149,7 +149,7 @@ async def test_client_cert_from_another_ca_fails_the_handshake(wire, tmp_path):
 async def test_expired_client_cert_fails_the_handshake(wire, tmp_path):
     n1, n2 = wire.layout.node(1), wire.layout.node(2)
     good = node_creds(wire, 1)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = ca.issue_node_cert(wire.layout.root / "ca", n1.agent_id, n1.home / "keys" / f"{n1.agent_id}.pub",
                               tmp_path / "expired.crt", not_before=now - dt.timedelta(days=2),
                               not_after=now - dt.timedelta(days=1))

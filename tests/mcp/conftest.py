@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sys
@@ -15,9 +16,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from mesh import keys
-from node.config import NodeConfig, from_dict
 from node.assemble import open_service
-from node.service import Service
+from node.config import NodeConfig, from_dict
 
 AGENT = "ai:mcp-test@lab"
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,12 +67,15 @@ def stdio_params(h: Home) -> StdioServerParameters:
 @contextlib.asynccontextmanager
 async def stdio_session(h: Home, message_handler: Any = None) -> AsyncIterator[ClientSession]:
     """``message_handler`` (optional) is handed every notification the server sends."""
-    with open(h.cfg.home / "mcp-stderr.log", "a") as errlog:
+    errlog = await asyncio.to_thread(open, h.cfg.home / "mcp-stderr.log", "a")
+    try:
         async with stdio_client(stdio_params(h), errlog=errlog) as (r, w):
             async with ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S,
                                      message_handler=message_handler) as session:
                 await session.initialize()
                 yield session
+    finally:
+        errlog.close()
 
 
 @contextlib.asynccontextmanager

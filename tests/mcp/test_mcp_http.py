@@ -22,7 +22,8 @@ async def test_http_walk_through_on_port_zero(service) -> None:
         with anyio.fail_after(TEST_TIMEOUT_S):
             async with http_session(handle.url) as s:
                 out = await walk_through(s)
-                assert out["caps"]["mcp"] == {"transport": "streamable_http", "profile": "core", "loaded": ["core", "full"]}
+                assert out["caps"]["mcp"] == {"transport": "streamable_http", "profile": "core",
+                                              "loaded": ["core", "full"]}
                 assert await err(s, "memory_store", {"content": 5}) == "bad_input"
                 assert await err(s, "nope", {}) == "unknown_tool"
                 assert (await ok(s, "memory_get", {"id": out["a"]["id"]}))["id"] == out["a"]["id"]

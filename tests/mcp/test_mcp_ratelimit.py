@@ -7,10 +7,9 @@ from pathlib import Path
 import anyio
 
 from mesh import keys
+from node.assemble import open_service
 from node.config import from_dict
 from node.mcp_server import start_http
-from node.assemble import open_service
-from node.service import Service
 from node.tools import ServiceBackend
 from tests.mcp.conftest import AGENT, http_session, ok
 

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mesh import keys
 from mesh.errors import MeshError
+from tests.needs import needs
 
 A = "ai:node-1@lab"
 B = "ai:node-2@lab"
@@ -321,13 +322,11 @@ def test_load_peer_keys_of_a_missing_dir_is_empty(tmp_path: Path) -> None:
     assert keys.load_peer_keys(tmp_path / "nope") == ({}, [])
 
 
+@needs("openssl")
 def test_openssl_reads_our_pub_file(home: Path) -> None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl binary not installed; cannot cross-check PEM output")
     ident = keys.generate_identity(home / "keys", A)
     out = subprocess.run(
-        [openssl, "pkey", "-pubin", "-in", str(ident.pub_path), "-noout", "-text"],
+        ["openssl", "pkey", "-pubin", "-in", str(ident.pub_path), "-noout", "-text"],
         capture_output=True,
         text=True,
         check=True,
@@ -335,7 +334,7 @@ def test_openssl_reads_our_pub_file(home: Path) -> None:
     assert "ED25519 Public-Key" in out.stdout
     # and its private key too, as PKCS#8
     out = subprocess.run(
-        [openssl, "pkey", "-in", str(ident.priv_path), "-noout", "-text"],
+        ["openssl", "pkey", "-in", str(ident.priv_path), "-noout", "-text"],
         capture_output=True,
         text=True,
         check=True,

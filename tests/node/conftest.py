@@ -3,9 +3,11 @@ from pathlib import Path
 import pytest
 
 from mesh import keys
-from node.config import NodeConfig, from_dict
 from node.assemble import open_service
-from node.service import Service
+from node.config import NodeConfig, from_dict
+from tests.pg import pg_cluster  # noqa: F401  (pytest finds fixtures by name)
+
+BACKENDS = ("sqlite", "postgres")
 
 AGENT = "ai:test-node@lab"
 
@@ -14,9 +16,16 @@ def make_config(home: Path, **sections) -> NodeConfig:
     return from_dict({"agent_id": AGENT, "home": str(home), **sections}, env={})
 
 
-@pytest.fixture
-def cfg(tmp_path: Path) -> NodeConfig:
-    c = make_config(tmp_path / "home")
+@pytest.fixture(params=BACKENDS)
+def cfg(tmp_path: Path, request: pytest.FixtureRequest) -> NodeConfig:
+    """A node config with an identity, on each storage backend in turn (Postgres: a fresh database)."""
+    sections = {}
+    if request.param == "postgres":
+        cluster = request.getfixturevalue("pg_cluster")
+        name = cluster.create_db()
+        request.addfinalizer(lambda: cluster.drop_db(name))
+        sections = {"storage": {"backend": "postgres", "dsn": cluster.dsn(name)}}
+    c = make_config(tmp_path / "home", **sections)
     keys.generate_identity(c.keys_dir, AGENT)
     return c
 
@@ -26,3 +35,41 @@ async def svc(cfg: NodeConfig):
     s = await open_service(cfg, require_identity=True)
     yield s
     await s.close()
+
+
+def dump_tables(cfg: NodeConfig, tables: tuple[str, ...]) -> list:
+    """Every row of ``tables`` behind the service's back, on the config's backend."""
+    if cfg.storage.backend == "postgres":
+        from storage.pg import connect
+        with connect(cfg.storage.dsn) as conn:
+            return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in tables]
+    import sqlite3
+    conn = sqlite3.connect(cfg.db_path)
+    try:
+        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in tables]
+    finally:
+        conn.close()
+
+
+def tamper(cfg: NodeConfig, sql: str, params: tuple = (), *, drop_trigger: str | None = None) -> None:
+    """Change stored rows behind the service's back (``?`` placeholders), optionally dropping a
+    signed_events trigger first, on the config's backend."""
+    if cfg.storage.backend == "postgres":
+        from storage.pg import PgConn, connect
+        conn = PgConn(connect(cfg.storage.dsn))
+        try:
+            if drop_trigger:
+                conn.execute(f"DROP TRIGGER {drop_trigger} ON signed_events")
+            conn.execute(sql, params)
+        finally:
+            conn.close()
+        return
+    import sqlite3
+    lite = sqlite3.connect(cfg.db_path)
+    try:
+        if drop_trigger:
+            lite.execute(f"DROP TRIGGER {drop_trigger}")
+        lite.execute(sql, params)
+        lite.commit()
+    finally:
+        lite.close()

@@ -8,9 +8,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from a2a import Envelope, ProtocolError, new_envelope
 from mesh import keys
 from node import attest
+from node.assemble import open_service
 from node.attest import LinkPayload
 from node.config import NodeConfig
-from node.assemble import open_service
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
 

@@ -1,14 +1,12 @@
 """The service layer end to end on a real SQLite file: store, recall, link, verify, audit, bad input."""
 
-import sqlite3
-
 import pytest
 
+from node.assemble import open_service
 from node.config import NodeConfig
 from node.errors import ServiceError
-from node.assemble import open_service
 from node.service import Service
-from tests.node.conftest import AGENT, make_config
+from tests.node.conftest import AGENT, dump_tables, make_config, tamper
 
 
 async def _two(svc: Service) -> tuple[dict, dict]:
@@ -18,12 +16,7 @@ async def _two(svc: Service) -> tuple[dict, dict]:
 
 
 def _dump(cfg: NodeConfig) -> list:
-    conn = sqlite3.connect(cfg.db_path)
-    try:
-        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
-                for t in ("memories", "memory_links", "signed_events")]
-    finally:
-        conn.close()
+    return dump_tables(cfg, ("memories", "memory_links", "signed_events"))
 
 
 async def test_store_get_list_recall_round_trip(svc: Service) -> None:
@@ -70,10 +63,7 @@ async def test_link_to_unknown_memory_is_refused_and_stores_nothing(svc: Service
 async def test_tampered_link_row_fails_verification(svc: Service, cfg: NodeConfig) -> None:
     a, b = await _two(svc)
     link = await svc.memory_link(a["id"], b["id"], "related_to")
-    conn = sqlite3.connect(cfg.db_path)
-    conn.execute("UPDATE memory_links SET relation = 'contradicts' WHERE link_id = ?", (link["link_id"],))
-    conn.commit()
-    conn.close()
+    tamper(cfg, "UPDATE memory_links SET relation = 'contradicts' WHERE link_id = ?", (link["link_id"],))
     v = await svc.memory_verify(link["link_id"])
     assert v["signature_verified"] is False
     assert "row altered" in v["reason"]
@@ -82,10 +72,7 @@ async def test_tampered_link_row_fails_verification(svc: Service, cfg: NodeConfi
 async def test_tampered_signature_fails_verification(svc: Service, cfg: NodeConfig) -> None:
     a, b = await _two(svc)
     link = await svc.memory_link(a["id"], b["id"], "related_to")
-    conn = sqlite3.connect(cfg.db_path)
-    conn.execute("UPDATE memory_links SET signature = ? WHERE link_id = ?", (b"\x01" * 64, link["link_id"]))
-    conn.commit()
-    conn.close()
+    tamper(cfg, "UPDATE memory_links SET signature = ? WHERE link_id = ?", (b"\x01" * 64, link["link_id"]))
     assert (await svc.memory_verify(link["link_id"]))["signature_verified"] is False
 
 
@@ -93,11 +80,7 @@ async def test_broken_chain_names_first_bad_seq(svc: Service, cfg: NodeConfig) -
     a, b = await _two(svc)
     for rel in ("r1", "r2", "r3"):
         await svc.memory_link(a["id"], b["id"], rel)
-    conn = sqlite3.connect(cfg.db_path)
-    conn.execute("DROP TRIGGER signed_events_no_update")
-    conn.execute("UPDATE signed_events SET payload_hash = 'x' WHERE seq = 2")
-    conn.commit()
-    conn.close()
+    tamper(cfg, "UPDATE signed_events SET payload_hash = 'x' WHERE seq = 2", drop_trigger="signed_events_no_update")
     r = await svc.audit_verify()
     assert r["ok"] is False and r["first_bad_seq"] == 2
 
@@ -116,6 +99,7 @@ async def test_broken_chain_names_first_bad_seq(svc: Service, cfg: NodeConfig) -
 ])
 async def test_bad_memory_input_is_refused_and_stores_nothing(svc: Service, cfg: NodeConfig, kwargs, code) -> None:
     before = _dump(cfg)
+    kwargs = dict(kwargs)  # the parameter is shared by both backends' runs
     content = kwargs.pop("content")
     with pytest.raises(ServiceError) as err:
         await svc.memory_store(content, **kwargs)

@@ -1,4 +1,7 @@
-"""Fixtures for the storage tests: real SQLite files under tmp_path, no mocks."""
+"""Fixtures for the storage tests: real SQLite files under tmp_path and a real Postgres cluster, no mocks.
+
+``db`` is parametrised by backend: every test that takes it runs on SQLite and on Postgres.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from storage import Database
+from storage.backend import open_database
+from tests.pg import pg_cluster, pg_dsn  # noqa: F401  (pytest finds fixtures by name)
+
+BACKENDS = ("sqlite", "postgres")
 
 
 @pytest.fixture
@@ -14,8 +21,25 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "node" / "memory.db"
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-async def db(db_path: Path):
-    database = await Database.open(db_path)
-    yield database
-    await database.close()
+async def db(backend: str, db_path: Path, request: pytest.FixtureRequest):
+    dsn = ""
+    cluster = None
+    name = ""
+    if backend == "postgres":
+        cluster = request.getfixturevalue("pg_cluster")
+        name = cluster.create_db()
+        dsn = cluster.dsn(name)
+    database: Database = await open_database(backend=backend, path=db_path, dsn=dsn)
+    try:
+        yield database
+    finally:
+        await database.close()
+        if cluster is not None:
+            cluster.drop_db(name)
+

@@ -27,3 +27,26 @@ def schema_dump(path: Path) -> list[tuple]:
                             "ORDER BY type, name").fetchall()
     finally:
         conn.close()
+
+
+class Raw:
+    """A connection behind the storage API's back (autocommit), on whichever backend ``db`` uses."""
+
+    def __init__(self, db) -> None:
+        dsn = getattr(db, "dsn", None)
+        if dsn is None:
+            self.conn = sqlite3.connect(db.path, isolation_level=None)
+            self.pg = False
+        else:
+            from storage.pg import PgConn, connect
+            self.conn = PgConn(connect(dsn))
+            self.pg = True
+
+    def execute(self, sql: str, params: tuple = ()):
+        return self.conn.execute(sql, params)
+
+    def drop_trigger(self, name: str, table: str = "signed_events") -> None:
+        self.conn.execute(f"DROP TRIGGER {name} ON {table}" if self.pg else f"DROP TRIGGER {name}")
+
+    def close(self) -> None:
+        self.conn.close()

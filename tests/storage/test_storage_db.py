@@ -8,11 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from storage import Database, StorageError
-from storage import memories
-
 from storage_helpers import make_memory
+
+from storage import Database, StorageError, memories
 
 
 async def test_200_concurrent_writes_are_all_committed(db: Database):

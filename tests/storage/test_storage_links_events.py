@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sqlite3
-from pathlib import Path
 
 import pytest
 
-from storage import Database, StorageError
-from storage import events, links
+from storage import Database, StorageError, events, links
 from storage.links import AttestLevel, LinkRow
+from tests.storage.storage_helpers import Raw
 
 
 def make_link(n: int = 0, **over) -> LinkRow:
@@ -69,7 +69,7 @@ async def _append_n(db: Database, n: int) -> list[events.EventRow]:
 async def test_events_chain_from_genesis_and_verify(db: Database):
     rows = await _append_n(db, 5)
     assert rows[0].seq == 1 and rows[0].prev_hash == events.GENESIS_HASH
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         assert b.prev_hash == a.event_hash and b.seq == a.seq + 1
     assert rows[2].event_hash == events.event_hash(rows[1].event_hash, 3, "link", rows[2].link_id, "ai:node-1@lab",
                                                    rows[2].payload_hash, None, rows[2].created_at)
@@ -95,24 +95,23 @@ async def test_the_same_link_event_cannot_be_appended_twice(db: Database):
 @pytest.mark.parametrize("sql", ["UPDATE signed_events SET payload_hash = 'x' WHERE seq = 1",
                                  "DELETE FROM signed_events WHERE seq = 1",
                                  "DELETE FROM signed_events"])
-async def test_raw_update_and_delete_on_signed_events_are_refused(db: Database, db_path: Path, sql: str):
+async def test_raw_update_and_delete_on_signed_events_are_refused(db: Database, sql: str):
     await _append_n(db, 2)
     with pytest.raises(StorageError) as err:
         await db.write(lambda conn: conn.execute(sql))
     assert err.value.code == "append_only"
-    raw = sqlite3.connect(db_path)
+    raw = Raw(db)
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         raw.execute(sql)
     raw.close()
     assert (await db.read(events.verify_chain)).checked == 2
 
 
-async def test_tampering_behind_the_triggers_is_named_by_verify_chain(db: Database, db_path: Path):
+async def test_tampering_behind_the_triggers_is_named_by_verify_chain(db: Database):
     await _append_n(db, 6)
-    raw = sqlite3.connect(db_path)
-    raw.execute("DROP TRIGGER signed_events_no_update")
+    raw = Raw(db)
+    raw.drop_trigger("signed_events_no_update")
     raw.execute("UPDATE signed_events SET payload_hash = ? WHERE seq = 4", ("f" * 64,))
-    raw.commit()
     raw.close()
     report = await db.read(events.verify_chain)
     assert report.ok is False
@@ -120,26 +119,24 @@ async def test_tampering_behind_the_triggers_is_named_by_verify_chain(db: Databa
     assert "event_hash" in report.reason
 
 
-async def test_rehashing_a_tampered_row_breaks_the_next_link(db: Database, db_path: Path):
+async def test_rehashing_a_tampered_row_breaks_the_next_link(db: Database):
     rows = await _append_n(db, 4)
     r = rows[1]
     forged = events.event_hash(r.prev_hash, r.seq, r.event_type, r.link_id, r.agent_id, "e" * 64, r.signature,
                                r.created_at)
-    raw = sqlite3.connect(db_path)
-    raw.execute("DROP TRIGGER signed_events_no_update")
+    raw = Raw(db)
+    raw.drop_trigger("signed_events_no_update")
     raw.execute("UPDATE signed_events SET payload_hash = ?, event_hash = ? WHERE seq = 2", ("e" * 64, forged))
-    raw.commit()
     raw.close()
     report = await db.read(events.verify_chain)
     assert (report.ok, report.first_bad_seq) == (False, 3)
     assert "prev_hash" in report.reason
 
 
-async def test_deleting_a_middle_event_is_detected(db: Database, db_path: Path):
+async def test_deleting_a_middle_event_is_detected(db: Database):
     await _append_n(db, 4)
-    raw = sqlite3.connect(db_path)
-    raw.execute("DROP TRIGGER signed_events_no_delete")
+    raw = Raw(db)
+    raw.drop_trigger("signed_events_no_delete")
     raw.execute("DELETE FROM signed_events WHERE seq = 2")
-    raw.commit()
     raw.close()
     assert (await db.read(events.verify_chain)).first_bad_seq == 3

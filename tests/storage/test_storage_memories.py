@@ -7,12 +7,10 @@ import sqlite3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from storage import Database, StorageError
-from storage import memories
-from storage.migrations import migrate
-
 from storage_helpers import make_memory
+
+from storage import Database, StorageError, memories
+from storage.migrations import migrate
 
 HOSTILE = ['"', '""', '"unterminated', "*", "a*", "AND OR NOT", "AND", "NOT x", "NEAR(", "NEAR(a b, 2)",
            "col:", "title:foo", "content:", "{title content}: x", "^start", "(", ")", "a) OR (b", "-", "+",

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
-
-from storage import MAX_SUPPORTED_SCHEMA, Database, StorageError
-from storage import migrations
-
 from storage_helpers import schema_dump
+
+from storage import MAX_SUPPORTED_SCHEMA, Database, StorageError, migrations
 
 
 async def test_open_creates_parent_dir_and_reaches_max_schema(db_path: Path):
     db = await Database.open(db_path)
     try:
-        assert db_path.exists()
+        assert await asyncio.to_thread(db_path.exists)
         assert db.schema_version == MAX_SUPPORTED_SCHEMA
     finally:
         await db.close()
@@ -76,14 +75,14 @@ async def test_schema_too_new_is_refused_and_the_file_is_unchanged(db_path: Path
     conn.execute("PRAGMA journal_mode = DELETE")  # fold the WAL in, so the main file holds everything
     conn.execute(f"PRAGMA user_version = {MAX_SUPPORTED_SCHEMA + 5}")
     conn.close()
-    before = db_path.read_bytes()
+    before = await asyncio.to_thread(db_path.read_bytes)
     with pytest.raises(StorageError) as err:
         await Database.open(db_path)
     assert err.value.code == "schema_too_new"
     assert f"schema {MAX_SUPPORTED_SCHEMA + 5}" in err.value.message
     assert f"up to {MAX_SUPPORTED_SCHEMA}" in err.value.message
-    assert db_path.read_bytes() == before
-    assert not db_path.with_name(db_path.name + "-wal").exists()
+    assert await asyncio.to_thread(db_path.read_bytes) == before
+    assert not await asyncio.to_thread(db_path.with_name(db_path.name + "-wal").exists)
 
 
 @pytest.mark.parametrize("content", [b"hello, this is a text file, not a database\n" * 20, bytes(range(256)) * 16])

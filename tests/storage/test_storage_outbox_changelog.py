@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import Database, StorageError
-from storage import changelog, outbox
+from storage import Database, StorageError, changelog, outbox
 
 
 async def _enqueue(db: Database, cid: str, peer: str, next_at: int = 1000) -> int:

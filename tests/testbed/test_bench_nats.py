@@ -1,31 +1,25 @@
 """`testbed bench` with the NATS peer: figures when nats-server and nats-py are here, a stated omission when not.
 
-CI's fresh machine has neither unless the project installs them, so the NATS smoke run skips there with
+Without nats-server (`scripts/system-deps` installs it; `testbed doctor` says how) the NATS smoke run skips with
 the reason, and the omission test (which hides nats-server from PATH) runs everywhere.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from testbed import nats_peer
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CMD_TIMEOUT_S = 180
-
-
-def nats_missing() -> str | None:
-    missing = [what for what, ok in (("nats-server not on PATH", shutil.which("nats-server")),
-                                     ("nats-py not installed", importlib.util.find_spec("nats"))) if not ok]
-    return " and ".join(missing) or None
 
 
 def bench(tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -51,7 +45,7 @@ def leftover_procs(tmp_path: Path) -> list[str]:
 
 
 def test_bench_reports_nats_figures(tmp_path: Path) -> None:
-    if reason := nats_missing():
+    if reason := nats_peer.unavailable():
         pytest.skip(f"NATS peer not measurable here: {reason}")
     r = bench(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -78,9 +72,9 @@ def test_bench_without_nats_server_says_so_and_omits_nats(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert report["nats"]["available"] is False
-    assert "nats-server not on PATH" in report["nats"]["omitted_reason"]
+    assert "nats-server not installed" in report["nats"]["omitted_reason"]
     [row] = report["results"]
     assert row["nats"] is None and row["ratio_p95_nats"] is None
     assert row["ours"]["samples"] == 20 and row["floor"]["samples"] == 20
-    assert "NATS peer omitted: nats-server not on PATH" in (tmp_path / "out" / "bench.md").read_text()
+    assert "NATS peer omitted: nats-server not installed" in (tmp_path / "out" / "bench.md").read_text()
     assert leftover_procs(tmp_path) == []

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from testbed import image
+from testbed import doctor, image
 from testbed.build import build_layout
 from testbed.docker import render_compose
+from tests.needs import needs
 
 pytestmark = pytest.mark.integration
 
@@ -28,21 +28,14 @@ def run_testbed(*args: str, timeout: float = CMD_TIMEOUT_S, env: dict | None = N
                           timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
-def _engine_reason() -> str | None:
-    if shutil.which("docker") is None:
-        return "no docker command on this machine"
-    ok, detail = image.engine_info()
-    return None if ok else f"docker engine not reachable: {detail}"
-
-
-needs_engine = pytest.mark.skipif(_engine_reason() is not None, reason=str(_engine_reason()))
+needs_engine = needs("docker")
 
 
 @pytest.fixture(scope="session")
 def base_image() -> str:
     if image.image_id(image.BASE_TAG) is None:
-        if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-            pytest.skip(f"no {image.BASE_TAG} and cannot build it here (needs root and debootstrap)")
+        if reason := doctor.missing("root", "debootstrap"):
+            pytest.skip(f"no {image.BASE_TAG} and cannot build it here: {reason}")
         r = run_testbed("image", "base", "--tag", image.BASE_TAG, timeout=BASE_TIMEOUT_S)
         assert r.returncode == 0, r.stderr
     r = run_testbed("image", "base", "--tag", image.BASE_TAG)

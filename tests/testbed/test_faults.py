@@ -10,27 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import wait_for
-
 from testbed.faults import parse_netem
+from tests.integration.conftest import wait_for
+from tests.needs import needs
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CMD_TIMEOUT_S = 120
 WAIT_S = 60.0
-
-
-def _netns_usable() -> str | None:
-    if os.geteuid() != 0:
-        return "not root: network namespaces unavailable"
-    from testbed.netns import ip_netns_supported
-
-    ok, why = ip_netns_supported()
-    return None if ok else why
-
-
-SKIP = _netns_usable()
 
 
 def tb(*args: str) -> subprocess.CompletedProcess:
@@ -64,7 +52,7 @@ def test_parse_netem() -> None:
     assert parse_netem("delay 0.1s").delay_ms == 100.0
 
 
-@pytest.mark.skipif(SKIP is not None, reason=f"netns faults unavailable: {SKIP}")
+@needs("netns", "iptables", "ss")
 def test_partition_heal_latency_kill_restart_down(tmp_path: Path) -> None:
     d = tmp_path / "tb"
     net_id = None
@@ -124,7 +112,7 @@ def test_partition_heal_latency_kill_restart_down(tmp_path: Path) -> None:
                 subprocess.run(["ip", "netns", "del", ns], timeout=15)
 
 
-@pytest.mark.skipif(SKIP is not None, reason=f"netns faults unavailable: {SKIP}")
+@needs("netns")
 def test_faults_refused_on_loopback_testbed(tmp_path: Path) -> None:
     d = tmp_path / "tb"
     try:
