@@ -102,7 +102,7 @@ def note_pending(conn: sqlite3.Connection, peer: str, seq: int, kind: str, ref_i
     """Count one more failed round for a sync item; it is parked once it failed ``park_after`` rounds."""
     conn.execute(
         "INSERT INTO sync_pending (peer, seq, kind, ref_id, code, rounds, item, parked, updated_at) "
-        "VALUES (?,?,?,?,?,1,?,0,?) ON CONFLICT (peer, seq) DO UPDATE SET rounds = rounds + 1, "
+        "VALUES (?,?,?,?,?,1,?,0,?) ON CONFLICT (peer, seq) DO UPDATE SET rounds = sync_pending.rounds + 1, "
         "code = excluded.code, updated_at = excluded.updated_at",
         (peer, seq, kind, ref_id, code, item, now_ms))
     conn.execute("UPDATE sync_pending SET parked = 1 WHERE peer = ? AND seq = ? AND rounds >= ?",

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Debian's postgresql-15 keeps its server binaries off PATH, here.
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# Debian's postgresql-15 keeps its server binaries off PATH, here (AM_PG_BIN overrides).
+PG_BIN = Path(os.environ.get("AM_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PROBE_TIMEOUT_S = 20
 EXIT_ALL_PRESENT = 0
 EXIT_SOMETHING_MISSING = 3

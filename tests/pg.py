@@ -2,7 +2,7 @@
 root), a Unix socket in a temp dir, no TCP; stopped and removed after the session, always.
 
 Where the server binaries are missing the Postgres tests skip, saying what to install; where the
-Apache AGE extension is missing the AGE tests skip, saying how to build it.
+Apache AGE extension is missing the AGE tests skip, saying how to build it (both from testbed/doctor.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-PG_BIN = Path(os.environ.get("AM_PG_BIN", "/usr/lib/postgresql/15/bin"))
-INSTALL_HINT = "apt-get install -y postgresql-15"
-AGE_HINT = ("build Apache AGE from shared/vendor/apache-age-PG15-v1.6.0-rc0.tar.gz: apt-get install -y "
-            "postgresql-server-dev-15 bison flex; make && make install (scripts/system-deps does this)")
+from testbed import doctor
+
+PG_BIN = doctor.PG_BIN
 # Bounds on the cluster's own commands; a healthy initdb/start/stop takes a few seconds.
 PG_CMD_TIMEOUT_S = 120
 
@@ -88,13 +87,13 @@ def throwaway_cluster() -> Iterator[Cluster]:
 
 
 def server_binaries_present() -> bool:
-    return (PG_BIN / "initdb").exists() and (PG_BIN / "pg_ctl").exists()
+    return doctor.missing("postgres") is None
 
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Cluster]:
-    if not server_binaries_present():
-        pytest.skip(f"PostgreSQL server binaries not found in {PG_BIN}; install them with: {INSTALL_HINT}")
+    if reason := doctor.missing("postgres"):
+        pytest.skip(reason)
     with throwaway_cluster() as cluster:
         yield cluster
 
@@ -113,7 +112,7 @@ def pg_dsn(pg_cluster: Cluster) -> Iterator[str]:
 def age_dsn(pg_cluster: Cluster) -> Iterator[str]:
     """A fresh database with the AGE extension created."""
     if not pg_cluster.has_age():
-        pytest.skip(f"the Apache AGE extension is not installed for PostgreSQL 15; {AGE_HINT}")
+        pytest.skip(doctor.missing("age") or "the test cluster offers no Apache AGE extension (scripts/system-deps)")
     name = pg_cluster.create_db(age=True)
     try:
         yield pg_cluster.dsn(name)
