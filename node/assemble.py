@@ -11,6 +11,7 @@ from node.config import NodeConfig
 from node.federation import Federation
 from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
+from node.permissions.gate import Gate
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
 from storage.db import Database
@@ -29,8 +30,14 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
         hooks = HookPipeline.open(cfg)
     db = await Database.open(cfg.db_path, batch_max=cfg.storage.batch_max, readers=cfg.storage.readers,
                              synchronous=cfg.storage.synchronous)
-    federation = Federation(cfg, db, keyring, clock, hooks=hooks)
-    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks)
+    # One permission gate for local operations and peer writes (docs/permissions.md).
+    try:
+        gate = await Gate.open(cfg, db)
+    except BaseException:
+        await db.close()
+        raise
+    federation = Federation(cfg, db, keyring, clock, hooks=hooks, gate=gate)
+    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate)
 
 
 def federation_of(svc: Service) -> Federation:

@@ -143,6 +143,14 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class PermissionsConfig:
+    # The rules file (docs/permissions.md): mode, default and [[rules]]; no file = no file rules.
+    config: Path = Path("permissions.toml")
+    # How often the gate looks at the file (and at the runtime rules table) for changes.
+    reload_check_s: float = 1.0
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = "info"
 
@@ -158,6 +166,7 @@ class NodeConfig:
     federation: FederationConfig = FederationConfig()
     mcp: McpConfig = McpConfig()
     hooks: HooksConfig = HooksConfig()
+    permissions: PermissionsConfig = PermissionsConfig()
     log: LogConfig = LogConfig()
 
     # Derived paths: one place for the home layout (DESIGN.md section 2).
@@ -189,6 +198,10 @@ class NodeConfig:
     def hooks_path(self) -> Path:
         return self._in_home(self.hooks.config)
 
+    @property
+    def permissions_path(self) -> Path:
+        return self._in_home(self.permissions.config)
+
     def _in_home(self, p: Path) -> Path:
         p = p.expanduser()
         return p if p.is_absolute() else self.home / p
@@ -209,6 +222,7 @@ _SECTIONS: dict[str, type] = {
     "federation": FederationConfig,
     "mcp": McpConfig,
     "hooks": HooksConfig,
+    "permissions": PermissionsConfig,
     "log": LogConfig,
 }
 
@@ -393,5 +407,6 @@ def _validate(cfg: NodeConfig) -> None:
     if cfg.mesh.trust not in ("pinned", "ca"):
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)
+    _positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

@@ -20,6 +20,8 @@ from node.config import NodeConfig
 from node.errors import ServiceError
 from node.hooks import HookEvent, Hooks, NoHooks
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
+from node.permissions.gate import Gate, refusal
+from node.permissions.rules import Operation
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
 from storage import changelog, events, links, memories, outbox
@@ -54,7 +56,8 @@ class Service:
     """Operations on one node's store. Built by ``node.assemble.open_service(cfg)``; close with ``close()``."""
 
     def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, *, clock: Clock = now_ms,
-                 replicator: Replicator | None = None, hooks: Hooks | None = None) -> None:
+                 replicator: Replicator | None = None, hooks: Hooks | None = None,
+                 gate: Gate | None = None) -> None:
         self.cfg = cfg
         # Operator hooks (docs/hooks.md) fired around each operation; NoHooks when none are wanted.
         self.hooks: Hooks = hooks if hooks is not None else NoHooks()
@@ -63,6 +66,8 @@ class Service:
         self.identity = keyring.identity
         self.clock = clock
         self.replicator = replicator
+        # The permission gate (docs/permissions.md); None = no permissions (tests, tools).
+        self.gate = gate
         # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
         self.runtime: Any = None
 
@@ -96,6 +101,7 @@ class Service:
         content, title, namespace, tags, priority, confidence, source = (
             p[k] for k in ("content", "title", "namespace", "tags", "priority", "confidence", "source"))
         check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
+        await self._permit(namespace, Operation.STORE)
         ts = self.clock()
         proposed = self._proposed_link_rows(memory_id, p.get("links", ()), ts)
         linked: list[dict[str, Any]] = []
@@ -130,6 +136,7 @@ class Service:
         p = await self.hooks.fire(HookEvent.PRE_UPDATE, {"id": memory_id, "current": memory_dict(current),
                                                          **{k: given.get(k) for k in fields}})
         given = {k: p[k] for k in fields if p[k] is not None}
+        await self._permit(current.namespace, Operation.UPDATE)
         merged = {**memory_dict(current), **given}
         check_memory_fields(self.cfg.limits, merged["content"], merged["title"], merged["namespace"],
                             merged["tags"], merged["priority"], merged["confidence"], merged["source"])
@@ -184,6 +191,7 @@ class Service:
         row = await self.db.read(memories.get, memory_id)
         if row is None:
             raise ServiceError("not_found", f"no memory with id {memory_id!r}")
+        await self._permit(row.namespace, Operation.GET)
         return memory_dict(row)
 
     async def memory_list(self, *, namespace: str | None = None, limit: int = 50,
@@ -191,8 +199,11 @@ class Service:
         self._check_limit(limit)
         if offset < 0:
             raise ServiceError("bad_input", f"offset must be >= 0, got {offset}")
+        if namespace is not None:
+            await self._permit(namespace, Operation.LIST)
         rows = await self.db.read(memories.list_, namespace, limit, offset)
-        return [memory_dict(r) for r in rows]
+        readable = await self._readable({r.namespace for r in rows}, Operation.LIST)
+        return [memory_dict(r) for r in rows if r.namespace in readable]
 
     async def memory_recall(self, query: str, *, limit: int = 10,
                             namespace: str | None = None) -> list[dict[str, Any]]:
@@ -205,8 +216,11 @@ class Service:
             raise ServiceError("too_large",
                                f"query is {len(query)} chars, the limit is {self.cfg.limits.max_query_chars}")
         self._check_limit(limit)
+        if namespace is not None:
+            await self._permit(namespace, Operation.RECALL)
         hits = await self.db.read(memories.recall, query, limit, namespace)
-        results = [{**memory_dict(r), "score": score} for r, score in hits]
+        readable = await self._readable({r.namespace for r, _ in hits}, Operation.RECALL)
+        results = [{**memory_dict(r), "score": score} for r, score in hits if r.namespace in readable]
         await self.hooks.fire(HookEvent.POST_RECALL, {"query": query, "limit": limit, "namespace": namespace,
                                                       "results": results})
         return results
@@ -236,6 +250,10 @@ class Service:
             raise ServiceError("bad_input", e.message) from None
         if valid_until is not None and valid_until <= ts:
             raise ServiceError("bad_input", f"valid_until {valid_until} is not in the future (now {ts} ms)")
+        if self.gate is not None:
+            # A link is written into both of its ends' namespaces: both must permit it.
+            for ns in sorted({m.namespace for m in (await self.db.read(memories.get_many, {src_id, dst_id})).values()}):
+                await self._permit(ns, Operation.LINK)
         signature = attest.sign(self.identity.private_key, payload) if self.identity else None
         level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
         row = LinkRow(link_id=payload.link_id, **payload.to_dict(),
@@ -278,6 +296,7 @@ class Service:
         memory = await self.db.read(memories.get, id)
         if memory is None:
             raise ServiceError("not_found", f"no link or memory with id {id!r}")
+        await self._permit(memory.namespace, Operation.VERIFY)
         verified, reason = self._verify_signature(MemoryPayload.of(memory), memory.signature, memory.signed_by,
                                                   "memory version")
         return {"memory_id": memory.id, "version": memory.version, "signature_verified": verified,
@@ -394,6 +413,7 @@ class Service:
             "limits": asdict(self.cfg.limits),
             "node_running": self.runtime is not None,
             "hooks": self.hooks.snapshot(),
+            "permissions": self.gate.snapshot() if self.gate is not None else {"mode": "off", "rule_summary": []},
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()
@@ -419,6 +439,22 @@ class Service:
         if self.cfg.federation.write_quorum != 1:
             result["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
         return result
+
+    # ---- permissions ----------------------------------------------------------------------
+
+    async def _permit(self, namespace: str, operation: Operation) -> None:
+        """Raise ``permission_denied`` / ``approval_required`` when the gate stops this node's agent."""
+        if self.gate is None:
+            return
+        stop = refusal(await self.gate.admit(self.agent_id, namespace, operation))
+        if stop is not None:
+            raise ServiceError(*stop)
+
+    async def _readable(self, namespaces: set[str], operation: Operation) -> set[str]:
+        """Those of ``namespaces`` the gate lets this node's agent read (results in others are left out)."""
+        if self.gate is None:
+            return namespaces
+        return {ns for ns in namespaces if refusal(await self.gate.admit(self.agent_id, ns, operation)) is None}
 
     # ---- validation -----------------------------------------------------------------------
 

@@ -173,14 +173,29 @@ _M3_TRUST = Migration(3, "trust", (
     )""",
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST)
+# Migration 4 is the knowledge-graph branch's (link_invalidations); applied after it or alone, 5 stands.
+_M5_PERMISSIONS = Migration(5, "permissions", (
+    # Permission rules added at run time (`ai-memory permissions add`); the file's rules are not stored.
+    """CREATE TABLE IF NOT EXISTS permission_rules (
+        id INTEGER PRIMARY KEY,
+        agent TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        operations TEXT NOT NULL,
+        action TEXT NOT NULL CHECK (action IN ('allow','deny','ask')),
+        inherit INTEGER NOT NULL DEFAULT 1,
+        created_by TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M5_PERMISSIONS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
 OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
-    "change_log", "peer_state", "counters", "sync_pending", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "change_log", "peer_state", "counters", "sync_pending", "permission_rules", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
 })
 
 
