@@ -20,6 +20,8 @@ from node.hooks.decision import ALLOW, AskUser, Decision, Deny
 
 ANY = "*"
 SEP = "/"
+# Decisions remembered per rule index (agent, namespace, operation); the index is immutable, so they stay true.
+DECISION_CACHE_MAX = 4096
 PERMISSION_DENIED = "permission_denied"
 
 
@@ -88,6 +90,7 @@ class RuleIndex:
         self._by_ns: dict[str, list[Rule]] = {}
         for r in self.rules:
             self._by_ns.setdefault(r.namespace, []).append(r)
+        self.memo: dict[Request, tuple[Decision, Rule | None]] = {}
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -109,6 +112,17 @@ class RuleIndex:
 
 def decide(index: RuleIndex, req: Request) -> tuple[Decision, Rule | None]:
     """Deny first, then ask, then allow, else the default; returns the decision and the rule that made it."""
+    known = index.memo.get(req)
+    if known is None:
+        known = decide_uncached(index, req)
+        if len(index.memo) >= DECISION_CACHE_MAX:
+            index.memo.clear()
+        index.memo[req] = known
+    return known
+
+
+def decide_uncached(index: RuleIndex, req: Request) -> tuple[Decision, Rule | None]:
+    """``decide`` without the memo: the rule walk itself."""
     asked: Rule | None = None
     allowed: Rule | None = None
     for r in index.matching(req):
