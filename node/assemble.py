@@ -11,6 +11,7 @@ from node.config import NodeConfig
 from node.federation import Federation
 from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
+from node.permissions.approvals import Approvals, signer
 from node.permissions.gate import Gate
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
@@ -37,7 +38,8 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
         await db.close()
         raise
     federation = Federation(cfg, db, keyring, clock, hooks=hooks, gate=gate)
-    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate)
+    approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity))
+    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
 
 
 def federation_of(svc: Service) -> Federation:

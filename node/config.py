@@ -151,6 +151,22 @@ class PermissionsConfig:
 
 
 @dataclass(frozen=True)
+class ApprovalConfig:
+    # false turns the approval HTTP API off (pending actions are still decided over the CLI and MCP).
+    enabled: bool = True
+    # A pending action not decided within this is expired by the sweeper and never applied.
+    default_timeout_seconds: float = 300.0
+    sweep_interval_s: float = 5.0
+    # The HMAC-signed approval API on the local interface; 0 = not served.
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    # A signed request's timestamp must be within this of the node's clock; its nonce is kept as long.
+    timestamp_window_s: float = 60.0
+    # After a key rotation the previous key still verifies for this long.
+    key_grace_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = "info"
 
@@ -167,6 +183,7 @@ class NodeConfig:
     mcp: McpConfig = McpConfig()
     hooks: HooksConfig = HooksConfig()
     permissions: PermissionsConfig = PermissionsConfig()
+    approval: ApprovalConfig = ApprovalConfig()
     log: LogConfig = LogConfig()
 
     # Derived paths: one place for the home layout (DESIGN.md section 2).
@@ -223,6 +240,7 @@ _SECTIONS: dict[str, type] = {
     "mcp": McpConfig,
     "hooks": HooksConfig,
     "permissions": PermissionsConfig,
+    "approval": ApprovalConfig,
     "log": LogConfig,
 }
 
@@ -307,12 +325,12 @@ def _coerce(dotted: str, f: dataclasses.Field, value: Any) -> Any:
     if isinstance(default, tuple):
         items = _expect(list, dotted, value)
         return tuple(float(_expect((int, float), f"{dotted}[{i}]", v)) for i, v in enumerate(items))
+    if isinstance(default, bool | str):  # before int: a bool is an int
+        return _expect(type(default), dotted, value)
     if isinstance(default, float):
         return float(_expect((int, float), dotted, value))
     if isinstance(default, int):
         return _expect(int, dotted, value)
-    if isinstance(default, str):
-        return _expect(str, dotted, value)
     return value
 
 
@@ -357,6 +375,16 @@ def _validate_hooks(hooks: HooksConfig) -> None:
     if hooks.daemon_restart_min_s > hooks.daemon_restart_max_s:
         raise ConfigError("config_invalid", f"hooks.daemon_restart_min_s ({hooks.daemon_restart_min_s}) must "
                                             f"not exceed hooks.daemon_restart_max_s ({hooks.daemon_restart_max_s})")
+
+
+def _validate_approval(a: ApprovalConfig) -> None:
+    for key in ("default_timeout_seconds", "sweep_interval_s", "timestamp_window_s", "key_grace_s"):
+        _positive(f"approval.{key}", getattr(a, key))
+    if not 0 <= a.http_port <= 65535:
+        raise ConfigError("config_invalid", f"approval.http_port must be in 0..65535, got {a.http_port!r}")
+    if a.http_host not in ("127.0.0.1", "::1"):
+        raise ConfigError("config_invalid", f"approval.http_host must be 127.0.0.1 or ::1 (the approval API is "
+                                            f"local only), got {a.http_host!r}")
 
 
 def _validate(cfg: NodeConfig) -> None:
@@ -408,5 +436,6 @@ def _validate(cfg: NodeConfig) -> None:
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)
     _positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
+    _validate_approval(cfg.approval)
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

@@ -181,21 +181,44 @@ _M5_PERMISSIONS = Migration(5, "permissions", (
         agent TEXT NOT NULL,
         namespace TEXT NOT NULL,
         operations TEXT NOT NULL,
-        action TEXT NOT NULL CHECK (action IN ('allow','deny','ask')),
+        action TEXT NOT NULL CHECK (action IN ('allow','deny','ask','approved')),
         inherit INTEGER NOT NULL DEFAULT 1,
         created_by TEXT NOT NULL,
         created_at INTEGER NOT NULL
     )""",
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M5_PERMISSIONS)
+_M6_APPROVALS = Migration(6, "approvals", (
+    # Operations parked by an `ask` (a rule or a hook): applied exactly once on approval, or never.
+    """CREATE TABLE IF NOT EXISTS pending_actions (
+        id TEXT PRIMARY KEY,
+        agent TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        call TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        options TEXT NOT NULL,
+        default_choice TEXT NOT NULL,
+        asked_by TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending','applied','denied','expired','failed')),
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        decided_at INTEGER NULL,
+        decided_by TEXT NULL,
+        result TEXT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS pending_actions_status ON pending_actions(status, expires_at)",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M5_PERMISSIONS, _M6_APPROVALS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
 OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
-    "change_log", "peer_state", "counters", "sync_pending", "permission_rules", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "change_log", "peer_state", "counters", "sync_pending", "permission_rules", "pending_actions",
+    "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
 })
 
 

@@ -33,6 +33,8 @@ class Action(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
     ASK = "ask"
+    # An approval remembered forever: answers an ``ask`` for exactly its namespace, never a deny.
+    APPROVED = "approved"
 
 
 class Operation(StrEnum):
@@ -102,6 +104,8 @@ class RuleIndex:
         for ns in (*reversed(ancestors(req.namespace)), ANY):
             barrier = False
             for r in self._by_ns.get(ns, ()):
+                if r.action is Action.APPROVED and ns != req.namespace:
+                    continue
                 if r.agent in (ANY, req.agent) and req.operation in r.operations:
                     found.append(r)
                     barrier = barrier or not r.inherit
@@ -125,6 +129,7 @@ def decide_uncached(index: RuleIndex, req: Request) -> tuple[Decision, Rule | No
     """``decide`` without the memo: the rule walk itself."""
     asked: Rule | None = None
     allowed: Rule | None = None
+    approved: Rule | None = None
     for r in index.matching(req):
         if r.action is Action.DENY:
             return Deny(PERMISSION_DENIED, _refusal(req, r)), r
@@ -132,18 +137,26 @@ def decide_uncached(index: RuleIndex, req: Request) -> tuple[Decision, Rule | No
             asked = r
         elif r.action is Action.ALLOW and allowed is None:
             allowed = r
+        elif r.action is Action.APPROVED and approved is None:
+            approved = r
     if asked is not None:
+        if approved is not None:
+            return ALLOW, approved
         return AskUser(f"{req.agent} wants to {req.operation} in namespace {req.namespace!r} "
                        f"(rule: {asked.summary()})"), asked
     if allowed is not None:
         return ALLOW, allowed
+    return _default(index, req), None
+
+
+def _default(index: RuleIndex, req: Request) -> Decision:
     if index.default is Action.DENY:
         return Deny(PERMISSION_DENIED, f"{req.agent} may not {req.operation} in namespace {req.namespace!r}: "
-                                       "no rule allows it and the default is deny"), None
+                                       "no rule allows it and the default is deny")
     if index.default is Action.ASK:
         return AskUser(f"{req.agent} wants to {req.operation} in namespace {req.namespace!r} (no rule; "
-                       "the default is ask)"), None
-    return ALLOW, None
+                       "the default is ask)")
+    return ALLOW
 
 
 def _refusal(req: Request, r: Rule) -> str:
@@ -170,7 +183,8 @@ def parse_rule(raw: Any, where: str) -> Rule:
     try:
         action = Action(raw["action"])
     except (ValueError, TypeError):
-        raise PermissionRuleError(f"{where}.action must be allow | deny | ask, got {raw['action']!r}") from None
+        raise PermissionRuleError(f"{where}.action must be allow | deny | ask | approved, "
+                                  f"got {raw['action']!r}") from None
     operations = _operations(raw.get("operations", [ANY]), f"{where}.operations")
     inherit = raw.get("inherit", True)
     if not isinstance(inherit, bool):
@@ -202,6 +216,8 @@ def parse_rules(items: Any, where: str) -> tuple[Rule, ...]:
 def check_contradictions(rules: Iterable[Rule]) -> None:
     seen: dict[tuple[str, str, bool, Operation], Rule] = {}
     for r in rules:
+        if r.action is Action.APPROVED:  # answers an ask, so it contradicts nothing
+            continue
         for op in r.operations:
             key = (r.agent, r.namespace, r.inherit, op)
             other = seen.get(key)
@@ -227,5 +243,5 @@ def _namespace(value: Any, key: str) -> str:
 
 def rule_summary(rules: Sequence[Rule]) -> list[str]:
     """One line per rule, in evaluation order (deny, ask, allow; file order within each)."""
-    order = {Action.DENY: 0, Action.ASK: 1, Action.ALLOW: 2}
+    order = {Action.DENY: 0, Action.ASK: 1, Action.APPROVED: 2, Action.ALLOW: 3}
     return [r.summary() for r in sorted(rules, key=lambda r: order[r.action])]
