@@ -176,7 +176,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     pe = sub.add_parser("peers", help="peers: key fingerprint, link state, last ACK, outbox, dead letters, sync")
     pe.add_argument("--json", action="store_true")
+    _permission_parsers(sub)
     return p
+
+
+def _permission_parsers(sub: Any) -> None:
+    ops = "store, update, link, recall, get, list, verify, replay or *"
+    pm = sub.add_parser("permissions", help="permission rules (docs/permissions.md)")
+    psub = pm.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    psub.add_parser("list", help="the rules in force, in evaluation order, and the mode").add_argument(
+        "--json", action="store_true")
+    ck = psub.add_parser("check", help="what the rules answer for one request (whatever the mode)")
+    ck.add_argument("--agent", required=True, help="agent id (this node's own for local callers, or a peer's)")
+    ck.add_argument("--namespace", required=True)
+    ck.add_argument("--operation", required=True, help=ops)
+    ck.add_argument("--json", action="store_true")
+    ad = psub.add_parser("add", help="add a runtime rule (stored in the database; a running node sees it)")
+    ad.add_argument("--agent", required=True, help="agent id or *")
+    ad.add_argument("--namespace", required=True, help="namespace (its subtree too) or *")
+    ad.add_argument("--operation", action="append", required=True, dest="operations", help=f"repeatable: {ops}")
+    ad.add_argument("--action", required=True, choices=["allow", "deny", "ask"])
+    ad.add_argument("--no-inherit", action="store_true",
+                    help="break inheritance here: rules on the namespaces above are not consulted")
+    ad.add_argument("--json", action="store_true")
+
+    ap = sub.add_parser("approvals", help="pending actions parked by an ask")
+    asub = ap.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    al = asub.add_parser("list", help="pending actions, oldest first")
+    al.add_argument("--status", default="pending", choices=["pending", "applied", "denied", "expired", "failed"])
+    al.add_argument("--limit", type=int, default=100)
+    al.add_argument("--json", action="store_true")
+    for name, what in (("approve", "run the parked write now (exactly once)"), ("deny", "refuse it for good")):
+        d = asub.add_parser(name, help=what)
+        d.add_argument("id", help="pending action id")
+        d.add_argument("--by", default=os.environ.get("USER") or "cli", help="who decides (default $USER)")
+        if name == "approve":
+            d.add_argument("--remember", choices=["once", "forever"], default="once",
+                           help="forever: answer the same ask for this namespace from now on")
+        d.add_argument("--json", action="store_true")
 
 
 def resolve_config(args: argparse.Namespace) -> NodeConfig:
@@ -609,6 +646,79 @@ def _doctor(args: argparse.Namespace, cfg: NodeConfig) -> int:
     report = asyncio.run(hooks_report(cfg))
     emit(args, {"hooks": report}, lambda d: render(d["hooks"]))
     return EXIT_CHECK if report.get("reload_error") else EXIT_OK
+
+
+# ---- permissions and approvals ------------------------------------------------------------
+
+@command("permissions list")
+def _permissions_list(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        snap = svc.gate.snapshot()
+        emit(args, snap, lambda s: f"mode {s['mode']}, default {s['default']}, {s['rules']} rule(s)\n"
+             + "\n".join(s["rule_summary"]))
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("permissions check")
+def _permissions_check(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from node.errors import ServiceError
+    from node.hooks.decision import decision_to_wire
+    from node.permissions.rules import Operation
+
+    async def go(svc) -> int:
+        try:
+            op = Operation(args.operation)
+        except ValueError:
+            raise ServiceError("bad_input", f"--operation must be one of {', '.join(Operation)}, "
+                                            f"got {args.operation!r}") from None
+        decision, rule = svc.gate.check(args.agent, args.namespace, op)
+        out = {**decision_to_wire(decision), "rule": rule.summary() if rule else None, "mode": str(svc.gate.mode)}
+        emit(args, out, lambda d: f"{d['decision']}  ({d['rule'] or 'no rule: the default'}; mode {d['mode']})")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("permissions add")
+def _permissions_add(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from node.service import now_ms
+
+    async def go(svc) -> int:
+        rule = await svc.gate.add_rule({"agent": args.agent, "namespace": args.namespace,
+                                        "operations": args.operations, "action": args.action,
+                                        "inherit": not args.no_inherit}, os.environ.get("USER") or "cli", now_ms())
+        emit(args, {"rule": rule.summary()}, lambda d: f"added: {d['rule']}")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+def _action_line(a: dict[str, Any]) -> str:
+    return (f"{a['id']}  {a['status']:<8} {a['operation']:<7} [{a['namespace']}] by {a['agent']}  "
+            f"asked by {a['asked_by']}: {a['prompt']}")
+
+
+@command("approvals list")
+def _approvals_list(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        rows = await svc.approval_list(status=args.status, limit=args.limit)
+        emit(args, rows, lambda rows: "\n".join(map(_action_line, rows)) or f"no {args.status} actions")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+def _decide(choice: str) -> Handler:
+    def handler(args: argparse.Namespace, cfg: NodeConfig) -> int:
+        async def go(svc) -> int:
+            a = await svc.approval_decide(args.id, choice, decided_by=args.by,
+                                          remember=getattr(args, "remember", "once"))
+            emit(args, a, _action_line)
+            return EXIT_OK
+        return with_service(go, cfg)
+    return handler
+
+
+command("approvals approve")(_decide("approve"))
+command("approvals deny")(_decide("deny"))
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ class Node:
                     peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
                     peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
+                peer_tasks.append(tg.create_task(self._sweep_loop(), name="approvals:sweep"))
                 await self._start_extras()
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
@@ -160,6 +161,9 @@ class Node:
         if self.cfg.mcp.http_port:
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
                                                                    self.cfg.mcp.http_port))
+        if self.cfg.approval.enabled and self.cfg.approval.http_port:
+            from node.permissions.approval_api import start_approval_api
+            self.extra_services.append(await start_approval_api(self.svc, self.cfg))
 
     async def _stop_extras(self) -> None:
         for handle in reversed(self.extra_services):
@@ -178,6 +182,18 @@ class Node:
         tmp = self._status_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(status))
         os.replace(tmp, self._status_path)
+
+    # ---- pending actions ------------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        """Expire pending actions past their time every ``approval.sweep_interval_s``."""
+        approvals = self.svc.approvals
+        while not self._closing and approvals is not None:
+            try:
+                await approvals.sweep()
+            except Exception as e:  # the disk may refuse for a while; the next round retries
+                log.warning("approval_sweep_failed", extra={"ev": {"error": f"{type(e).__name__}: {e}"}})
+            await asyncio.sleep(self.cfg.approval.sweep_interval_s)
 
     # ---- catch-up -------------------------------------------------------------------------
 

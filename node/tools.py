@@ -124,13 +124,26 @@ def tool_specs(limits: LimitsConfig) -> tuple[ToolSpec, ...]:
         ToolSpec("memory_peers", "List the peers this node trusts, with what it knows of each right now.", _obj({})),
         ToolSpec("memory_capabilities",
                  "Report this node's live state: schema version, key, attest counts, limits in force.", _obj({})),
+        ToolSpec("memory_approval_list",
+                 "List pending actions (writes parked by an ask) oldest first; times in unix ms.",
+                 _obj({"status": {"type": "string", "enum": ["pending", "applied", "denied", "expired", "failed"],
+                                  "default": "pending", "description": "which actions (default pending)"},
+                       "limit": limit(100)})),
+        ToolSpec("memory_approval_decide",
+                 "Approve (the parked write runs now, exactly once) or deny a pending action.",
+                 _obj({"id": _text("pending action id", lim.max_id_chars, min_chars=1),
+                       "choice": {"type": "string", "enum": ["approve", "deny"], "description": "approve or deny"},
+                       "remember": {"type": "string", "enum": ["once", "forever"], "default": "once",
+                                    "description": "forever: answer the same ask for this namespace from now on"},
+                       "decided_by": _text("who decides (recorded and signed)", 256, min_chars=1)},
+                      ("id", "choice"))),
     )
 
 
 TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
-                             "memory_capabilities"})
+                             "memory_capabilities", "memory_approval_list"})
 
 class ArgValidator:
     """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
@@ -214,11 +227,22 @@ class ServiceBackend:
                 return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
             case "memory_verify":
                 return await s.memory_verify(_one_verify_id(args))
-            case "memory_peers":
-                return await s.peers()
-            case "memory_capabilities":
-                return await s.capabilities()
-        raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
+        return await _state_call(s, name, args)
+
+
+async def _state_call(s: Any, name: str, args: dict[str, Any]) -> JSON:
+    """The tools about the node rather than one memory: peers, capabilities, approvals."""
+    match name:
+        case "memory_peers":
+            return await s.peers()
+        case "memory_capabilities":
+            return await s.capabilities()
+        case "memory_approval_list":
+            return await s.approval_list(**args)
+        case "memory_approval_decide":
+            return await s.approval_decide(args.pop("id"), args.pop("choice"),
+                                           decided_by=args.pop("decided_by", "mcp"), **args)
+    raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
 
 
 def _one_verify_id(args: dict[str, Any]) -> str:

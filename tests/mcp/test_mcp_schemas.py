@@ -22,6 +22,9 @@ GOOD = {
     "memory_verify": [{"link_id": "ab" * 32}],
     "memory_peers": [{}],
     "memory_capabilities": [{}],
+    "memory_approval_list": [{}, {"status": "denied", "limit": 5}],
+    "memory_approval_decide": [{"id": UUID, "choice": "approve"},
+                               {"id": UUID, "choice": "deny", "remember": "once", "decided_by": "ops"}],
 }
 WRONG_TYPE = {
     "memory_store": {"content": 5},
@@ -33,6 +36,8 @@ WRONG_TYPE = {
     "memory_verify": {"link_id": None},
     "memory_peers": {"verbose": True},
     "memory_capabilities": {"x": 1},
+    "memory_approval_list": {"limit": "all"},
+    "memory_approval_decide": {"id": UUID, "choice": True},
 }
 SPECS = {s.name: s for s in tool_specs(LimitsConfig())}
 

@@ -146,4 +146,5 @@ async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(
         await svc.gate.add_rule({"agent": "*", "namespace": "team", "operations": ["store"], "action": "allow"},
                                 "test", 2)
     assert e.value.code == "bad_input" and "contradicts" in e.value.message
-    assert (await svc.capabilities())["permissions"]["rule_summary"][-1].startswith("deny store on ops for * (runtime #1")
+    summary = (await svc.capabilities())["permissions"]["rule_summary"]
+    assert summary[-1].startswith("deny store on ops for * (runtime #1")

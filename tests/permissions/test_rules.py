@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from node.hooks.decision import ALLOW, AskUser, Deny
-from node.permissions.rules import (Action, Operation, PermissionRuleError, Request, RuleIndex, ancestors, decide,
-                                    parse_rules, rule_summary)
+from node.permissions.rules import (
+    Action,
+    Operation,
+    PermissionRuleError,
+    Request,
+    RuleIndex,
+    ancestors,
+    decide,
+    parse_rules,
+    rule_summary,
+)
 
 STORE = Operation.STORE
 
