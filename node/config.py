@@ -148,6 +148,9 @@ class PermissionsConfig:
     config: Path = Path("permissions.toml")
     # How often the gate looks at the file (and at the runtime rules table) for changes.
     reload_check_s: float = 1.0
+    # Per-agent storage quota: content + title bytes of the memories an agent wrote (local or peer);
+    # a new memory past it is refused (quota_exceeded). 0 = no quota.
+    max_bytes_per_agent: int = 0
 
 
 @dataclass(frozen=True)
@@ -436,6 +439,9 @@ def _validate(cfg: NodeConfig) -> None:
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)
     _positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
+    if cfg.permissions.max_bytes_per_agent < 0:
+        raise ConfigError("config_invalid", f"permissions.max_bytes_per_agent must be >= 0 (0 = no quota), "
+                                            f"got {cfg.permissions.max_bytes_per_agent}")
     _validate_approval(cfg.approval)
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

@@ -258,7 +258,8 @@ class Federation:
             return await self._as_if_absent(m, sender)
         operation = Operation.STORE if stored is None else Operation.UPDATE
         code = (_against_stored(stored, m, self.cfg.federation.max_version_step)
-                or await self._gate_code(sender, m["namespace"], operation))
+                or await self._gate_code(sender, m["namespace"], operation)
+                or (await self._quota_code(m) if stored is None else None))
         if code is not None:
             return self._refused(code, sender, m)
         row = _memory_row(body, level, sender)
@@ -442,6 +443,12 @@ class Federation:
                 if code is not None:
                     return code
         return None
+
+    async def _quota_code(self, m: dict[str, Any]) -> str | None:
+        """A new memory past its writer's storage quota is refused, as a local one is."""
+        if self.gate is None:
+            return None
+        return await self.gate.quota_code(m["writer"], len(m["content"].encode()) + len(m["title"].encode()))
 
     async def _gate_code(self, sender: str, namespace: str, operation: Operation) -> str | None:
         """The reject code when the permission gate stops ``sender``'s write, as it would a local one."""

@@ -111,6 +111,7 @@ class Service:
             p[k] for k in ("content", "title", "namespace", "tags", "priority", "confidence", "source"))
         check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
         await self._permit(namespace, Operation.STORE, call)
+        await self._check_quota(len(content.encode()) + len(title.encode()))
         approved = APPROVED.get()
         ts = self.clock()
         proposed = self._proposed_link_rows(memory_id, p.get("links", ()), ts)
@@ -477,6 +478,13 @@ class Service:
         stop = refusal(decision)
         if stop is not None:
             raise ServiceError(*stop)
+
+    async def _check_quota(self, adding_bytes: int) -> None:
+        code = None if self.gate is None else await self.gate.quota_code(self.agent_id, adding_bytes)
+        if code is not None:
+            raise ServiceError(code, f"{self.agent_id} would pass its storage quota of "
+                                     f"{self.cfg.permissions.max_bytes_per_agent} bytes "
+                                     "(permissions.max_bytes_per_agent); the memory was not stored")
 
     async def _fire_pre(self, event: HookEvent, payload: dict[str, Any], operation: Operation, namespace: str,
                         call: dict[str, Any]) -> dict[str, Any]:

@@ -43,3 +43,9 @@ def stamp(conn: sqlite3.Connection) -> tuple[int, int]:
     """(count, highest id): changes whenever a rule is added or removed."""
     count, top = conn.execute("SELECT count(*), coalesce(max(id), 0) FROM permission_rules").fetchone()
     return int(count), int(top)
+
+
+def bytes_by_writer(conn: sqlite3.Connection, agent: str) -> int:
+    """Content + title bytes (UTF-8) of the memories whose current version ``agent`` wrote."""
+    return int(conn.execute("SELECT coalesce(sum(length(CAST(content AS BLOB)) + length(CAST(title AS BLOB))), 0) "
+                            "FROM memories WHERE writer = ?", (agent,)).fetchone()[0])

@@ -179,6 +179,19 @@ class Gate:
         log.warning("permission_" + what, extra={"ev": ev})
         return decision
 
+    async def quota_code(self, agent: str, adding_bytes: int) -> str | None:
+        """``quota_exceeded`` when storing ``adding_bytes`` more for ``agent`` passes its quota, else None."""
+        quota = self.cfg.permissions.max_bytes_per_agent
+        if not quota:
+            return None
+        used = await self.db.read(rule_rows.bytes_by_writer, agent)
+        if used + adding_bytes <= quota:
+            return None
+        self.counts["quota_exceeded"] += 1
+        log.warning("quota_exceeded", extra={"ev": {"agent": agent, "used": used, "adding": adding_bytes,
+                                                    "quota": quota}})
+        return "quota_exceeded"
+
     def check(self, agent: str, namespace: str, operation: Operation) -> tuple[Decision, Rule | None]:
         """The rules' own answer, whatever the mode (``ai-memory permissions check``)."""
         return decide(self.index, Request(agent, namespace, operation))

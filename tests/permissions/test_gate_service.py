@@ -148,3 +148,23 @@ async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(
     assert e.value.code == "bad_input" and "contradicts" in e.value.message
     summary = (await svc.capabilities())["permissions"]["rule_summary"]
     assert summary[-1].startswith("deny store on ops for * (runtime #1")
+
+
+async def test_storage_quota_refuses_a_local_insert_and_a_peers_alike(tmp_path, cfg: NodeConfig) -> None:
+    from mesh import keys
+    from node import assemble
+    from tests.node.conftest import make_config
+    qcfg = make_config(tmp_path / "q", permissions={"max_bytes_per_agent": 20})
+    keys.generate_identity(qcfg.keys_dir, AGENT)
+    svc = await assemble.open_service(qcfg, require_identity=True)
+    try:
+        await svc.memory_store("0123456789")
+        with pytest.raises(ServiceError) as e:
+            await svc.memory_store("0123456789a")
+        assert e.value.code == "quota_exceeded"
+        ok = _memory(M1)  # "content of <id>": 47 bytes, past the peer's 20
+        ack = await svc.replicator.apply(_env(PEER, _mput(ok)), PEER)
+        assert ack.reason == "rejected:quota_exceeded"
+        assert rows(qcfg, "SELECT count(*) FROM memories") == [(1,)]
+    finally:
+        await svc.close()
