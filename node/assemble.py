@@ -13,6 +13,7 @@ from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
 from node.permissions.approvals import Approvals, signer
 from node.permissions.gate import Gate
+from node.permissions.webhooks import Webhooks
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
 from storage.db import Database
@@ -39,7 +40,11 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
         raise
     federation = Federation(cfg, db, keyring, clock, hooks=hooks, gate=gate)
     approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity))
-    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
+    webhooks = Webhooks(cfg, db, clock)
+    approvals.sinks.append(webhooks.publish)
+    svc = Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
+    svc.webhooks = webhooks
+    return svc
 
 
 def federation_of(svc: Service) -> Federation:

@@ -215,6 +215,22 @@ def _permission_parsers(sub: Any) -> None:
                            help="forever: answer the same ask for this namespace from now on")
         d.add_argument("--json", action="store_true")
 
+    sb = sub.add_parser("subscriptions", help="webhook subscriptions (signed deliveries, retries, dead letters)")
+    ssub = sb.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    sa = ssub.add_parser("add", help="subscribe a URL to events; prints the signing secret once")
+    sa.add_argument("--url", required=True)
+    sa.add_argument("--event", action="append", required=True, dest="events",
+                    help="repeatable: approval.requested, approval.decided, memory.stored, link.attested or *")
+    sa.add_argument("--json", action="store_true")
+    ssub.add_parser("list", help="subscriptions").add_argument("--json", action="store_true")
+    sd = ssub.add_parser("deliveries", help="deliveries, oldest first")
+    sd.add_argument("--status", choices=["pending", "delivered", "dead"])
+    sd.add_argument("--limit", type=int, default=100)
+    sd.add_argument("--json", action="store_true")
+    sr = ssub.add_parser("replay", help="queue a dead delivery again (the running node sends it)")
+    sr.add_argument("id", type=int)
+    sr.add_argument("--json", action="store_true")
+
 
 def resolve_config(args: argparse.Namespace) -> NodeConfig:
     env = dict(os.environ)
@@ -719,6 +735,53 @@ def _decide(choice: str) -> Handler:
 
 command("approvals approve")(_decide("approve"))
 command("approvals deny")(_decide("deny"))
+
+
+@command("subscriptions add")
+def _subscriptions_add(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        sub = await svc.webhooks.subscribe(args.url, args.events)
+        emit(args, sub, lambda d: f"subscription {d['id']} -> {d['url']} ({', '.join(d['events'])})\n"
+                                  f"signing secret (shown once): {d['secret']}")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("subscriptions list")
+def _subscriptions_list(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from storage import subscriptions
+
+    async def go(svc) -> int:
+        rows = await svc.db.read(subscriptions.list_)
+        emit(args, rows, lambda rows: "\n".join(f"{r['id']:>4}  {r['url']}  {', '.join(r['events'])}"
+                                                 for r in rows) or "no subscriptions")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("subscriptions deliveries")
+def _subscriptions_deliveries(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from storage import subscriptions
+
+    async def go(svc) -> int:
+        rows = [{"id": d.id, "subscription_id": d.subscription_id, "url": d.url, "event": d.event,
+                 "status": d.status, "attempts": d.attempts, "last_error": d.last_error, "created_at": d.created_at,
+                 "delivered_at": d.delivered_at}
+                for d in await svc.db.read(subscriptions.deliveries, args.status, args.limit)]
+        emit(args, rows, lambda rows: "\n".join(
+            f"{r['id']:>6}  {r['status']:<9} {r['event']:<18} attempts={r['attempts']}  {r['last_error'] or ''}"
+            for r in rows) or "no deliveries")
+        return EXIT_OK
+    return with_service(go, cfg)
+
+
+@command("subscriptions replay")
+def _subscriptions_replay(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    async def go(svc) -> int:
+        await svc.webhooks.replay(args.id)
+        emit(args, {"replayed": args.id}, lambda d: f"delivery {d['replayed']} queued again")
+        return EXIT_OK
+    return with_service(go, cfg)
 
 
 if __name__ == "__main__":

@@ -170,6 +170,16 @@ class ApprovalConfig:
 
 
 @dataclass(frozen=True)
+class SubscriptionsConfig:
+    # A failed webhook delivery is retried after these delays, then dead-lettered (replayable).
+    retry_delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
+    # Bound on one delivery's POST.
+    timeout_s: float = 5.0
+    # How often the sender looks for due deliveries (ones queued by other processes too).
+    poll_s: float = 0.5
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = "info"
 
@@ -187,6 +197,7 @@ class NodeConfig:
     hooks: HooksConfig = HooksConfig()
     permissions: PermissionsConfig = PermissionsConfig()
     approval: ApprovalConfig = ApprovalConfig()
+    subscriptions: SubscriptionsConfig = SubscriptionsConfig()
     log: LogConfig = LogConfig()
 
     # Derived paths: one place for the home layout (DESIGN.md section 2).
@@ -244,6 +255,7 @@ _SECTIONS: dict[str, type] = {
     "hooks": HooksConfig,
     "permissions": PermissionsConfig,
     "approval": ApprovalConfig,
+    "subscriptions": SubscriptionsConfig,
     "log": LogConfig,
 }
 
@@ -443,5 +455,7 @@ def _validate(cfg: NodeConfig) -> None:
         raise ConfigError("config_invalid", f"permissions.max_bytes_per_agent must be >= 0 (0 = no quota), "
                                             f"got {cfg.permissions.max_bytes_per_agent}")
     _validate_approval(cfg.approval)
+    _positive("subscriptions.timeout_s", cfg.subscriptions.timeout_s)
+    _positive("subscriptions.poll_s", cfg.subscriptions.poll_s)
     if cfg.log.level not in ("debug", "info", "warning", "error"):
         raise ConfigError("config_invalid", f"log.level must be debug|info|warning|error, got {cfg.log.level!r}")

@@ -113,6 +113,8 @@ class Node:
                     peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
                 peer_tasks.append(tg.create_task(self._sweep_loop(), name="approvals:sweep"))
+                if self.svc.webhooks is not None:
+                    peer_tasks.append(tg.create_task(self.svc.webhooks.run(lambda: self._closing), name="webhooks"))
                 await self._start_extras()
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})

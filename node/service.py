@@ -73,6 +73,8 @@ class Service:
         self.gate = gate
         # Pending actions an ``ask`` parks (docs/permissions.md); None = an ask refuses.
         self.approvals = approvals
+        # Webhook subscriptions (node.permissions.webhooks.Webhooks); None = events are not published.
+        self.webhooks: Any = None
         # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
         self.runtime: Any = None
 
@@ -128,6 +130,7 @@ class Service:
 
         queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
+        await self._publish("memory.stored", memory_dict(row))
         made = {"links": linked} if linked else {}
         return {**memory_dict(row), **made, **await self._after_write(queued, [row])}
 
@@ -296,6 +299,7 @@ class Service:
 
         scope, queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
+        await self._publish("link.attested", link_dict(row))
         return {**link_dict(row), **await self._after_write(queued, scope)}
 
     async def memory_verify(self, id: str) -> dict[str, Any]:
@@ -478,6 +482,10 @@ class Service:
         stop = refusal(decision)
         if stop is not None:
             raise ServiceError(*stop)
+
+    async def _publish(self, event: str, data: dict[str, Any]) -> None:
+        if self.webhooks is not None:
+            await self.webhooks.publish(event, data)
 
     async def _check_quota(self, adding_bytes: int) -> None:
         code = None if self.gate is None else await self.gate.quota_code(self.agent_id, adding_bytes)

@@ -210,7 +210,32 @@ _M6_APPROVALS = Migration(6, "approvals", (
     "CREATE INDEX IF NOT EXISTS pending_actions_status ON pending_actions(status, expires_at)",
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M5_PERMISSIONS, _M6_APPROVALS)
+_M7_SUBSCRIPTIONS = Migration(7, "subscriptions", (
+    # Webhook subscriptions and their deliveries (signed, retried, dead-lettered, replayable).
+    """CREATE TABLE IF NOT EXISTS subscriptions (
+        id INTEGER PRIMARY KEY,
+        url TEXT NOT NULL,
+        events TEXT NOT NULL,
+        secret TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS subscription_deliveries (
+        id INTEGER PRIMARY KEY,
+        subscription_id INTEGER NOT NULL,
+        event TEXT NOT NULL,
+        body BLOB NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending','delivered','dead')),
+        last_error TEXT NULL,
+        created_at INTEGER NOT NULL,
+        delivered_at INTEGER NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS subscription_deliveries_due ON subscription_deliveries(status, next_attempt_at)",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M5_PERMISSIONS, _M6_APPROVALS,
+                                     _M7_SUBSCRIPTIONS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
@@ -218,7 +243,7 @@ OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
     "change_log", "peer_state", "counters", "sync_pending", "permission_rules", "pending_actions",
-    "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "subscriptions", "subscription_deliveries", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
 })
 
 

@@ -55,6 +55,7 @@ class ApprovalPending(ServiceError):
 
 # Called after a decision (approval requested / decided), e.g. by webhook subscriptions.
 Listener = Callable[[str, dict[str, Any]], None]
+Sink = Callable[[str, dict[str, Any]], Awaitable[None]]
 Signer = Callable[[bytes], bytes | None]
 
 
@@ -110,13 +111,20 @@ class Approvals:
         self.agent_id = agent_id
         self.sign = sign
         self.listeners: list[Listener] = []
+        # Durable consumers (webhook subscriptions): awaited, so the event is queued before the reply.
+        self.sinks: list[Sink] = []
 
-    def _emit(self, event: str, data: dict[str, Any]) -> None:
+    async def _emit(self, event: str, data: dict[str, Any]) -> None:
         for listener in self.listeners:
             try:
                 listener(event, data)
             except Exception:  # a listener's failure never undoes a decision already committed
                 log.exception("approval listener failed")
+        for sink in self.sinks:
+            try:
+                await sink(event, data)
+            except Exception:  # the decision is committed; a lost notification is logged, not raised
+                log.exception("approval sink failed")
 
     async def park(self, agent: str, operation: str, namespace: str, call: dict[str, Any], ask: AskUser,
                    asked_by: str) -> ApprovalPending:
@@ -132,7 +140,7 @@ class Approvals:
         self.hooks.notify(HookEvent.ON_APPROVAL_REQUESTED, {
             "approval_id": row.id, "event": operation, "prompt": row.prompt, "options": list(row.options),
             "default": row.default_choice, "payload": call})
-        self._emit("approval.requested", data)
+        await self._emit("approval.requested", data)
         log.info("approval_requested", extra={"ev": {"id": row.id, "agent": agent, "operation": operation,
                                                      "namespace": namespace, "asked_by": asked_by}})
         return ApprovalPending(row.id, f"{asked_by} asks for approval: {ask.prompt}; pending action {row.id} "
@@ -189,7 +197,7 @@ class Approvals:
         decided = await self.get(action_id)
         self.hooks.notify(HookEvent.ON_APPROVAL_DECIDED, {"approval_id": action_id, "event": current.operation,
                                                           "choice": choice, "decided_by": decided_by})
-        self._emit("approval.decided", decided)
+        await self._emit("approval.decided", decided)
         log.info("approval_decided", extra={"ev": {"id": action_id, "choice": choice, "decided_by": decided_by,
                                                    "status": decided["status"]}})
         return decided
@@ -200,6 +208,6 @@ class Approvals:
         for a in expired:
             self.hooks.notify(HookEvent.ON_APPROVAL_DECIDED, {"approval_id": a.id, "event": a.operation,
                                                               "choice": "expired", "decided_by": "sweeper"})
-            self._emit("approval.decided", {**action_dict(a), "status": "expired", "decided_by": "sweeper"})
+            await self._emit("approval.decided", {**action_dict(a), "status": "expired", "decided_by": "sweeper"})
             log.info("approval_expired", extra={"ev": {"id": a.id, "operation": a.operation}})
         return len(expired)
