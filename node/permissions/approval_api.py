@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,8 @@ class _Handlers:
                 q.put_nowait((event, data))
 
     @web.middleware
-    async def signed(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def signed(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
         body = await request.content.read(MAX_BODY_BYTES + 1)
         try:
             if len(body) > MAX_BODY_BYTES:
