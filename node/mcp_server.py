@@ -31,18 +31,8 @@ from mcp.server.stdio import stdio_server
 from node.config import LimitsConfig, NodeConfig
 from node.errors import describe
 from node.ratelimit import RateLimiter
-from node.tools import (
-    CONNECT_TIMEOUT_S,
-    JSON,
-    MAX_FRAME_BYTES,
-    ServiceBackend,
-    SocketClientBackend,
-    ToolBackend,
-    encode_frame,
-    error_reply,
-    read_frame,
-    tool_specs,
-)
+from node.tools import (CONNECT_TIMEOUT_S, MAX_FRAME_BYTES, JSON, ServiceBackend, SocketClientBackend,
+                        ToolBackend, encode_frame, error_reply, read_frame, tool_specs)
 
 log = logging.getLogger("node.mcp")
 
