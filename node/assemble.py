@@ -11,6 +11,9 @@ from node.config import NodeConfig
 from node.federation import Federation
 from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
+from node.permissions.approvals import Approvals, signer
+from node.permissions.gate import Gate
+from node.permissions.webhooks import Webhooks
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
 from storage.backend import open_database
@@ -30,8 +33,19 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
     st = cfg.storage
     db = await open_database(backend=st.backend, path=cfg.db_path, dsn=st.dsn, batch_max=st.batch_max,
                              readers=st.readers, synchronous=st.synchronous, age=st.age)
-    federation = Federation(cfg, db, keyring, clock, hooks=hooks)
-    return Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks)
+    # One permission gate for local operations and peer writes (docs/permissions.md).
+    try:
+        gate = await Gate.open(cfg, db)
+    except BaseException:
+        await db.close()
+        raise
+    federation = Federation(cfg, db, keyring, clock, hooks=hooks, gate=gate)
+    approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity))
+    webhooks = Webhooks(cfg, db, clock)
+    approvals.sinks.append(webhooks.publish)
+    svc = Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
+    svc.webhooks = webhooks
+    return svc
 
 
 def federation_of(svc: Service) -> Federation:

@@ -70,12 +70,21 @@ def _readiness(svc: Any) -> dict[str, Any] | None:
     return svc.runtime.readiness()[1]
 
 
+def _permissions(svc: Any) -> dict[str, Any]:
+    """The permission gate: its mode and a one-line summary per rule (docs/permissions.md)."""
+    if svc.gate is None:
+        return {"mode": "off", "rule_summary": []}
+    snapshot: dict[str, Any] = svc.gate.snapshot()
+    return snapshot
+
+
 SECTIONS: dict[str, Section] = {
     "trust": _trust,
     "sync": _sync,
     "profiles": _profiles,
     "storage": _storage,
     "readiness": _readiness,
+    "permissions": _permissions,
 }
 
 

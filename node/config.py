@@ -172,6 +172,43 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class PermissionsConfig:
+    # The rules file (docs/permissions.md): mode, default and [[rules]]; no file = no file rules.
+    config: Path = Path("permissions.toml")
+    # How often the gate looks at the file (and at the runtime rules table) for changes.
+    reload_check_s: float = 1.0
+    # Per-agent storage quota: content + title bytes of the memories an agent wrote (local or peer);
+    # a new memory past it is refused (quota_exceeded). 0 = no quota.
+    max_bytes_per_agent: int = 0
+
+
+@dataclass(frozen=True)
+class ApprovalConfig:
+    # false turns the approval HTTP API off (pending actions are still decided over the CLI and MCP).
+    enabled: bool = True
+    # A pending action not decided within this is expired by the sweeper and never applied.
+    default_timeout_seconds: float = 300.0
+    sweep_interval_s: float = 5.0
+    # The HMAC-signed approval API on the local interface; 0 = not served.
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    # A signed request's timestamp must be within this of the node's clock; its nonce is kept as long.
+    timestamp_window_s: float = 60.0
+    # After a key rotation the previous key still verifies for this long.
+    key_grace_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class SubscriptionsConfig:
+    # A failed webhook delivery is retried after these delays, then dead-lettered (replayable).
+    retry_delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
+    # Bound on one delivery's POST.
+    timeout_s: float = 5.0
+    # How often the sender looks for due deliveries (ones queued by other processes too).
+    poll_s: float = 0.5
+
+
+@dataclass(frozen=True)
 class LogConfig:
     # AI_MEMORY_LOG_LEVEL overrides it.
     level: str = "info"
@@ -191,6 +228,9 @@ class NodeConfig:
     federation: FederationConfig = FederationConfig()
     mcp: McpConfig = McpConfig()
     hooks: HooksConfig = HooksConfig()
+    permissions: PermissionsConfig = PermissionsConfig()
+    approval: ApprovalConfig = ApprovalConfig()
+    subscriptions: SubscriptionsConfig = SubscriptionsConfig()
     log: LogConfig = LogConfig()
 
     # Derived paths: one place for the home layout (DESIGN.md section 2).
@@ -222,6 +262,10 @@ class NodeConfig:
     def hooks_path(self) -> Path:
         return self._in_home(self.hooks.config)
 
+    @property
+    def permissions_path(self) -> Path:
+        return self._in_home(self.permissions.config)
+
     def _in_home(self, p: Path) -> Path:
         p = p.expanduser()
         return p if p.is_absolute() else self.home / p
@@ -243,6 +287,9 @@ _SECTIONS: dict[str, type] = {
     "federation": FederationConfig,
     "mcp": McpConfig,
     "hooks": HooksConfig,
+    "permissions": PermissionsConfig,
+    "approval": ApprovalConfig,
+    "subscriptions": SubscriptionsConfig,
     "log": LogConfig,
 }
 
@@ -337,12 +384,12 @@ def _coerce(dotted: str, f: dataclasses.Field, value: Any) -> Any:
     if isinstance(default, tuple):
         items = _expect(list, dotted, value)
         return tuple(float(_expect((int, float), f"{dotted}[{i}]", v)) for i, v in enumerate(items))
+    if isinstance(default, bool | str):  # before int: a bool is an int
+        return _expect(type(default), dotted, value)
     if isinstance(default, float):
         return float(_expect((int, float), dotted, value))
     if isinstance(default, int):
         return _expect(int, dotted, value)
-    if isinstance(default, str):
-        return _expect(str, dotted, value)
     return value
 
 
@@ -411,6 +458,16 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 MAX_PORT = 65535
 
 
+def _validate_approval(a: ApprovalConfig) -> None:
+    for key in ("default_timeout_seconds", "sweep_interval_s", "timestamp_window_s", "key_grace_s"):
+        _positive(f"approval.{key}", getattr(a, key))
+    if not 0 <= a.http_port <= MAX_PORT:
+        raise ConfigError("config_invalid", f"approval.http_port must be in 0..65535, got {a.http_port!r}")
+    if a.http_host not in ("127.0.0.1", "::1"):
+        raise ConfigError("config_invalid", f"approval.http_host must be 127.0.0.1 or ::1 (the approval API is "
+                                            f"local only), got {a.http_host!r}")
+
+
 def _validate(cfg: NodeConfig) -> None:
     _all_positive(cfg, [f"{section}.{f.name}" for section in ("limits", "kg")
                         for f in dataclasses.fields(getattr(cfg, section))])
@@ -474,6 +531,17 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
     _validate_hooks(cfg.hooks)
     _validate_log(cfg.log)
     _validate_profile(cfg.mcp.profile)
+    _validate_permissions(cfg)
+
+
+def _validate_permissions(cfg: NodeConfig) -> None:
+    _positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
+    if cfg.permissions.max_bytes_per_agent < 0:
+        raise ConfigError("config_invalid", f"permissions.max_bytes_per_agent must be >= 0 (0 = no quota), "
+                                            f"got {cfg.permissions.max_bytes_per_agent}")
+    _validate_approval(cfg.approval)
+    _positive("subscriptions.timeout_s", cfg.subscriptions.timeout_s)
+    _positive("subscriptions.poll_s", cfg.subscriptions.poll_s)
 
 
 def _validate_profile(profile: str) -> None:

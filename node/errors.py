@@ -34,6 +34,10 @@ _STATUS = {
     "sender_mismatch": 403,
     "quorum_not_reached": 503,
     "duplicate_link": 409,
+    "permission_denied": 403,
+    "quota_exceeded": 403,
+    "already_decided": 409,
+    "approval_expired": 410,
 }
 
 

@@ -33,6 +33,8 @@ from node.errors import ServiceError
 from node.hooks import HookError, HookEvent, Hooks, NoHooks
 from node.kg import invalidation_wire
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
+from node.permissions.gate import Gate, refusal
+from node.permissions.rules import Operation
 from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
 from storage import changelog, events, graph, links, memories, outbox
@@ -119,8 +121,10 @@ class Federation:
     """The node's replication policy; the service's ``Replicator``."""
 
     def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, clock: Clock,
-                 hooks: Hooks | None = None) -> None:
+                 hooks: Hooks | None = None, gate: Gate | None = None) -> None:
         self.cfg = cfg
+        # The same permission gate as local operations: a peer's write is admitted as a local one is.
+        self.gate = gate
         # Operator hooks on inbound changes (pre/post_federated_*, docs/hooks.md).
         self.hooks: Hooks = hooks if hooks is not None else NoHooks()
         self.db = db
@@ -256,7 +260,10 @@ class Federation:
         if stored is not None and not self.visible_to(sender, stored):
             # Answered exactly as if absent: an ACK never tells a peer whether a memory it may not see exists.
             return await self._as_if_absent(m, sender)
-        code = _against_stored(stored, m, self.cfg.federation.max_version_step)
+        operation = Operation.STORE if stored is None else Operation.UPDATE
+        code = (_against_stored(stored, m, self.cfg.federation.max_version_step)
+                or await self._gate_code(sender, m["namespace"], operation)
+                or (await self._quota_code(m) if stored is None else None))
         if code is not None:
             return self._refused(code, sender, m)
         row = _memory_row(body, level, sender)
@@ -432,7 +439,27 @@ class Federation:
             await self.hooks.fire(HookEvent.PRE_FEDERATED_LINK, hook_payload)
         except HookError as e:
             return e.code
-        return None if await self._ends_visible(sender, ids) else "unknown_memory"
+        if not await self._ends_visible(sender, ids):
+            return "unknown_memory"
+        if self.gate is not None:
+            for ns in sorted({m.namespace for m in (await self.db.read(memories.get_many, ids)).values()}):
+                code = await self._gate_code(sender, ns, Operation.LINK)
+                if code is not None:
+                    return code
+        return None
+
+    async def _quota_code(self, m: dict[str, Any]) -> str | None:
+        """A new memory past its writer's storage quota is refused, as a local one is."""
+        if self.gate is None:
+            return None
+        return await self.gate.quota_code(m["writer"], len(m["content"].encode()) + len(m["title"].encode()))
+
+    async def _gate_code(self, sender: str, namespace: str, operation: Operation) -> str | None:
+        """The reject code when the permission gate stops ``sender``'s write, as it would a local one."""
+        if self.gate is None:
+            return None
+        stop = refusal(await self.gate.admit(sender, namespace, operation))
+        return None if stop is None else stop[0]
 
     async def _ends_visible(self, sender: str, ids: set[str]) -> bool:
         """True once every id is stored and ``sender`` may see it; waits up to ``orphan_hold_s`` for a

@@ -123,6 +123,9 @@ class Node:
                     peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
                     peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
+                peer_tasks.append(tg.create_task(self._sweep_loop(), name="approvals:sweep"))
+                if self.svc.webhooks is not None:
+                    peer_tasks.append(tg.create_task(self.svc.webhooks.run(lambda: self._closing), name="webhooks"))
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
                 await stop.wait()
@@ -159,7 +162,11 @@ class Node:
             task.cancel()
 
     async def _start_extras(self) -> None:
-        """Local MCP transports (stdio joins over the socket; HTTP when configured)."""
+        """The HMAC approval API when configured, and the local MCP transports (stdio joins over the socket;
+        HTTP when configured)."""
+        if self.cfg.approval.enabled and self.cfg.approval.http_port:
+            from node.permissions.approval_api import start_approval_api
+            self.extra_services.append(await start_approval_api(self.svc, self.cfg))
         try:
             from node import mcp_server
         except ImportError:
@@ -187,6 +194,18 @@ class Node:
         tmp = self._status_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(status))
         os.replace(tmp, self._status_path)
+
+    # ---- pending actions ------------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        """Expire pending actions past their time every ``approval.sweep_interval_s``."""
+        approvals = self.svc.approvals
+        while not self._closing and approvals is not None:
+            try:
+                await approvals.sweep()
+            except Exception as e:  # the disk may refuse for a while; the next round retries
+                log.warning("approval_sweep_failed", extra={"ev": {"error": f"{type(e).__name__}: {e}"}})
+            await asyncio.sleep(self.cfg.approval.sweep_interval_s)
 
     # ---- catch-up -------------------------------------------------------------------------
 

@@ -37,6 +37,8 @@ FAMILY_OF: dict[str, Family] = {
     "memory_kg_invalidate": Family.GRAPH,
     "memory_peers": Family.ADMIN,
     "memory_capabilities": Family.ADMIN,
+    "memory_approval_list": Family.ADMIN,
+    "memory_approval_decide": Family.ADMIN,
     "memory_update": Family.POWER,
     "memory_list": Family.POWER,
 }

@@ -18,9 +18,14 @@ from node import attest
 from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
-from node.hooks import HookEvent, Hooks, NoHooks
+from node.hooks import ApprovalRequired, HookEvent, Hooks, NoHooks
+from node.hooks.decision import AskUser
 from node.kg import KnowledgeGraph
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
+from node.permissions import approvals as approval
+from node.permissions.approvals import APPROVED, Approvals
+from node.permissions.gate import Gate, refusal
+from node.permissions.rules import Operation
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
 from storage import changelog, events, links, memories, outbox
@@ -55,7 +60,8 @@ class Service:
     """Operations on one node's store. Built by ``node.assemble.open_service(cfg)``; close with ``close()``."""
 
     def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, *, clock: Clock = now_ms,
-                 replicator: Replicator | None = None, hooks: Hooks | None = None) -> None:
+                 replicator: Replicator | None = None, hooks: Hooks | None = None,
+                 gate: Gate | None = None, approvals: Approvals | None = None) -> None:
         self.cfg = cfg
         # Operator hooks (docs/hooks.md) fired around each operation; NoHooks when none are wanted.
         self.hooks: Hooks = hooks if hooks is not None else NoHooks()
@@ -64,6 +70,12 @@ class Service:
         self.identity = keyring.identity
         self.clock = clock
         self.replicator = replicator
+        # The permission gate (docs/permissions.md); None = no permissions (tests, tools).
+        self.gate = gate
+        # Pending actions an ``ask`` parks (docs/permissions.md); None = an ask refuses.
+        self.approvals = approvals
+        # Webhook subscriptions (node.permissions.webhooks.Webhooks); None = events are not published.
+        self.webhooks: Any = None
         # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
         self.runtime: Any = None
         # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
@@ -93,12 +105,19 @@ class Service:
         check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
         self._check_db_budget()
         memory_id = str(uuid.uuid4())
-        p = await self.hooks.fire(HookEvent.PRE_STORE, {
+        call = {"method": "memory_store", "args": {
+            "content": content, "title": title, "namespace": namespace, "tags": list(tags), "priority": priority,
+            "confidence": confidence, "source": source}}
+        p = await self._fire_pre(HookEvent.PRE_STORE, {
             "id": memory_id, "content": content, "title": title, "namespace": namespace, "tags": list(tags),
-            "priority": priority, "confidence": confidence, "source": source, "agent_id": self.agent_id})
+            "priority": priority, "confidence": confidence, "source": source, "agent_id": self.agent_id},
+            Operation.STORE, namespace, call)
         content, title, namespace, tags, priority, confidence, source = (
             p[k] for k in ("content", "title", "namespace", "tags", "priority", "confidence", "source"))
         check_memory_fields(self.cfg.limits, content, title, namespace, tags, priority, confidence, source)
+        await self._permit(namespace, Operation.STORE, call)
+        await self._check_quota(len(content.encode()) + len(title.encode()))
+        approved = APPROVED.get()
         ts = self.clock()
         proposed = self._proposed_link_rows(memory_id, p.get("links", ()), ts)
         linked: list[dict[str, Any]] = []
@@ -108,11 +127,13 @@ class Service:
             writer=self.agent_id, version=1, created_at=ts, updated_at=ts, share_with=self._share_with(namespace)))
 
         def write(conn: Any) -> Queued:
+            self._claim(conn, approved, ts)
             memories.insert(conn, row)
             return self._record_version(conn, row, ts) + self._insert_proposed_links(conn, row, proposed, ts, linked)
 
         queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
+        await self._publish("memory.stored", memory_dict(row))
         made = {"links": linked} if linked else {}
         return {**memory_dict(row), **made, **await self._after_write(queued, [row])}
 
@@ -130,9 +151,13 @@ class Service:
         if current is None:
             raise ServiceError("not_found", f"no memory with id {memory_id!r}")
         fields = ("content", "title", "tags", "priority", "confidence", "source")
-        p = await self.hooks.fire(HookEvent.PRE_UPDATE, {"id": memory_id, "current": memory_dict(current),
-                                                         **{k: given.get(k) for k in fields}})
+        call = {"method": "memory_update", "args": {"memory_id": memory_id, **given}}
+        p = await self._fire_pre(HookEvent.PRE_UPDATE, {"id": memory_id, "current": memory_dict(current),
+                                                        **{k: given.get(k) for k in fields}},
+                                 Operation.UPDATE, current.namespace, call)
         given = {k: p[k] for k in fields if p[k] is not None}
+        await self._permit(current.namespace, Operation.UPDATE, call)
+        approved = APPROVED.get()
         merged = {**memory_dict(current), **given}
         check_memory_fields(self.cfg.limits, merged["content"], merged["title"], merged["namespace"],
                             merged["tags"], merged["priority"], merged["confidence"], merged["source"])
@@ -143,6 +168,7 @@ class Service:
             if old is None:
                 raise ServiceError("not_found", f"no memory with id {memory_id!r}")
             self._check_may_write(old)
+            self._claim(conn, approved, ts)
             row = self._signed(memories.next_version(old, writer=self.agent_id, updated_at=ts, **given))
             memories.overwrite(conn, row)
             return row, self._record_version(conn, row, ts)
@@ -187,6 +213,7 @@ class Service:
         row = await self.db.read(memories.get, memory_id)
         if row is None:
             raise ServiceError("not_found", f"no memory with id {memory_id!r}")
+        await self._permit(row.namespace, Operation.GET)
         return memory_dict(row)
 
     async def memory_list(self, *, namespace: str | None = None, limit: int = 50,
@@ -194,8 +221,11 @@ class Service:
         self._check_limit(limit)
         if offset < 0:
             raise ServiceError("bad_input", f"offset must be >= 0, got {offset}")
+        if namespace is not None:
+            await self._permit(namespace, Operation.LIST)
         rows = await self.db.read(memories.list_, namespace, limit, offset)
-        return [memory_dict(r) for r in rows]
+        readable = await self._readable({r.namespace for r in rows}, Operation.LIST)
+        return [memory_dict(r) for r in rows if r.namespace in readable]
 
     async def memory_recall(self, query: str, *, limit: int = 10,
                             namespace: str | None = None) -> list[dict[str, Any]]:
@@ -208,8 +238,11 @@ class Service:
             raise ServiceError("too_large",
                                f"query is {len(query)} chars, the limit is {self.cfg.limits.max_query_chars}")
         self._check_limit(limit)
+        if namespace is not None:
+            await self._permit(namespace, Operation.RECALL)
         hits = await self.db.read(memories.recall, query, limit, namespace)
-        results = [{**memory_dict(r), "score": score} for r, score in hits]
+        readable = await self._readable({r.namespace for r, _ in hits}, Operation.RECALL)
+        results = [{**memory_dict(r), "score": score} for r, score in hits if r.namespace in readable]
         await self.hooks.fire(HookEvent.POST_RECALL, {"query": query, "limit": limit, "namespace": namespace,
                                                       "results": results})
         return results
@@ -219,8 +252,11 @@ class Service:
     async def memory_link(self, src_id: str, dst_id: str, relation: str, *, valid_until: int | None = None,
                           confidence: float | None = None) -> dict[str, Any]:
         """Link two stored memories; signed with the node key (self_signed) when it has one."""
-        p = await self.hooks.fire(HookEvent.PRE_LINK, {"src_id": src_id, "dst_id": dst_id, "relation": relation,
-                                                       "valid_until": valid_until, "confidence": confidence})
+        call = {"method": "memory_link", "args": {"src_id": src_id, "dst_id": dst_id, "relation": relation,
+                                                  "valid_until": valid_until, "confidence": confidence}}
+        p = await self._fire_pre(HookEvent.PRE_LINK, {"src_id": src_id, "dst_id": dst_id, "relation": relation,
+                                                      "valid_until": valid_until, "confidence": confidence},
+                                 Operation.LINK, "", call)
         relation, valid_until, confidence = p["relation"], p["valid_until"], p["confidence"]
         self._check_id("src_id", src_id)
         self._check_id("dst_id", dst_id)
@@ -239,6 +275,11 @@ class Service:
             raise ServiceError("bad_input", e.message) from None
         if valid_until is not None and valid_until <= ts:
             raise ServiceError("bad_input", f"valid_until {valid_until} is not in the future (now {ts} ms)")
+        if self.gate is not None:
+            # A link is written into both of its ends' namespaces: both must permit it.
+            for ns in sorted({m.namespace for m in (await self.db.read(memories.get_many, {src_id, dst_id})).values()}):
+                await self._permit(ns, Operation.LINK, call)
+        approved = APPROVED.get()
         signature = attest.sign(self.identity.private_key, payload) if self.identity else None
         level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
         row = LinkRow(link_id=payload.link_id, **payload.to_dict(),
@@ -251,6 +292,7 @@ class Service:
             missing = sorted({src_id, dst_id} - set(ends))
             if missing:
                 raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
+            self._claim(conn, approved, ts)
             links.insert(conn, row)
             events.append(conn, "link", row.link_id, self.agent_id, row.link_id, signature, ts)
             changelog.append(conn, "link", row.link_id, 1, ts)
@@ -260,6 +302,7 @@ class Service:
 
         scope, queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
+        await self._publish("link.attested", link_dict(row))
         return {**link_dict(row), **await self._after_write(queued, scope)}
 
     async def memory_verify(self, id: str) -> dict[str, Any]:
@@ -281,6 +324,7 @@ class Service:
         memory = await self.db.read(memories.get, id)
         if memory is None:
             raise ServiceError("not_found", f"no link or memory with id {id!r}")
+        await self._permit(memory.namespace, Operation.VERIFY)
         verified, reason = self._verify_signature(MemoryPayload.of(memory), memory.signature, memory.signed_by,
                                                   "memory version")
         return {"memory_id": memory.id, "version": memory.version, "signature_verified": verified,
@@ -431,6 +475,96 @@ class Service:
         if self.cfg.federation.write_quorum != 1:
             result["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
         return result
+
+    # ---- permissions ----------------------------------------------------------------------
+
+    async def _permit(self, namespace: str, operation: Operation, call: dict[str, Any] | None = None) -> None:
+        """Raise ``permission_denied`` when the gate stops this node's agent; an ask parks a write (``call``)
+        as a pending action (``approval_required`` with its id), or refuses a read."""
+        if self.gate is None:
+            return
+        decision = await self.gate.admit(self.agent_id, namespace, operation)
+        if isinstance(decision, AskUser):
+            if APPROVED.get() is not None:
+                return  # this is the approved action running: the ask has been answered
+            if call is not None and self.approvals is not None:
+                raise await self.approvals.park(self.agent_id, str(operation), namespace, call, decision,
+                                                "a permission rule")
+        stop = refusal(decision)
+        if stop is not None:
+            raise ServiceError(*stop)
+
+    async def _publish(self, event: str, data: dict[str, Any]) -> None:
+        if self.webhooks is not None:
+            await self.webhooks.publish(event, data)
+
+    async def _check_quota(self, adding_bytes: int) -> None:
+        code = None if self.gate is None else await self.gate.quota_code(self.agent_id, adding_bytes)
+        if code is not None:
+            raise ServiceError(code, f"{self.agent_id} would pass its storage quota of "
+                                     f"{self.cfg.permissions.max_bytes_per_agent} bytes "
+                                     "(permissions.max_bytes_per_agent); the memory was not stored")
+
+    async def _fire_pre(self, event: HookEvent, payload: dict[str, Any], operation: Operation, namespace: str,
+                        call: dict[str, Any]) -> dict[str, Any]:
+        """A write's pre hooks; a hook's AskUser parks the call as a rule's ask does (same pending path)."""
+        try:
+            return await self.hooks.fire(event, payload)
+        except ApprovalRequired as e:
+            if APPROVED.get() is not None:
+                return dict(e.payload)
+            if self.approvals is None:
+                raise
+            raise await self.approvals.park(self.agent_id, str(operation), namespace, call, e.ask,
+                                            f"hook {e.hook!r}") from None
+
+    def _claim(self, conn: Any, approved: approval.Approved | None, ts: int) -> None:
+        """In an approved action's write transaction: mark it applied, or refuse (decided or expired)."""
+        if approved is not None:
+            approval.claim(conn, approved, ts, self.agent_id, approval.signer(self.identity))
+
+    # ---- approvals ------------------------------------------------------------------------
+
+    async def approval_list(self, *, status: str | None = "pending", limit: int = 100) -> list[dict[str, Any]]:
+        """Pending actions (or those of another status), oldest first; times in unix ms."""
+        return await self._approvals().list(status, limit)
+
+    async def approval_decide(self, action_id: str, choice: str, *, decided_by: str = "local",
+                              remember: str = "once") -> dict[str, Any]:
+        """Approve (the parked write runs now, exactly once) or deny a pending action. ``remember = forever``
+        with an approval adds a runtime rule answering the same ask from now on."""
+        self._check_id("id", action_id)
+        if remember not in ("once", "forever"):
+            raise ServiceError("bad_input", f"remember must be once or forever, got {remember!r}")
+        decided = await self._approvals().decide(action_id, choice, decided_by, self._replay)
+        if remember == "forever" and choice == approval.APPROVE and self.gate is not None:
+            rule = await self.gate.add_rule({"agent": decided["agent"], "namespace": decided["namespace"] or "*",
+                                             "operations": [decided["operation"]], "action": "approved"},
+                                            decided_by, self.clock())
+            decided = {**decided, "remembered": rule.summary()}
+        return decided
+
+    def _approvals(self) -> Approvals:
+        if self.approvals is None:
+            raise ServiceError("approvals_unavailable", "this service was built without pending actions")
+        return self.approvals
+
+    async def _replay(self, call: dict[str, Any]) -> Any:
+        method, args = call.get("method"), dict(call.get("args") or {})
+        match method:
+            case "memory_store":
+                return await self.memory_store(args.pop("content"), **args)
+            case "memory_update":
+                return await self.memory_update(args.pop("memory_id"), **args)
+            case "memory_link":
+                return await self.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
+        raise ServiceError("bad_input", f"a pending action cannot run {method!r}")
+
+    async def _readable(self, namespaces: set[str], operation: Operation) -> set[str]:
+        """Those of ``namespaces`` the gate lets this node's agent read (results in others are left out)."""
+        if self.gate is None:
+            return namespaces
+        return {ns for ns in namespaces if refusal(await self.gate.admit(self.agent_id, ns, operation)) is None}
 
     # ---- validation -----------------------------------------------------------------------
 

@@ -166,6 +166,15 @@ def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSp
         ToolSpec("memory_peers", "Trusted peers, live link state.", _obj({})),
         ToolSpec("memory_capabilities", "Node state: key, counts, limits.",
                  _obj({"version": {"enum": [2, 3]}})),
+        ToolSpec("memory_approval_list", "Pending actions (writes parked by an ask), oldest first.",
+                 _obj({"status": {"enum": ["pending", "applied", "denied", "expired", "failed"],
+                                  "default": "pending"},
+                       "limit": _int(1, lim.max_recall_limit, 100)})),
+        ToolSpec("memory_approval_decide", "Approve (runs the parked write once) or deny a pending action.",
+                 _obj({"id": _text(lim.max_id_chars, min_chars=1), "choice": {"enum": ["approve", "deny"]},
+                       "remember": {"enum": ["once", "forever"], "default": "once"},
+                       "decided_by": _text(256, min_chars=1)},
+                      ("id", "choice"))),
     )
 
 
@@ -186,7 +195,7 @@ TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
 LOADERS = frozenset(s.name for s in loader_specs())
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
-                             "memory_capabilities"})
+                             "memory_capabilities", "memory_approval_list"})
 
 class ArgValidator:
     """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
@@ -299,11 +308,24 @@ class ServiceBackend:
                 return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
             case "memory_verify":
                 return await s.memory_verify(_one_verify_id(args))
-            case "memory_peers":
-                return await s.peers()
-            case "memory_capabilities":
-                return await s.capabilities(**args)
+            case "memory_peers" | "memory_capabilities" | "memory_approval_list" | "memory_approval_decide":
+                return await _state_call(s, name, args)
         raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
+
+
+async def _state_call(s: Any, name: str, args: dict[str, Any]) -> JSON:
+    """The tools about the node rather than one memory: peers, capabilities, approvals."""
+    match name:
+        case "memory_peers":
+            return await s.peers()
+        case "memory_capabilities":
+            return await s.capabilities(**args)
+        case "memory_approval_list":
+            return await s.approval_list(**args)
+        case "memory_approval_decide":
+            return await s.approval_decide(args.pop("id"), args.pop("choice"),
+                                           decided_by=args.pop("decided_by", "mcp"), **args)
+    raise ServiceError("unknown_tool", f"no tool named {name!r}")  # unreachable: checked above
 
 
 def _one_verify_id(args: dict[str, Any]) -> str:

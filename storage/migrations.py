@@ -190,15 +190,76 @@ _M4_KG = Migration(4, "knowledge_graph", (
     "CREATE INDEX IF NOT EXISTS link_invalidations_link ON link_invalidations(link_id, valid_until)",
 ))
 
-MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG)
+_M5_PERMISSIONS = Migration(5, "permissions", (
+    # Permission rules added at run time (`ai-memory permissions add`); the file's rules are not stored.
+    """CREATE TABLE IF NOT EXISTS permission_rules (
+        id INTEGER PRIMARY KEY,
+        agent TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        operations TEXT NOT NULL,
+        action TEXT NOT NULL CHECK (action IN ('allow','deny','ask','approved')),
+        inherit INTEGER NOT NULL DEFAULT 1,
+        created_by TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+))
+
+_M6_APPROVALS = Migration(6, "approvals", (
+    # Operations parked by an `ask` (a rule or a hook): applied exactly once on approval, or never.
+    """CREATE TABLE IF NOT EXISTS pending_actions (
+        id TEXT PRIMARY KEY,
+        agent TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        call TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        options TEXT NOT NULL,
+        default_choice TEXT NOT NULL,
+        asked_by TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending','applied','denied','expired','failed')),
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        decided_at INTEGER NULL,
+        decided_by TEXT NULL,
+        result TEXT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS pending_actions_status ON pending_actions(status, expires_at)",
+))
+
+_M7_SUBSCRIPTIONS = Migration(7, "subscriptions", (
+    # Webhook subscriptions and their deliveries (signed, retried, dead-lettered, replayable).
+    """CREATE TABLE IF NOT EXISTS subscriptions (
+        id INTEGER PRIMARY KEY,
+        url TEXT NOT NULL,
+        events TEXT NOT NULL,
+        secret TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS subscription_deliveries (
+        id INTEGER PRIMARY KEY,
+        subscription_id INTEGER NOT NULL,
+        event TEXT NOT NULL,
+        body BLOB NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at INTEGER NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending','delivered','dead')),
+        last_error TEXT NULL,
+        created_at INTEGER NOT NULL,
+        delivered_at INTEGER NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS subscription_deliveries_due ON subscription_deliveries(status, next_attempt_at)",
+))
+
+MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
+                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
 OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
-    "change_log", "peer_state", "counters", "sync_pending", "link_invalidations", "sqlite_sequence",
-    "sqlite_stat1", "sqlite_stat4",
+    "change_log", "peer_state", "counters", "sync_pending", "link_invalidations", "permission_rules",
+    "pending_actions", "subscriptions", "subscription_deliveries", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
 })
 
 

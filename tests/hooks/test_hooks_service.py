@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig
-from node.hooks import SPECS, ApprovalRequired, HookEvent, HookRefused
+from node.hooks import SPECS, HookEvent, HookRefused
 from node.hooks.pipeline import HookPipeline
+from node.permissions.approvals import ApprovalPending
 from tests.hooks.conftest import log_lines, rows
 from tests.hooks.scripts import hook, write_hooks_toml
 
@@ -81,15 +82,15 @@ async def test_modify_that_breaks_a_limit_is_refused_by_the_service(open_service
     assert e.value.code == "bad_input"
 
 
-async def test_ask_user_is_refused_as_approval_required_with_the_prompt(open_service, scripts,
-                                                                        cfg: NodeConfig) -> None:
+async def test_ask_user_parks_the_store_as_approval_required_with_the_prompt(open_service, scripts,
+                                                                             cfg: NodeConfig) -> None:
     exe, _ = scripts
     svc = await open_service([hook("ask", ["pre_store"], exe, "ask", "Store a memory about payroll?")])
-    with pytest.raises(ApprovalRequired) as e:
+    with pytest.raises(ApprovalPending) as e:
         await svc.memory_store("payroll details")
     assert e.value.code == "approval_required"
     assert "Store a memory about payroll?" in e.value.message
-    assert e.value.payload["content"] == "payroll details"
+    assert (await svc.approvals.get(e.value.action_id))["call"]["args"]["content"] == "payroll details"
     assert rows(cfg, "SELECT count(*) FROM memories") == [(0,)]
 
 

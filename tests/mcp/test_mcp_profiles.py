@@ -28,17 +28,19 @@ def listing_bytes(names: list[str]) -> int:
 
 
 def test_the_before_numbers_cover_every_tool_there_is() -> None:
-    assert set(BEFORE_BYTES) | set(KG_BEFORE_BYTES) == set(TOOL_NAMES)
+    assert set(BEFORE_BYTES) | set(KG_BEFORE_BYTES) | set(APPROVAL_BEFORE_BYTES) == set(TOOL_NAMES)
 
 
 # The knowledge-graph tools as they were listed when they landed (bytes each, before compact schemas).
 KG_BEFORE_BYTES = {"memory_kg_query": 883, "memory_find_paths": 936, "memory_kg_timeline": 420,
                    "memory_kg_invalidate": 456}
+# The approval tools with the descriptive schemas they were written with (bytes each).
+APPROVAL_BEFORE_BYTES = {"memory_approval_list": 540, "memory_approval_decide": 728}
 
 
 @pytest.mark.parametrize("family", list(Family))
 def test_each_profile_lists_at_most_half_the_bytes_of_the_same_tools_before(family: Family) -> None:
-    before = {**BEFORE_BYTES, **KG_BEFORE_BYTES}
+    before = {**BEFORE_BYTES, **KG_BEFORE_BYTES, **APPROVAL_BEFORE_BYTES}
     names = listed([*TOOL_NAMES, *LOADERS], [family])
     old = [n for n in names if n in before]
     # The same tools as before, at equal information (bounds, units and id formats said once, in the
@@ -119,7 +121,7 @@ async def test_capabilities_v3_keeps_every_v2_field_and_v2_is_asked_for(home) ->
             assert v3[key] == v2[key], key
         assert v2["mcp"] == {"transport": "stdio", "mode": "embedded"}
         assert v3["mcp"]["profile"] == "core" and v3["mcp"]["loaded"] == ["core"]
-        assert set(v3) - set(v2) == {"trust", "sync", "profiles", "storage", "readiness"}
+        assert set(v3) - set(v2) == {"trust", "sync", "profiles", "storage", "readiness", "permissions"}
         assert v3["trust"]["mode"] == "pinned" and v3["sync"]["parked"] == 0
         assert v3["profiles"]["families"]["graph"][:2] == ["memory_link", "memory_verify"]
         assert v3["storage"]["schema_version"] >= 3 and v3["storage"]["bytes"] > 0

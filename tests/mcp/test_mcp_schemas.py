@@ -29,6 +29,9 @@ GOOD = {
     "memory_kg_invalidate": [{"link_id": "ab" * 32}, {"link_id": "ab" * 32, "valid_until": 1}],
     "memory_peers": [{}],
     "memory_capabilities": [{}, {"version": 2}, {"version": 3}],
+    "memory_approval_list": [{}, {"status": "denied", "limit": 5}],
+    "memory_approval_decide": [{"id": UUID, "choice": "approve"},
+                               {"id": UUID, "choice": "deny", "remember": "once", "decided_by": "ops"}],
 }
 WRONG_TYPE = {
     "memory_store": {"content": 5},
@@ -44,6 +47,8 @@ WRONG_TYPE = {
     "memory_kg_invalidate": {"link_id": "ab" * 32, "valid_until": "now"},
     "memory_peers": {"verbose": True},
     "memory_capabilities": {"x": 1},
+    "memory_approval_list": {"limit": "all"},
+    "memory_approval_decide": {"id": UUID, "choice": True},
 }
 SPECS = {s.name: s for s in tool_specs(LimitsConfig())}
 

@@ -1,0 +1,126 @@
+"""Webhook subscriptions: events (approval requested/decided, memory stored, link made) POSTed to
+subscribed URLs, each delivery HMAC-signed, retried on ``subscriptions.retry_delays_s``, then
+dead-lettered; a dead delivery can be replayed.
+
+A delivery is ``POST url`` with the JSON body ``{"event", "data", "delivery_id", "created_at"}`` and the
+headers ``X-Webhook-Event``, ``X-Webhook-Delivery``, ``X-Webhook-Timestamp`` (unix ms) and
+``X-Webhook-Signature``: hex HMAC-SHA256 under the subscription's secret over ``TIMESTAMP.BODY``.
+Any 2xx is delivered; anything else (refused connection, timeout, other status) is a failed attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from node.config import NodeConfig
+from node.errors import ServiceError
+from storage import subscriptions as subs
+from storage.db import Database
+from storage.subscriptions import Delivery
+
+log = logging.getLogger("node.webhooks")
+
+EVENTS = ("approval.requested", "approval.decided", "memory.stored", "link.attested")
+DUE_MAX = 64
+# How long "are there subscribers at all" is remembered: publishing costs nothing without any.
+SUBSCRIBERS_CHECK_S = 1.0
+
+
+def signature(secret: str, timestamp_ms: int, body: bytes) -> str:
+    """The ``X-Webhook-Signature`` of a delivery (receivers recompute it with their copy of the secret)."""
+    return hmac.new(bytes.fromhex(secret), str(timestamp_ms).encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def next_attempt(attempts: int, delays_s: tuple[float, ...], now_ms: int) -> int | None:
+    """After ``attempts`` failed attempts: when to try again (unix ms), or None to dead-letter."""
+    if attempts > len(delays_s):
+        return None
+    return now_ms + int(delays_s[attempts - 1] * 1000)
+
+
+class Webhooks:
+    """Queues events for subscribers (in any process) and, in the node, delivers them."""
+
+    def __init__(self, cfg: NodeConfig, db: Database, clock: Callable[[], int]) -> None:
+        self.cfg = cfg
+        self.db = db
+        self.clock = clock
+        self.delivered = 0
+        self.dead = 0
+        self._wake = asyncio.Event()
+        self._subscribed: tuple[float, bool] = (0.0, False)
+
+    async def subscribe(self, url: str, events: list[str]) -> dict[str, Any]:
+        """Add a subscription; returns it with its secret (shown once)."""
+        if not url.startswith(("http://", "https://")) or len(url) > 2048:
+            raise ServiceError("bad_input", f"url must be an http(s) URL of at most 2048 chars, got {url!r}")
+        unknown = sorted(set(events) - {*EVENTS, "*"})
+        if not events or unknown:
+            raise ServiceError("bad_input", f"events must be some of {', '.join(EVENTS)} or *; got {events!r}")
+        secret = secrets.token_hex(32)
+        sid = await self.db.write(subs.add, url, events, secret, self.clock())
+        self._subscribed = (0.0, True)
+        return {"id": sid, "url": url, "events": sorted(events), "secret": secret}
+
+    async def publish(self, event: str, data: dict[str, Any]) -> None:
+        """Queue ``event`` for every subscriber to it (durably; delivered by the running node)."""
+        checked_at, any_ = self._subscribed
+        if time.monotonic() - checked_at > SUBSCRIBERS_CHECK_S:
+            any_ = bool(await self.db.read(subs.list_))
+            self._subscribed = (time.monotonic(), any_)
+        if not any_:
+            return
+        now = self.clock()
+        body = json.dumps({"event": event, "data": data, "created_at": now}, sort_keys=True, default=str).encode()
+        if await self.db.write(subs.enqueue, event, body, now):
+            self._wake.set()
+
+    async def replay(self, delivery_id: int) -> None:
+        if not await self.db.write(subs.replay, delivery_id, self.clock()):
+            raise ServiceError("not_found", f"no dead delivery with id {delivery_id}")
+        self._wake.set()
+
+    async def run(self, stopping: Callable[[], bool]) -> None:
+        """Deliver due rows until ``stopping()``; each POST bounded by ``subscriptions.timeout_s``."""
+        timeout = aiohttp.ClientTimeout(total=self.cfg.subscriptions.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while not stopping():
+                for d in await self.db.read(subs.due, self.clock(), DUE_MAX):
+                    await self._attempt(http, d)
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.cfg.subscriptions.poll_s)
+                except TimeoutError:
+                    pass
+
+    async def _attempt(self, http: aiohttp.ClientSession, d: Delivery) -> None:
+        ts = self.clock()
+        body = d.body
+        headers = {"Content-Type": "application/json", "X-Webhook-Event": d.event,
+                   "X-Webhook-Delivery": str(d.id), "X-Webhook-Timestamp": str(ts),
+                   "X-Webhook-Signature": signature(d.secret, ts, body)}
+        try:
+            async with http.post(d.url, data=body, headers=headers) as r:
+                error = None if 200 <= r.status < 300 else f"HTTP {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            error = f"{type(e).__name__}: {e}"
+        attempts = d.attempts + 1
+        if error is None:
+            await self.db.write(subs.delivered, d.id, attempts, self.clock())
+            self.delivered += 1
+            return
+        nxt = next_attempt(attempts, self.cfg.subscriptions.retry_delays_s, self.clock())
+        await self.db.write(subs.failed, d.id, attempts, nxt, error)
+        if nxt is None:
+            self.dead += 1
+            log.warning("webhook_dead_letter", extra={"ev": {"delivery": d.id, "url": d.url, "error": error}})

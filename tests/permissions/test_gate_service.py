@@ -1,0 +1,170 @@
+"""The gate on local operations (service) and on peer writes (federation): one decision, one refusal."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from node.config import ConfigError, NodeConfig
+from node.errors import ServiceError
+from tests.node.conftest import AGENT
+from tests.node.test_federation_apply import M1, M2, PEER, _env, _memory, _mput
+from tests.permissions.conftest import rows, write_rules
+
+DENY_TEAM = """
+mode = "enforce"
+[[rules]]
+agent = "*"
+namespace = "team"
+operations = ["store", "update", "link"]
+action = "deny"
+"""
+
+
+async def test_enforce_a_parent_deny_blocks_a_child_write(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service(DENY_TEAM)
+    with pytest.raises(ServiceError) as e:
+        await svc.memory_store("plans", namespace="team/project/sub")
+    assert e.value.code == "permission_denied" and "'team/project/sub'" in e.value.message
+    assert rows(cfg, "SELECT count(*) FROM memories") == [(0,)]
+    assert (await svc.memory_store("elsewhere", namespace="teamwork"))["namespace"] == "teamwork"
+
+
+async def test_inherit_false_on_the_child_lets_it_write(open_service) -> None:
+    svc = await open_service(DENY_TEAM + """
+[[rules]]
+agent = "*"
+namespace = "team/open"
+operations = ["store"]
+action = "allow"
+inherit = false
+""")
+    assert (await svc.memory_store("ok", namespace="team/open/notes"))["namespace"] == "team/open/notes"
+    with pytest.raises(ServiceError, match="may not store"):
+        await svc.memory_store("no", namespace="team/closed")
+
+
+async def test_advisory_logs_but_allows(open_service, caplog: pytest.LogCaptureFixture) -> None:
+    svc = await open_service(DENY_TEAM.replace('mode = "enforce"', 'mode = "advisory"'))
+    with caplog.at_level(logging.WARNING, logger="node.permissions"):
+        m = await svc.memory_store("plans", namespace="team/project")
+    assert m["namespace"] == "team/project"
+    assert [r.getMessage() for r in caplog.records] == ["permission_advisory"]
+    assert caplog.records[0].ev["decision"] == "denied"  # type: ignore[attr-defined]
+    assert (await svc.capabilities())["permissions"]["counts"] == {"advisory_denied": 1}
+
+
+async def test_rules_without_a_mode_are_advisory(open_service) -> None:
+    svc = await open_service(DENY_TEAM.replace('mode = "enforce"', ""))
+    assert (await svc.memory_store("plans", namespace="team"))["namespace"] == "team"
+    assert (await svc.capabilities())["permissions"]["mode"] == "advisory"
+
+
+async def test_the_mode_is_read_live(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service(DENY_TEAM.replace('mode = "enforce"', 'mode = "off"'))
+    await svc.memory_store("first", namespace="team")
+    write_rules(cfg, DENY_TEAM + "\n# now enforced\n")
+    with pytest.raises(ServiceError, match="permission_denied|may not store"):
+        await svc.memory_store("second", namespace="team")
+
+
+async def test_update_and_link_are_gated_by_the_memories_namespaces(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    write_rules(cfg, DENY_TEAM)
+    with pytest.raises(ServiceError) as e:
+        await svc.memory_update(a["id"], title="changed")
+    assert e.value.code == "permission_denied"
+    with pytest.raises(ServiceError) as e:
+        await svc.memory_link(b["id"], a["id"], "related_to")
+    assert e.value.code == "permission_denied"
+    assert rows(cfg, "SELECT count(*) FROM memory_links") == [(0,)]
+    assert rows(cfg, "SELECT max(version) FROM memories") == [(1,)]
+
+
+async def test_recall_leaves_out_namespaces_the_agent_may_not_recall(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    await svc.memory_store("shared apples", namespace="team/hidden")
+    await svc.memory_store("public apples", namespace="public")
+    write_rules(cfg, f"""
+mode = "enforce"
+[[rules]]
+agent = "{AGENT}"
+namespace = "team"
+operations = ["recall", "list", "get"]
+action = "deny"
+""")
+    hits = await svc.memory_recall("apples")
+    assert [h["namespace"] for h in hits] == ["public"]
+    assert [m["namespace"] for m in await svc.memory_list()] == ["public"]
+    with pytest.raises(ServiceError, match="may not recall"):
+        await svc.memory_recall("apples", namespace="team/hidden")
+
+
+async def test_ask_refuses_with_approval_required(open_service) -> None:
+    svc = await open_service(DENY_TEAM.replace('action = "deny"', 'action = "ask"'))
+    with pytest.raises(ServiceError) as e:
+        await svc.memory_store("plans", namespace="team")
+    assert e.value.code == "approval_required"
+
+
+async def test_a_peer_write_is_rejected_as_a_local_one(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service(DENY_TEAM.replace('agent = "*"', f'agent = "{PEER}"'))
+    ack = await svc.replicator.apply(_env(PEER, _mput(_memory(M1, namespace="team/x"))), PEER)
+    assert not ack.accepted and ack.reason == "rejected:permission_denied"
+    assert (await svc.replicator.apply(_env(PEER, _mput(_memory(M2, namespace="other"))), PEER)).accepted
+    assert rows(cfg, "SELECT id FROM memories") == [(M2,)]
+    # The same rule for this node's own agent refuses the local write with the same code.
+    write_rules(cfg, DENY_TEAM)
+    with pytest.raises(ServiceError) as e:
+        await svc.memory_store("local", namespace="team/x")
+    assert e.value.code == "permission_denied"
+
+
+async def test_an_invalid_rules_file_refuses_to_open(open_service) -> None:
+    with pytest.raises(ConfigError, match=r"rules\[1\] contradicts permissions.toml: rules\[0\]: deny vs allow"):
+        await open_service(DENY_TEAM + DENY_TEAM.replace('mode = "enforce"', "").replace("deny", "allow"))
+
+
+async def test_a_broken_edit_keeps_the_last_good_rules(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service(DENY_TEAM)
+    write_rules(cfg, "mode = 'sometimes'")
+    with pytest.raises(ServiceError):
+        await svc.memory_store("still denied", namespace="team")
+    assert "mode must be off | advisory | enforce" in (await svc.capabilities())["permissions"]["reload_error"]
+
+
+async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(open_service) -> None:
+    svc = await open_service(DENY_TEAM)
+    await svc.gate.add_rule({"agent": "*", "namespace": "ops", "operations": ["store"], "action": "deny"},
+                            "test", 1)
+    with pytest.raises(ServiceError, match="may not store"):
+        await svc.memory_store("x", namespace="ops/a")
+    with pytest.raises(ServiceError) as e:
+        await svc.gate.add_rule({"agent": "*", "namespace": "team", "operations": ["store"], "action": "allow"},
+                                "test", 2)
+    assert e.value.code == "bad_input" and "contradicts" in e.value.message
+    summary = (await svc.capabilities())["permissions"]["rule_summary"]
+    assert summary[-1].startswith("deny store on ops for * (runtime #1")
+
+
+async def test_storage_quota_refuses_a_local_insert_and_a_peers_alike(tmp_path, cfg: NodeConfig) -> None:
+    from mesh import keys
+    from node import assemble
+    from tests.node.conftest import make_config
+    qcfg = make_config(tmp_path / "q", permissions={"max_bytes_per_agent": 20})
+    keys.generate_identity(qcfg.keys_dir, AGENT)
+    svc = await assemble.open_service(qcfg, require_identity=True)
+    try:
+        await svc.memory_store("0123456789")
+        with pytest.raises(ServiceError) as e:
+            await svc.memory_store("0123456789a")
+        assert e.value.code == "quota_exceeded"
+        ok = _memory(M1)  # "content of <id>": 47 bytes, past the peer's 20
+        ack = await svc.replicator.apply(_env(PEER, _mput(ok)), PEER)
+        assert ack.reason == "rejected:quota_exceeded"
+        assert rows(qcfg, "SELECT count(*) FROM memories") == [(1,)]
+    finally:
+        await svc.close()

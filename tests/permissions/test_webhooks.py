@@ -1,0 +1,130 @@
+"""Webhook subscriptions against a receiver the test starts on 127.0.0.1: signed deliveries, a receiver
+that is down (retries, then a dead letter), and replay once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from node import assemble
+from node.config import NodeConfig
+from node.errors import ServiceError
+from node.permissions.webhooks import next_attempt
+from storage import subscriptions
+from tests.node.conftest import AGENT, make_config
+from tests.permissions.test_approvals import ASK_TEAM, _parked
+
+WAIT_S = 20.0
+
+
+def test_retry_schedule_then_dead_letter() -> None:
+    delays = (1.0, 5.0)
+    assert next_attempt(1, delays, 1_000) == 2_000
+    assert next_attempt(2, delays, 1_000) == 6_000
+    assert next_attempt(3, delays, 1_000) is None
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        self.arrived = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+
+    async def start(self, port: int) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            self.got.append((dict(request.headers), await request.read()))
+            self.arrived.set()
+            return web.Response(status=204)
+
+        app = web.Application()
+        app.add_routes([web.post("/hook", hook)])
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _until(pred: Any, what: str) -> None:
+    async with asyncio.timeout(WAIT_S):
+        for _ in range(int(WAIT_S / 0.02)):
+            if await pred():
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"not reached: {what}")
+
+
+@pytest.fixture
+async def node(tmp_path) -> AsyncIterator[tuple[Any, NodeConfig]]:
+    from mesh import keys
+    cfg = make_config(tmp_path / "home", permissions={"reload_check_s": 1e-9},
+                      subscriptions={"retry_delays_s": [0.05, 0.05], "poll_s": 0.02})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    cfg.permissions_path.write_text(ASK_TEAM, encoding="utf-8")
+    svc = await assemble.open_service(cfg, require_identity=True)
+    stop = [False]
+    sender = asyncio.create_task(svc.webhooks.run(lambda: stop[0]))
+    try:
+        yield svc, cfg
+    finally:
+        stop[0] = True
+        await asyncio.wait_for(sender, WAIT_S)
+        await svc.close()
+
+
+async def test_signed_deliveries_survive_a_receiver_that_is_down_and_replay(node) -> None:
+    svc, cfg = node
+    port = _free_port()
+    sub = await svc.webhooks.subscribe(f"http://127.0.0.1:{port}/hook", ["approval.requested", "memory.stored"])
+    action = await _parked(svc)  # nobody listens on the port yet
+
+    async def dead() -> bool:
+        return bool(await svc.db.read(subscriptions.deliveries, "dead", 10))
+    await _until(dead, "the delivery dead-lettered")
+    [letter] = await svc.db.read(subscriptions.deliveries, "dead", 10)
+    assert letter.attempts == 3 and letter.event == "approval.requested"
+
+    receiver = Receiver()
+    await receiver.start(port)
+    try:
+        await svc.webhooks.replay(letter.id)
+        await asyncio.wait_for(receiver.arrived.wait(), WAIT_S)
+        headers, body = receiver.got[0]
+        want = hmac.new(bytes.fromhex(sub["secret"]), headers["X-Webhook-Timestamp"].encode() + b"." + body,
+                        hashlib.sha256).hexdigest()
+        assert headers["X-Webhook-Signature"] == want and headers["X-Webhook-Event"] == "approval.requested"
+        assert json.loads(body)["data"]["id"] == action
+        receiver.arrived.clear()
+        await svc.memory_store("public", namespace="elsewhere")
+        await asyncio.wait_for(receiver.arrived.wait(), WAIT_S)
+        assert receiver.got[-1][0]["X-Webhook-Event"] == "memory.stored"
+        with pytest.raises(ServiceError) as e:
+            await svc.webhooks.replay(letter.id)  # delivered now: not dead any more
+        assert e.value.code == "not_found"
+    finally:
+        await receiver.stop()
+
+
+async def test_bad_subscriptions_are_refused(node) -> None:
+    svc, _ = node
+    with pytest.raises(ServiceError, match="url must be"):
+        await svc.webhooks.subscribe("ftp://x", ["memory.stored"])
+    with pytest.raises(ServiceError, match="events must be"):
+        await svc.webhooks.subscribe("http://127.0.0.1:1/x", ["memory.deleted"])
