@@ -180,8 +180,9 @@ class TranscriptPayload:
                 raise AttestError("bad_transcript_field",
                                   f"transcript field {name} must be a non-empty string, got {value!r}")
         for name in ("created_at", "raw_bytes"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
-                raise AttestError("bad_transcript_field", f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise AttestError("bad_transcript_field", f"{name} must be an integer >= 0, got {value!r}")
         for span in self.spans:
             ok = (len(span) == 3 and isinstance(span[0], str) and span[0] and _is_int(span[1]) and _is_int(span[2])
                   and 0 <= span[1] <= span[2])

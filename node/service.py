@@ -21,9 +21,10 @@ from node.errors import ServiceError
 from node.hooks import HookEvent, Hooks, NoHooks
 from node.kg import KnowledgeGraph
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
+from node.transcripts import TranscriptRoom
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
-from storage import changelog, events, links, memories, outbox
+from storage import changelog, events, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -68,6 +69,8 @@ class Service:
         self.runtime: Any = None
         # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
         self.kg = KnowledgeGraph(self)
+        # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py).
+        self.transcripts = TranscriptRoom(self)
 
     async def close(self) -> None:
         await self.hooks.close()
@@ -398,6 +401,7 @@ class Service:
             "node_running": self.runtime is not None,
             "hooks": self.hooks.snapshot(),
             "kg_backend": self.kg.backend,
+            "transcripts": await self.db.read(transcripts.counts),
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()

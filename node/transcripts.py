@@ -1,0 +1,216 @@
+"""Transcripts: the conversation or reasoning trail behind memories, stored zstd-compressed, and replay of
+the exact spans a memory was drawn from (docs/transcripts.md).
+
+Opt-in per namespace (``[transcripts."<ns>"] enabled``). A transcript is a signed record: canonical
+CBOR ``{type: "transcript.put", id, namespace, agent, created_at, content_hash, raw_bytes, spans}``
+(node/attest.py), appended to signed_events and, when the namespace says ``replicate = true``, sent to
+the peers that may see the namespace as a ``transcript.put``. Spans are ``[start, end)`` in Unicode code
+points of the text (what ``text[start:end]`` means in Python), so a span never splits a UTF-8 sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from node import attest
+from node.attest import AttestLevel, TranscriptPayload
+from node.errors import ServiceError
+from node.hooks import HookEvent
+from node.limits import check_text
+from storage import events, memories, transcripts
+from storage.errors import StorageError
+from storage.memories import MemoryRow
+from storage.transcripts import Span, TranscriptRow
+
+if TYPE_CHECKING:
+    from node.service import Service
+
+
+def parse_spans(spans: Any, text: str, max_spans: int, max_id_chars: int) -> list[Span]:
+    """Validated, sorted, distinct spans over ``text``; ServiceError bad_input / too_large / span_out_of_range."""
+    if spans is None:
+        return []
+    if not isinstance(spans, Sequence) or isinstance(spans, (str, bytes)):
+        raise ServiceError("bad_input", f"spans must be a list of {{memory_id, start, end}}, got {spans!r}")
+    if len(spans) > max_spans:
+        raise ServiceError("too_large", f"{len(spans)} spans, the limit is {max_spans}")
+    length = len(text)
+    out = set()
+    for i, s in enumerate(spans):
+        if not isinstance(s, Mapping) or set(s) != {"memory_id", "start", "end"}:
+            raise ServiceError("bad_input", f"spans[{i}] must be exactly {{memory_id, start, end}}, got {s!r}")
+        check_text(f"spans[{i}].memory_id", s["memory_id"], max_id_chars, allow_empty=False)
+        start, end = s["start"], s["end"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+            raise ServiceError("bad_input", f"spans[{i}] start and end must be integers, got {start!r}, {end!r}")
+        if not 0 <= start < end <= length:
+            raise ServiceError("span_out_of_range", f"spans[{i}] [{start}, {end}) is not a non-empty range within "
+                                                    f"the transcript's {length} characters (code points)")
+        out.add(Span(s["memory_id"], start, end))
+    return sorted(out)
+
+
+def transcript_wire(row: TranscriptRow, spans: Sequence[Span]) -> dict[str, Any]:
+    """The transcript.put body: the signed fields, the zstd frame as stored, the signature and signer."""
+    return {"transcript": payload_of(row, spans).to_dict(), "body": row.body,
+            "signature": row.signature, "signed_by": row.signed_by}
+
+
+def payload_of(row: TranscriptRow, spans: Sequence[Span]) -> TranscriptPayload:
+    return TranscriptPayload(id=row.id, namespace=row.namespace, agent=row.agent, created_at=row.created_at,
+                             content_hash=row.content_hash, raw_bytes=row.raw_bytes,
+                             spans=tuple((s.memory_id, s.start, s.end) for s in spans))
+
+
+def transcript_dict(row: TranscriptRow, spans: Sequence[Span]) -> dict[str, Any]:
+    return {"id": row.id, "namespace": row.namespace, "agent": row.agent, "created_at": row.created_at,
+            "raw_bytes": row.raw_bytes, "stored_bytes": row.stored_bytes, "content_hash": row.content_hash,
+            "attest_level": row.attest_level, "signed_by": row.signed_by,
+            "signature": row.signature.hex() if row.signature else None, "received_from": row.received_from,
+            "archived_at": row.archived_at,
+            "spans": [{"memory_id": s.memory_id, "start": s.start, "end": s.end} for s in spans]}
+
+
+def scope_of(namespace: str, share_with: tuple[str, ...] | None) -> MemoryRow:
+    """Who may see a transcript is who may see a memory of its namespace: a stand-in row the federation's
+    audience rule (namespace policy and share_with) reads like any memory."""
+    return MemoryRow(id="", namespace=namespace, title="", content="", origin="", created_at=0, updated_at=0,
+                     share_with=share_with)
+
+
+class TranscriptRoom:
+    """The transcript operations of one Service (``svc.transcripts``)."""
+
+    def __init__(self, svc: Service) -> None:
+        self.svc = svc
+        self.cfg = svc.cfg.transcripts
+
+    def _may_replay(self, agent: str, namespace: str, full: bool) -> bool:
+        """Whether ``agent`` may replay transcripts of ``namespace``: cited spans always, the whole text only
+        where the namespace says ``replay = "allow"``. The one place the permission gate will answer."""
+        return not full or self.cfg.policy(namespace).replay == "allow"
+
+    async def store(self, content: str, *, namespace: str = "default",
+                    spans: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        """Store a transcript (its spans cite memories already stored); returns its record, times in unix ms."""
+        lim = self.svc.cfg.limits
+        check_text("namespace", namespace, lim.max_namespace_chars, allow_empty=False)
+        policy = self.cfg.policy(namespace)
+        if not policy.enabled:
+            raise ServiceError("transcripts_disabled", f"namespace {namespace!r} does not keep transcripts "
+                                                       f"([transcripts.{namespace!r}] enabled = true turns them on)")
+        self._check_text(content, policy.max_bytes)
+        parse_spans(spans, content, policy.max_spans, lim.max_id_chars)
+        self.svc._check_db_budget()  # noqa: SLF001 - the service's one budget rule
+        transcript_id = str(uuid.uuid4())
+        p = await self.svc.hooks.fire(HookEvent.PRE_TRANSCRIPT_STORE, {
+            "session_id": transcript_id, "content": content, "agent_id": self.svc.agent_id})
+        content = p["content"]
+        self._check_text(content, policy.max_bytes)
+        cited = parse_spans(spans, content, policy.max_spans, lim.max_id_chars)
+        body, raw_bytes, digest = await asyncio.to_thread(transcripts.compress, content)
+        ts = self.svc.clock()
+        row = TranscriptRow(id=transcript_id, namespace=namespace, agent=self.svc.agent_id, created_at=ts,
+                            body=body, raw_bytes=raw_bytes, stored_bytes=len(body), content_hash=digest,
+                            attest_level=str(AttestLevel.UNSIGNED))
+        identity = self.svc.identity
+        if identity is not None:
+            sig = attest.sign(identity.private_key, payload_of(row, cited))
+            row = TranscriptRow(**{**_fields(row), "signature": sig, "signed_by": self.svc.agent_id,
+                                   "attest_level": str(AttestLevel.SELF_SIGNED)})
+        record_hash = payload_of(row, cited).record_hash
+        scope = scope_of(namespace, self.svc._share_with(namespace))  # noqa: SLF001 - the namespace's peer list
+
+        def write(conn: Any) -> list[tuple[str, str]]:
+            ids = {s.memory_id for s in cited}
+            missing = sorted(ids - set(memories.get_many(conn, ids))) if ids else []
+            if missing:
+                raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}; "
+                                                     "nothing stored")
+            transcripts.insert(conn, row, cited)
+            events.append(conn, "transcript", row.id, row.agent, record_hash, row.signature, ts)
+            if not policy.replicate:
+                return []
+            return self.svc._replicate(conn, "transcript.put", transcript_wire(row, cited),  # noqa: SLF001
+                                       [scope], ts)
+
+        queued = await self.svc.db.write(write)
+        await self.svc.hooks.fire(HookEvent.POST_TRANSCRIPT_STORE, {"session_id": transcript_id,
+                                                                    "transcript_id": transcript_id})
+        return {**transcript_dict(row, cited), **await self.svc._after_write(queued, [scope])}  # noqa: SLF001
+
+    def _check_text(self, content: Any, max_bytes: int) -> None:
+        if not isinstance(content, str) or not content:
+            raise ServiceError("bad_input", "content must be a non-empty string")
+        size = len(content.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise ServiceError("too_large", f"transcript is {size} UTF-8 bytes, the limit is {max_bytes}")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ServiceError("bad_input", "content holds a lone surrogate; it is not valid UTF-8 text") from None
+
+    async def replay(self, memory_id: str, *, full: bool = False) -> dict[str, Any]:
+        """The spans of transcripts ``memory_id`` was drawn from (each with its text), or with ``full`` the
+        whole transcripts, where the namespace allows it. Archived transcripts replay too; pruned ones are gone."""
+        self.svc._check_id("memory_id", memory_id)  # noqa: SLF001 - the service's one id rule
+        if not isinstance(full, bool):
+            raise ServiceError("bad_input", f"full must be true or false, got {full!r}")
+
+        def read(conn: Any) -> tuple[bool, list[tuple[TranscriptRow, list[Span]]]]:
+            known = memory_id in memories.exists(conn, {memory_id})
+            cited: dict[str, list[Span]] = {}
+            for tid, start, end in transcripts.spans_of_memory(conn, memory_id):
+                cited.setdefault(tid, []).append(Span(memory_id, start, end))
+            found = [(t, cited[tid]) for tid in cited if (t := transcripts.get(conn, tid)) is not None]
+            return known, found
+
+        known, found = await self.svc.db.read(read)
+        if not known:
+            raise ServiceError("unknown_memory", f"no memory with id {memory_id!r}")
+        agent = self.svc.agent_id
+        for row, _ in found:
+            if not self._may_replay(agent, row.namespace, full):
+                ns = row.namespace
+                raise ServiceError("permission_denied", f"agent {agent!r} may not replay whole transcripts of "
+                                                        f"namespace {ns!r} (its cited spans only; "
+                                                        f"[transcripts.{ns!r}] replay = \"allow\" permits it)")
+        out = []
+        for row, spans in found:
+            try:
+                text = await asyncio.to_thread(transcripts.decompress, row)
+            except StorageError as e:
+                raise ServiceError(e.code, e.message) from None
+            item = {"transcript_id": row.id, "namespace": row.namespace, "agent": row.agent,
+                    "created_at": row.created_at, "attest_level": row.attest_level,
+                    "archived": row.archived_at is not None,
+                    "spans": [{"start": s.start, "end": s.end, "text": text[s.start:s.end]} for s in spans]}
+            if full:
+                item["text"] = text
+            out.append(item)
+        return {"memory_id": memory_id, "full": full, "transcripts": out, "count": len(out)}
+
+    async def lifecycle(self) -> dict[str, Any]:
+        """One pass: move transcripts past their namespace's ``ttl_s`` to the archive, delete archived ones past
+        ``prune_after_s`` (with their span links). At most ``lifecycle_batch`` of each per namespace."""
+        now = self.svc.clock()
+        batch = self.cfg.lifecycle_batch
+
+        def write(conn: Any) -> dict[str, list[str]]:
+            archived: list[str] = []
+            pruned: list[str] = []
+            for ns in transcripts.namespaces(conn):
+                policy = self.cfg.policy(ns)
+                archived += transcripts.archive_older(conn, ns, now - int(policy.ttl_s * 1000), now, batch)
+                pruned += transcripts.prune_older(conn, ns, now - int(policy.prune_after_s * 1000), batch)
+            return {"archived": archived, "pruned": pruned}
+
+        done = await self.svc.db.write(write)
+        return {"at": now, **done}
+
+
+def _fields(row: TranscriptRow) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in TranscriptRow.__slots__}
