@@ -18,7 +18,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from node.config import KgConfig, LimitsConfig
+from node.config import KgConfig, LimitsConfig, TranscriptPolicy
 from node.errors import ServiceError, describe
 
 JSON = dict[str, Any] | list[Any]
@@ -158,16 +158,41 @@ def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSp
                        "valid_until": {"type": "integer", "minimum": 0,
                                        "description": "end of validity, unix ms (default now)"}},
                       ("link_id",))),
+        *_transcript_specs(lim, memory_id, namespace),
         ToolSpec("memory_peers", "List the peers this node trusts, with what it knows of each right now.", _obj({})),
         ToolSpec("memory_capabilities",
                  "Report this node's live state: schema version, key, attest counts, limits in force.", _obj({})),
     )
 
 
+def _transcript_specs(lim: LimitsConfig, memory_id: dict[str, Any], namespace: dict[str, Any]) -> tuple[ToolSpec, ...]:
+    """memory_transcript_store and memory_replay (node/transcripts.py); sizes are bounded per namespace there."""
+    span = _obj({"memory_id": memory_id,
+                 "start": {"type": "integer", "minimum": 0, "description": "first code point cited"},
+                 "end": {"type": "integer", "minimum": 1, "description": "one past the last code point cited"}},
+                ("memory_id", "start", "end"))
+    return (
+        ToolSpec("memory_transcript_store",
+                 "Store the conversation or reasoning trail behind memories (zstd-compressed, signed), with the "
+                 "spans each memory was drawn from: [start, end) in Unicode code points of the text. Only in "
+                 "namespaces whose [transcripts] table enables it.",
+                 _obj({"content": _text("the transcript text", TranscriptPolicy().max_bytes, min_chars=1),
+                       "namespace": namespace,
+                       "spans": {"type": "array", "items": span, "description": "spans cited by stored memories"}},
+                      ("content",))),
+        ToolSpec("memory_replay",
+                 "The transcript spans a memory was drawn from, each with its text; with full=true the whole "
+                 "transcripts, where the namespace allows it (else permission_denied).",
+                 _obj({"memory_id": memory_id,
+                       "full": {"type": "boolean", "default": False, "description": "return whole transcripts"}},
+                      ("memory_id",))),
+    )
+
+
 TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
-                             "memory_capabilities"})
+                             "memory_capabilities", "memory_replay"})
 
 class ArgValidator:
     """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
@@ -233,6 +258,12 @@ _KG_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
     "memory_kg_invalidate": ("invalidate", ("link_id",)),
 }
 
+# Transcript tools -> (method of node.transcripts.TranscriptRoom, arguments passed by position).
+_TRANSCRIPT_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "memory_transcript_store": ("store", ("content",)),
+    "memory_replay": ("replay", ("memory_id",)),
+}
+
 class ServiceBackend:
     """Runs tool calls on a ``node.service.Service`` in this process."""
 
@@ -249,6 +280,12 @@ class ServiceBackend:
             first = [args.pop(a) for a in positional]
             result: JSON = await getattr(self.service.kg, method)(*first, **args)
             return result
+        transcript_tool = _TRANSCRIPT_TOOLS.get(name)
+        if transcript_tool is not None:
+            method, positional = transcript_tool
+            first = [args.pop(a) for a in positional]
+            done: JSON = await getattr(self.service.transcripts, method)(*first, **args)
+            return done
         return await self._call_first_set(name, args)
 
     async def _call_first_set(self, name: str, args: dict[str, Any]) -> JSON:

@@ -155,9 +155,3 @@ def namespaces(conn: Conn) -> list[str]:
     rows: Iterable[Row] = conn.execute(
         "SELECT namespace FROM memory_transcripts UNION SELECT namespace FROM memory_transcripts_archive").fetchall()
     return sorted(str(r[0]) for r in rows)
-
-
-def require(row: TranscriptRow | None, transcript_id: str) -> TranscriptRow:
-    if row is None:
-        raise StorageError("unknown_transcript", f"no transcript with id {transcript_id!r} (never stored, or pruned)")
-    return row

@@ -27,6 +27,9 @@ GOOD = {
                                                               "limit": 100, "relations": ["x", "y"], "as_of": 5}],
     "memory_kg_timeline": [{"memory_id": UUID}, {"memory_id": UUID, "limit": 7}],
     "memory_kg_invalidate": [{"link_id": "ab" * 32}, {"link_id": "ab" * 32, "valid_until": 1}],
+    "memory_transcript_store": [{"content": "user: hi"}, {"content": "x y", "namespace": "n",
+                                                           "spans": [{"memory_id": UUID, "start": 0, "end": 1}]}],
+    "memory_replay": [{"memory_id": UUID}, {"memory_id": UUID, "full": True}],
     "memory_peers": [{}],
     "memory_capabilities": [{}],
 }
@@ -42,6 +45,8 @@ WRONG_TYPE = {
     "memory_find_paths": {"src_id": UUID, "dst_id": UUID, "relations": "related_to"},
     "memory_kg_timeline": {"memory_id": UUID, "limit": 1.5},
     "memory_kg_invalidate": {"link_id": "ab" * 32, "valid_until": "now"},
+    "memory_transcript_store": {"content": "x", "spans": [{"memory_id": UUID, "start": "0", "end": 1}]},
+    "memory_replay": {"memory_id": UUID, "full": "yes"},
     "memory_peers": {"verbose": True},
     "memory_capabilities": {"x": 1},
 }
