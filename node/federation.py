@@ -27,15 +27,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
-from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload
+from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.hooks import HookError, HookEvent, Hooks, NoHooks
 from node.kg import invalidation_wire
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
+from node.transcripts import inbound_row, spans_of
 from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
-from storage import changelog, events, graph, links, memories, outbox
+from storage import changelog, events, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
 from storage.graph import InvalidationRow
@@ -236,6 +237,8 @@ class Federation:
             applied = await self.apply_link(payload, sender)
         elif kind == "link.invalidate":
             applied = await self.apply_invalidation(payload, sender)
+        elif kind == "transcript.put":
+            applied = await self.apply_transcript(payload, sender)
         else:  # validate_payload knows the kind but this node has no handler for it
             applied = Applied("unsupported_kind")
         if applied.code is not None:
@@ -493,6 +496,52 @@ class Federation:
             return OK_CHANGED
 
         return await self.db.write(write)
+
+    async def apply_transcript(self, body: dict[str, Any], sender: str) -> Applied:
+        """Verify and store one received transcript (node/transcripts.py): only in a namespace this node keeps
+        and replicates transcripts for and ``sender`` may see, within its size limits, signed by its agent,
+        and once every memory it cites is here and visible to ``sender`` (else ``unknown_memory``, retryable)."""
+        try:
+            payload = TranscriptPayload.from_mapping(body["transcript"])
+        except attest.AttestError as e:
+            raise ProtocolError("bad_payload", e.message) from None
+        policy = self.cfg.transcripts.policy(payload.namespace)
+        code = self._transcript_not_allowed(payload, body["signed_by"], sender)
+        if code is not None:
+            return Applied(code)
+        if await self.db.read(transcripts.get, payload.id) is not None:
+            return OK_UNCHANGED
+        level = await self._attest(payload, body["signature"], payload.agent, sender, what=payload.id)
+        if isinstance(level, Applied):
+            return level
+        row = await asyncio.to_thread(inbound_row, payload, body["body"], policy, signature=body["signature"],
+                                      level=level, sender=sender)
+        if isinstance(row, str):
+            return Applied(row)
+        spans = spans_of(payload)
+        if not await self._ends_visible(sender, {s.memory_id for s in spans}):
+            return Applied("unknown_memory")
+        now = self.clock()
+
+        def write(conn: Any) -> Applied:
+            if transcripts.get(conn, payload.id) is not None:
+                return OK_UNCHANGED
+            transcripts.insert(conn, row, spans)
+            events.append(conn, "transcript", payload.id, payload.agent, payload.record_hash, row.signature, now)
+            changelog.incr(conn, f"applied:transcript.{level}")
+            return OK_CHANGED
+
+        return await self.db.write(write)
+
+    def _transcript_not_allowed(self, payload: TranscriptPayload, signed_by: str | None, sender: str) -> str | None:
+        policy = self.cfg.transcripts.policy(payload.namespace)
+        if not (policy.enabled and policy.replicate):
+            return "transcripts_disabled"
+        if not self.shares(sender, payload.namespace):
+            return "namespace_not_allowed"
+        if signed_by is not None and signed_by != payload.agent:
+            return "signer_mismatch"
+        return None
 
     def _link_visible(self, conn: Any, peer: str, link: LinkRow) -> bool:
         """``peer`` may see both memories ``link`` joins."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from node import attest
 from node.attest import AttestLevel, TranscriptPayload
+from node.config import TranscriptPolicy
 from node.errors import ServiceError
 from node.hooks import HookEvent
 from node.limits import check_text
@@ -79,6 +80,40 @@ def scope_of(namespace: str, share_with: tuple[str, ...] | None) -> MemoryRow:
     audience rule (namespace policy and share_with) reads like any memory."""
     return MemoryRow(id="", namespace=namespace, title="", content="", origin="", created_at=0, updated_at=0,
                      share_with=share_with)
+
+
+def inbound_row(payload: TranscriptPayload, body: bytes, policy: TranscriptPolicy, *, signature: bytes | None,
+                level: AttestLevel, sender: str) -> TranscriptRow | str:
+    """A received transcript as the row to store, or the reject code: over the namespace's size or span
+    limits (``too_large``), a frame that does not decode to the signed size and hash (``transcript_corrupt``),
+    or a span past the end of the text (``span_out_of_range``). Decoding is bounded by the signed size."""
+    if payload.raw_bytes > policy.max_bytes or len(body) > zstd_bound(policy.max_bytes):
+        return "too_large"
+    if len(payload.spans) > policy.max_spans:
+        return "too_large"
+    attested = level is AttestLevel.PEER_ATTESTED
+    row = TranscriptRow(id=payload.id, namespace=payload.namespace, agent=payload.agent,
+                        created_at=payload.created_at, body=body, raw_bytes=payload.raw_bytes,
+                        stored_bytes=len(body), content_hash=payload.content_hash,
+                        signature=signature if attested else None, attest_level=str(level),
+                        signed_by=payload.agent if attested else None, received_from=sender)
+    try:
+        text = transcripts.decompress(row)
+    except StorageError as e:
+        return e.code
+    if any(end > len(text) or start == end for _, start, end in payload.spans):
+        return "span_out_of_range"
+    # The row keeps the writer's created_at: the TTL runs from the same instant on every node.
+    return row
+
+
+def zstd_bound(raw_bytes: int) -> int:
+    """The largest zstd frame ``raw_bytes`` of input can need (ZSTD_COMPRESSBOUND, plus the frame header)."""
+    return raw_bytes + (raw_bytes >> 8) + 64
+
+
+def spans_of(payload: TranscriptPayload) -> list[Span]:
+    return [Span(m, s, e) for m, s, e in payload.spans]
 
 
 class TranscriptRoom:
