@@ -111,6 +111,8 @@ class TranscriptsConfig:
     namespaces: dict[str, TranscriptPolicy] = field(default_factory=dict)
     # Most transcripts one lifecycle pass archives or prunes per namespace (one transaction each).
     lifecycle_batch: int = 500
+    # A running node makes one lifecycle pass this often (`ai-memory transcript lifecycle` makes one now).
+    lifecycle_interval_s: float = 3600.0
 
     def policy(self, namespace: str) -> TranscriptPolicy:
         return self.namespaces.get(namespace, self.default)
@@ -397,23 +399,29 @@ def _namespaces(value: Any) -> dict[str, NamespacePolicy]:
     return out
 
 
+_TRANSCRIPTS_PASS_KEYS = ("lifecycle_batch", "lifecycle_interval_s")
+
+
 def _transcripts(raw: dict[str, Any]) -> TranscriptsConfig:
     """[transcripts]: the policy keys give every namespace's default; a sub-table per namespace overrides them."""
     policy_keys = {f.name for f in dataclasses.fields(TranscriptPolicy)}
     top = {k: v for k, v in raw.items() if k in policy_keys}
     batch = raw.get("lifecycle_batch", TranscriptsConfig.lifecycle_batch)
+    interval = raw.get("lifecycle_interval_s", TranscriptsConfig.lifecycle_interval_s)
     default = _transcript_policy("transcripts", TranscriptPolicy(), top)
     namespaces = {}
     for key, value in raw.items():
-        if key in policy_keys or key == "lifecycle_batch":
+        if key in policy_keys or key in _TRANSCRIPTS_PASS_KEYS:
             continue
         if not isinstance(value, dict):
             raise ConfigError("config_unknown_key", f"unknown config key 'transcripts.{key}'; known: "
-                                                    f"{sorted(policy_keys | {'lifecycle_batch'})} or a "
+                                                    f"{sorted(policy_keys | set(_TRANSCRIPTS_PASS_KEYS))} or a "
                                                     "[transcripts.\"<namespace>\"] table")
         namespaces[key] = _transcript_policy(f"transcripts.{key!r}", default, value)
     return TranscriptsConfig(default=default, namespaces=namespaces,
-                             lifecycle_batch=_expect(int, "transcripts.lifecycle_batch", batch))
+                             lifecycle_batch=_expect(int, "transcripts.lifecycle_batch", batch),
+                             lifecycle_interval_s=float(_expect((int, float), "transcripts.lifecycle_interval_s",
+                                                                interval)))
 
 
 def _transcript_policy(where: str, base: TranscriptPolicy, raw: dict[str, Any]) -> TranscriptPolicy:
@@ -478,6 +486,7 @@ def _validate(cfg: NodeConfig) -> None:
                         for f in dataclasses.fields(getattr(cfg, section))])
     _all_positive(cfg, _POSITIVE_STORAGE_A2A)
     _positive("transcripts.lifecycle_batch", cfg.transcripts.lifecycle_batch)
+    _positive("transcripts.lifecycle_interval_s", cfg.transcripts.lifecycle_interval_s)
     _validate_retry_delays(cfg)
     _validate_listen_addresses(cfg)
     _all_positive(cfg, _POSITIVE_MESH_FEDERATION)

@@ -112,6 +112,8 @@ class Node:
                     peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
                     peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
+                # Cancelled with the peer tasks on drain: a lifecycle pass is one transaction, safe to cut short.
+                peer_tasks.append(tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"))
                 await self._start_extras()
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})

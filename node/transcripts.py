@@ -11,6 +11,7 @@ points of the text (what ``text[start:end]`` means in Python), so a span never s
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,8 @@ from storage.transcripts import Span, TranscriptRow
 
 if TYPE_CHECKING:
     from node.service import Service
+
+log = logging.getLogger("node.transcripts")
 
 
 def parse_spans(spans: Any, text: str, max_spans: int, max_id_chars: int) -> list[Span]:
@@ -227,6 +230,19 @@ class TranscriptRoom:
                 item["text"] = text
             out.append(item)
         return {"memory_id": memory_id, "full": full, "transcripts": out, "count": len(out)}
+
+    async def run_lifecycle(self) -> None:
+        """A lifecycle pass every ``lifecycle_interval_s`` (seconds) until cancelled; the node's TaskGroup owns it."""
+        while True:
+            await asyncio.sleep(self.cfg.lifecycle_interval_s)
+            try:
+                done = await self.lifecycle()
+            except Exception as e:  # a failed pass (disk, corrupt row) is logged; the next one retries
+                log.warning("transcript_lifecycle_failed", extra={"ev": {"error": f"{type(e).__name__}: {e}"}})
+                continue
+            if done["archived"] or done["pruned"]:
+                log.info("transcript_lifecycle", extra={"ev": {"archived": len(done["archived"]),
+                                                               "pruned": len(done["pruned"])}})
 
     async def lifecycle(self) -> dict[str, Any]:
         """One pass: move transcripts past their namespace's ``ttl_s`` to the archive, delete archived ones past
