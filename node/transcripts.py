@@ -149,6 +149,10 @@ class TranscriptRoom:
         content = p["content"]
         self._check_text(content, policy.max_bytes)
         cited = parse_spans(spans, content, policy.max_spans, lim.max_id_chars)
+        await self._check_known({s.memory_id for s in cited})
+        room = policy.max_spans - len(cited)
+        cited = sorted({*cited, *await self._store_proposed(p.get("memories") or [], content, namespace,
+                                                             transcript_id, room)})
         body, raw_bytes, digest = await asyncio.to_thread(transcripts.compress, content)
         ts = self.svc.clock()
         row = TranscriptRow(id=transcript_id, namespace=namespace, agent=self.svc.agent_id, created_at=ts,
@@ -179,6 +183,28 @@ class TranscriptRoom:
         await self.svc.hooks.fire(HookEvent.POST_TRANSCRIPT_STORE, {"session_id": transcript_id,
                                                                     "transcript_id": transcript_id})
         return {**transcript_dict(row, cited), **await self.svc._after_write(queued, [scope])}  # noqa: SLF001
+
+    async def _check_known(self, ids: set[str]) -> None:
+        missing = sorted(ids - await self.svc.db.read(memories.exists, ids)) if ids else []
+        if missing:
+            raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}; nothing stored")
+
+    async def _store_proposed(self, proposals: Sequence[Mapping[str, Any]], content: str, namespace: str,
+                              transcript_id: str, room: int) -> list[Span]:
+        """Store the memories a pre_transcript_store hook proposed (tools/extract/), each citing its span; a
+        proposal past the text, past ``max_spans``, or refused by the memory checks is advice not taken."""
+        out: list[Span] = []
+        for prop in proposals[:max(room, 0)]:
+            if prop["end"] > len(content):
+                continue
+            try:
+                m = await self.svc.memory_store(prop["content"], title=prop.get("title", ""), namespace=namespace,
+                                                source=f"transcript:{transcript_id}")
+            except ServiceError as e:
+                log.info("proposed_memory_skipped", extra={"ev": {"transcript_id": transcript_id, "code": e.code}})
+                continue
+            out.append(Span(str(m["id"]), prop["start"], prop["end"]))
+        return out
 
     def _check_text(self, content: Any, max_bytes: int) -> None:
         if not isinstance(content, str) or not content:
