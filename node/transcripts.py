@@ -166,23 +166,26 @@ class TranscriptRoom:
         record_hash = payload_of(row, cited).record_hash
         scope = scope_of(namespace, self.svc._share_with(namespace))  # noqa: SLF001 - the namespace's peer list
 
-        def write(conn: Any) -> list[tuple[str, str]]:
+        def write(conn: Any) -> tuple[list[MemoryRow], list[tuple[str, str]]]:
             ids = {s.memory_id for s in cited}
-            missing = sorted(ids - set(memories.get_many(conn, ids))) if ids else []
+            found = memories.get_many(conn, ids) if ids else {}
+            missing = sorted(ids - set(found))
             if missing:
                 raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}; "
                                                      "nothing stored")
             transcripts.insert(conn, row, cited)
             events.append(conn, "transcript", row.id, row.agent, record_hash, row.signature, ts)
+            # A transcript goes where its namespace and every memory it cites may go.
+            audience = [scope, *found.values()]
             if not policy.replicate:
-                return []
-            return self.svc._replicate(conn, "transcript.put", transcript_wire(row, cited),  # noqa: SLF001
-                                       [scope], ts)
+                return audience, []
+            return audience, self.svc._replicate(conn, "transcript.put",  # noqa: SLF001 - the service's hook
+                                                 transcript_wire(row, cited), audience, ts)
 
-        queued = await self.svc.db.write(write)
+        audience, queued = await self.svc.db.write(write)
         await self.svc.hooks.fire(HookEvent.POST_TRANSCRIPT_STORE, {"session_id": transcript_id,
                                                                     "transcript_id": transcript_id})
-        return {**transcript_dict(row, cited), **await self.svc._after_write(queued, [scope])}  # noqa: SLF001
+        return {**transcript_dict(row, cited), **await self.svc._after_write(queued, audience)}  # noqa: SLF001
 
     async def _check_known(self, ids: set[str]) -> None:
         missing = sorted(ids - await self.svc.db.read(memories.exists, ids)) if ids else []

@@ -27,7 +27,8 @@ def fcfg(cfg: NodeConfig) -> NodeConfig:
     base = cfg.transcripts.default
     policies = {"shared": dataclasses.replace(base, enabled=True, replicate=True, max_bytes=4096),
                 "local": dataclasses.replace(base, enabled=True)}
-    fed = dataclasses.replace(cfg.federation, namespaces={"shared": NamespacePolicy(peers=(PEER,))})
+    fed = dataclasses.replace(cfg.federation, namespaces={"shared": NamespacePolicy(peers=(PEER,)),
+                                                                "theirs": NamespacePolicy(peers=(OTHER,))})
     mesh = dataclasses.replace(cfg.mesh, peers=(PeerConfig(PEER, "https://127.0.0.1:1"),
                                                 PeerConfig(OTHER, "https://127.0.0.1:2")))
     return dataclasses.replace(cfg, transcripts=dataclasses.replace(cfg.transcripts, namespaces=policies),
@@ -111,3 +112,15 @@ async def test_bad_inbound_transcripts_are_refused_and_nothing_is_stored(fsvc, f
     applied = await fsvc.replicator.apply_payload(body, PEER)
     assert applied.code == code
     assert await fsvc.db.read(transcripts.counts) == {"hot": 0, "archived": 0, "links": 0}
+
+
+async def test_a_transcript_goes_only_where_every_memory_it_cites_may_go(fsvc):
+    anywhere = (await fsvc.memory_store("seen by all"))["id"]
+    stored = await fsvc.transcripts.store(TEXT, namespace="shared", spans=[{"memory_id": anywhere, "start": 0,
+                                                                            "end": 4}])
+    assert stored["replicating_to"] == [PEER]
+    # PEER may see "shared" but not "theirs": a transcript citing a memory of "theirs" goes nowhere.
+    hidden = (await fsvc.memory_store("for the other peer only", namespace="theirs"))["id"]
+    stored = await fsvc.transcripts.store(TEXT, namespace="shared", spans=[{"memory_id": hidden, "start": 0,
+                                                                            "end": 4}])
+    assert "replicating_to" not in stored
