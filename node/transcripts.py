@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("node.transcripts")
 
 
+# Room left in one A2A message for the envelope and the signed fields around a replicated transcript's frame.
+ENVELOPE_ROOM_BYTES = 64 * 1024
+
+
 def parse_spans(spans: Any, text: str, max_spans: int, max_id_chars: int) -> list[Span]:
     """Validated, sorted, distinct spans over ``text``; ServiceError bad_input / too_large / span_out_of_range."""
     if spans is None:
@@ -154,6 +158,11 @@ class TranscriptRoom:
         cited = sorted({*cited, *await self._store_proposed(p.get("memories") or [], content, namespace,
                                                              transcript_id, room)})
         body, raw_bytes, digest = await asyncio.to_thread(transcripts.compress, content)
+        carry = self.svc.cfg.a2a.max_message_bytes - ENVELOPE_ROOM_BYTES
+        if policy.replicate and len(body) > carry:
+            raise ServiceError("too_large", f"the compressed transcript is {len(body)} bytes; namespace "
+                                            f"{namespace!r} replicates, and one message carries at most {carry} "
+                                            "(a2a.max_message_bytes)")
         ts = self.svc.clock()
         row = TranscriptRow(id=transcript_id, namespace=namespace, agent=self.svc.agent_id, created_at=ts,
                             body=body, raw_bytes=raw_bytes, stored_bytes=len(body), content_hash=digest,

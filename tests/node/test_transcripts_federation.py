@@ -15,6 +15,7 @@ from node import attest
 from node.assemble import open_service
 from node.attest import TranscriptPayload
 from node.config import NamespacePolicy, NodeConfig, PeerConfig
+from node.errors import ServiceError
 from node.service import now_ms
 from storage import outbox, transcripts
 
@@ -124,3 +125,12 @@ async def test_a_transcript_goes_only_where_every_memory_it_cites_may_go(fsvc):
     stored = await fsvc.transcripts.store(TEXT, namespace="shared", spans=[{"memory_id": hidden, "start": 0,
                                                                             "end": 4}])
     assert "replicating_to" not in stored
+
+
+async def test_a_replicated_transcript_must_fit_one_message(fsvc):
+    fsvc.cfg = dataclasses.replace(fsvc.cfg, a2a=dataclasses.replace(fsvc.cfg.a2a, max_message_bytes=64 * 1024 + 100))
+    noise = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1300))  # ~3.9 KB that barely compresses
+    with pytest.raises(ServiceError) as err:
+        await fsvc.transcripts.store(noise, namespace="shared")
+    assert err.value.code == "too_large" and "a2a.max_message_bytes" in err.value.message
+    assert (await fsvc.transcripts.store(noise, namespace="local"))["namespace"] == "local"
