@@ -22,7 +22,7 @@ from node.config import TranscriptPolicy
 from node.errors import ServiceError
 from node.hooks import HookEvent
 from node.limits import check_text
-from storage import events, memories, transcripts
+from storage import changelog, events, memories, transcripts
 from storage.errors import StorageError
 from storage.memories import MemoryRow
 from storage.transcripts import Span, TranscriptRow
@@ -188,6 +188,9 @@ class TranscriptRoom:
             audience = [scope, *found.values()]
             if not policy.replicate:
                 return audience, []
+            # The change log's 'link' kind carries the signed records beside memories (its CHECK admits only
+            # 'memory' and 'link'): links, invalidations, and the transcripts catch-up sync serves.
+            changelog.append(conn, "link", row.id, 1, ts)
             return audience, self.svc._replicate(conn, "transcript.put",  # noqa: SLF001 - the service's hook
                                                  transcript_wire(row, cited), audience, ts)
 

@@ -65,3 +65,20 @@ def test_transcripts_replicate_only_when_opted_in_and_only_to_peers_that_see_the
     wait_for(lambda: run_cli(c, "get", local_mem)[0] == 0, "the local memory on node 3")
     assert transcript_ids(c) == set()
     assert transcript_ids(a) == {team["id"], local["id"]}
+
+
+def test_a_peer_that_was_down_gets_the_transcript_by_catch_up_sync(mesh_factory, tmp_path: Path) -> None:
+    mesh = mesh_factory(2, mcp_http=False, retry_delays_s=(0.2, 0.4), extra_config=CONFIG)
+    a, b = mesh.layout.nodes
+    mesh.start()
+    mesh.stop(2)
+    text_file = tmp_path / "t.txt"
+    text_file.write_text(TEXT, encoding="utf-8")
+    mem = ok(a, "store", "a team memory", "--namespace", "team")["id"]
+    team = ok(a, "transcript", "store", str(text_file), "--namespace", "team", "--span", f"{mem}:0:4")
+    wait_for(lambda: len(ok(a, "a2a", "dead-letters")) == 2, "node 1's two messages to node 2 dead-lettered")
+    mesh.start([2])
+    wait_for(lambda: transcript_ids(b) == {team["id"]}, "node 2 caught the transcript up by sync")
+    replayed = ok(b, "transcript", "replay", mem)
+    assert replayed["transcripts"][0]["spans"][0]["text"] == "user"
+    wait_for(lambda: ok(a, "a2a", "dead-letters") == [], "dead letters to node 2 cleared after its catch-up")

@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mesh import keys
-from node import attest
+from node import attest, federation
 from node.assemble import open_service
 from node.attest import TranscriptPayload
 from node.config import NamespacePolicy, NodeConfig, PeerConfig
@@ -134,3 +134,22 @@ async def test_a_replicated_transcript_must_fit_one_message(fsvc):
         await fsvc.transcripts.store(noise, namespace="shared")
     assert err.value.code == "too_large" and "a2a.max_message_bytes" in err.value.message
     assert (await fsvc.transcripts.store(noise, namespace="local"))["namespace"] == "local"
+
+
+async def test_sync_serves_a_replicated_transcript_only_to_peers_that_may_see_it(fsvc):
+    shared = await fsvc.transcripts.store(TEXT, namespace="shared")
+    await fsvc.transcripts.store(TEXT, namespace="local")
+    page = await fsvc.replicator.sync_page(PEER, 0, 100)
+    assert [(i["kind"], i["transcript"]["id"]) for i in page["items"]] == [("transcript.put", shared["id"])]
+    assert page["items"][0]["body"] == (await fsvc.db.read(transcripts.get, shared["id"])).body
+    assert (await fsvc.replicator.sync_page(OTHER, 0, 100))["items"] == []
+
+
+async def test_a_sync_page_ends_early_once_transcripts_fill_its_byte_budget(fsvc, monkeypatch):
+    monkeypatch.setattr(federation, "SYNC_PAGE_TRANSCRIPT_BYTES", 1)
+    first = await fsvc.transcripts.store(TEXT, namespace="shared")
+    second = await fsvc.transcripts.store(TEXT, namespace="shared")
+    page = await fsvc.replicator.sync_page(PEER, 0, 100)
+    assert [i["transcript"]["id"] for i in page["items"]] == [first["id"]] and page["more"] is True
+    rest = await fsvc.replicator.sync_page(PEER, page["next"], 100)
+    assert [i["transcript"]["id"] for i in rest["items"]] == [second["id"]] and rest["more"] is False
