@@ -82,6 +82,26 @@ def byte_string(*, length: int) -> Check:
     return check
 
 
+def any_bytes() -> Check:
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, bytes):
+            raise _bad(path, "a byte string", value)
+
+    return check
+
+
+def span() -> Check:
+    """A transcript span: [memory_id, start, end], start and end code points with 0 <= start <= end."""
+
+    def check(path: str, value: Any) -> None:
+        ok = (isinstance(value, (list, tuple)) and len(value) == 3 and isinstance(value[0], str) and value[0]
+              and is_int(value[1]) and is_int(value[2]) and 0 <= value[1] <= value[2] <= INT64_MAX)
+        if not ok:
+            raise _bad(path, "[memory_id, start, end] with 0 <= start <= end", value)
+
+    return check
+
+
 def nullable(inner: Check) -> Check:
     def check(path: str, value: Any) -> None:
         if value is not None:
@@ -151,6 +171,17 @@ INVALIDATION = {
     "valid_until": Field(integer(minimum=0)),
 }
 
+# The signed fields of a transcript (node/attest.py TranscriptPayload); the text travels as its zstd frame.
+TRANSCRIPT = {
+    "id": Field(uuid4()),
+    "namespace": Field(string(nonempty=True)),
+    "agent": Field(string(nonempty=True)),
+    "created_at": Field(integer(minimum=0)),
+    "content_hash": Field(string(nonempty=True)),
+    "raw_bytes": Field(integer(minimum=0)),
+    "spans": Field(list_of(span())),
+}
+
 # kind -> fields of the payload other than "kind" itself.
 SCHEMAS: dict[str, Mapping[str, Field]] = {
     "ping": {"sent_at": Field(integer(minimum=0), required=False)},
@@ -171,6 +202,12 @@ SCHEMAS: dict[str, Mapping[str, Field]] = {
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
     },
+    "transcript.put": {
+        "transcript": Field(record(TRANSCRIPT)),
+        "body": Field(any_bytes()),
+        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+        "signed_by": Field(nullable(string(nonempty=True))),
+    },
 }
 
 
@@ -186,6 +223,7 @@ CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
     "memory.put": (_signature_pairs_with_signer,),
     "link.put": (_signature_pairs_with_signer,),
     "link.invalidate": (_signature_pairs_with_signer,),
+    "transcript.put": (_signature_pairs_with_signer,),
 }
 
 KNOWN_KINDS = frozenset(SCHEMAS)

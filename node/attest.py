@@ -153,7 +153,69 @@ class InvalidationPayload:
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
 
 
-Signable = LinkPayload | MemoryPayload | InvalidationPayload
+# The transcript record's "type" field (and the a2a kind that carries it).
+TRANSCRIPT_TYPE = "transcript.put"
+TRANSCRIPT_FIELDS = ("id", "namespace", "agent", "created_at", "content_hash", "raw_bytes", "spans")
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPayload:
+    """A signed transcript: canonical CBOR of ``{type: "transcript.put", id, namespace, agent, created_at,
+    content_hash, raw_bytes, spans}``. The text is covered by ``content_hash`` (hex SHA-256 of its UTF-8
+    bytes, ``raw_bytes`` long); ``spans`` are ``[memory_id, start, end]`` in Unicode code points, sorted.
+    ``record_hash`` (hex SHA-256 of the canonical bytes) is what signed_events records."""
+
+    id: str
+    namespace: str
+    agent: str
+    created_at: int
+    content_hash: str
+    raw_bytes: int
+    spans: tuple[tuple[str, int, int], ...]
+
+    def __post_init__(self) -> None:
+        for name in ("id", "namespace", "agent", "content_hash"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise AttestError("bad_transcript_field",
+                                  f"transcript field {name} must be a non-empty string, got {value!r}")
+        for name in ("created_at", "raw_bytes"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise AttestError("bad_transcript_field", f"{name} must be an integer >= 0, got {value!r}")
+        for span in self.spans:
+            ok = (len(span) == 3 and isinstance(span[0], str) and span[0] and _is_int(span[1]) and _is_int(span[2])
+                  and 0 <= span[1] <= span[2])
+            if not ok:
+                raise AttestError("bad_transcript_field",
+                                  f"a span must be [memory_id, start, end] with 0 <= start <= end, got {span!r}")
+        if list(self.spans) != sorted(set(self.spans)):
+            raise AttestError("bad_transcript_field", "spans must be sorted and distinct")
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> TranscriptPayload:
+        missing = [f for f in TRANSCRIPT_FIELDS if f not in m]
+        if missing:
+            raise AttestError("bad_transcript_field", f"transcript is missing field(s) {', '.join(missing)}")
+        spans = m["spans"]
+        if not isinstance(spans, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in spans):
+            raise AttestError("bad_transcript_field", f"spans must be a list of [memory_id, start, end], got {spans!r}")
+        return cls(**{f: m[f] for f in TRANSCRIPT_FIELDS if f != "spans"}, spans=tuple(tuple(s) for s in spans))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spans"] = [list(s) for s in self.spans]
+        return d
+
+    def canonical_bytes(self) -> bytes:
+        return cbor2.dumps({"type": TRANSCRIPT_TYPE, **self.to_dict()}, canonical=True)
+
+    @property
+    def record_hash(self) -> str:
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
+Signable = LinkPayload | MemoryPayload | InvalidationPayload | TranscriptPayload
 
 
 def _is_int(v: object) -> bool:

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
-from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload
+from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.hooks import HookError, HookEvent, Hooks, NoHooks
@@ -35,9 +35,10 @@ from node.kg import invalidation_wire
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
 from node.permissions.gate import Gate, refusal
 from node.permissions.rules import Operation
+from node.transcripts import inbound_row, scope_of, spans_of, transcript_wire
 from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
-from storage import changelog, events, graph, links, memories, outbox
+from storage import changelog, events, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
 from storage.graph import InvalidationRow
@@ -54,7 +55,9 @@ VERIFY_BATCH_MAX = 256
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 # Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", "link.put", "link.invalidate")
+SYNCED_KINDS = ("memory.put", "link.put", "link.invalidate", "transcript.put")
+# Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
+SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
 ORPHAN_RECHECK_S = 0.1
 # Pending sync items retried per peer per pull round.
 PENDING_RETRY_MAX = 1000
@@ -240,6 +243,8 @@ class Federation:
             applied = await self.apply_link(payload, sender)
         elif kind == "link.invalidate":
             applied = await self.apply_invalidation(payload, sender)
+        elif kind == "transcript.put":
+            applied = await self.apply_transcript(payload, sender)
         else:  # validate_payload knows the kind but this node has no handler for it
             applied = Applied("unsupported_kind")
         if applied.code is not None:
@@ -521,6 +526,56 @@ class Federation:
 
         return await self.db.write(write)
 
+    async def apply_transcript(self, body: dict[str, Any], sender: str) -> Applied:
+        """Verify and store one received transcript (node/transcripts.py): only in a namespace this node keeps
+        and replicates transcripts for and ``sender`` may see, within its size limits, signed by its agent,
+        and once every memory it cites is here and visible to ``sender`` (else ``unknown_memory``, retryable)."""
+        try:
+            payload = TranscriptPayload.from_mapping(body["transcript"])
+        except attest.AttestError as e:
+            raise ProtocolError("bad_payload", e.message) from None
+        policy = self.cfg.transcripts.policy(payload.namespace)
+        code = self._transcript_not_allowed(payload, body["signed_by"], sender)
+        if code is not None:
+            return Applied(code)
+        if await self.db.read(transcripts.get, payload.id) is not None:
+            return OK_UNCHANGED
+        level = await self._attest(payload, body["signature"], payload.agent, sender, what=payload.id)
+        if isinstance(level, Applied):
+            return level
+        row = await asyncio.to_thread(inbound_row, payload, body["body"], policy, signature=body["signature"],
+                                      level=level, sender=sender)
+        if isinstance(row, str):
+            return Applied(row)
+        spans = spans_of(payload)
+        if not await self._ends_visible(sender, {s.memory_id for s in spans}):
+            return Applied("unknown_memory")
+        code = await self._gate_code(sender, payload.namespace, Operation.STORE)
+        if code is not None:
+            return Applied(code)
+        now = self.clock()
+
+        def write(conn: Any) -> Applied:
+            if transcripts.get(conn, payload.id) is not None:
+                return OK_UNCHANGED
+            transcripts.insert(conn, row, spans)
+            events.append(conn, "transcript", payload.id, payload.agent, payload.record_hash, row.signature, now)
+            changelog.append(conn, "link", payload.id, 1, now)  # served on by sync, as links are
+            changelog.incr(conn, f"applied:transcript.{level}")
+            return OK_CHANGED
+
+        return await self.db.write(write)
+
+    def _transcript_not_allowed(self, payload: TranscriptPayload, signed_by: str | None, sender: str) -> str | None:
+        policy = self.cfg.transcripts.policy(payload.namespace)
+        if not (policy.enabled and policy.replicate):
+            return "transcripts_disabled"
+        if not self.shares(sender, payload.namespace):
+            return "namespace_not_allowed"
+        if signed_by is not None and signed_by != payload.agent:
+            return "signer_mismatch"
+        return None
+
     def _link_visible(self, conn: Any, peer: str, link: LinkRow) -> bool:
         """``peer`` may see both memories ``link`` joins."""
         ends = memories.get_many(conn, {link.src_id, link.dst_id})
@@ -539,9 +594,17 @@ class Federation:
 
         def read(conn: Any) -> dict[str, Any]:
             rows = changelog.page(conn, since, limit)
-            items = [item for r in rows if (item := self._sync_item(conn, peer, omit, r)) is not None]
-            last = rows[-1].seq if rows else since
-            return {"items": items, "next": last, "more": len(rows) == limit}
+            items: list[dict[str, Any]] = []
+            budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
+            for r in rows:
+                item = self._sync_item(conn, peer, omit, r)
+                last = r.seq
+                if item is not None:
+                    items.append(item)
+                    budget -= len(item.get("body", b""))
+                if budget < 0:
+                    break  # transcripts filled the page: the rest comes on the next one
+            return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq)}
 
         read_at = self.clock()
         page = await self.db.read(read)
@@ -563,12 +626,28 @@ class Federation:
         inv = graph.get_invalidation(conn, r.ref_id)
         # A 'link' change is a link or an invalidation of one; either goes where the link may go.
         link = links.get(conn, inv.link_id if inv is not None else r.ref_id)
+        if link is None and inv is None:
+            return self._sync_transcript(conn, peer, omit, r)
         author = inv.observed_by if inv is not None else link.observed_by if link is not None else None
         if link is None or author in omit or not self._link_visible(conn, peer, link):
             return None
         if inv is not None:
             return {"seq": r.seq, "kind": "link.invalidate", **invalidation_wire(inv)}
         return {"seq": r.seq, "kind": "link.put", **link_wire(link)}
+
+    def _sync_transcript(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow) -> dict[str, Any] | None:
+        """A 'link' change that is neither a link nor an invalidation is a replicated transcript: served where
+        its namespace still replicates and ``peer`` may see the namespace and every memory it cites."""
+        t = transcripts.get(conn, r.ref_id)
+        if t is None or t.agent in omit or not self.cfg.transcripts.policy(t.namespace).replicate:
+            return None
+        spans = transcripts.spans_of_transcript(conn, t.id)
+        ids = {s.memory_id for s in spans}
+        cited = memories.get_many(conn, ids)
+        if len(cited) != len(ids) or not all(self.visible_to(peer, m) for m in [scope_of(t.namespace, None),
+                                                                               *cited.values()]):
+            return None
+        return {"seq": r.seq, "kind": "transcript.put", **transcript_wire(t, spans)}
 
     # ---- catch-up: pulling ----------------------------------------------------------------
 
@@ -615,7 +694,8 @@ class Federation:
 
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
-        ref = item.get("memory", {}).get("id") if kind == "memory.put" else item.get("link", {}).get("src_id")
+        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id")
+               }.get(kind, item.get("link", {}).get("src_id"))
         pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref), code,
                                       cbor2.dumps(item), self.cfg.federation.sync_park_after, self.clock())
         if pending.parked:

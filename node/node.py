@@ -126,6 +126,8 @@ class Node:
                 peer_tasks.append(tg.create_task(self._sweep_loop(), name="approvals:sweep"))
                 if self.svc.webhooks is not None:
                     peer_tasks.append(tg.create_task(self.svc.webhooks.run(lambda: self._closing), name="webhooks"))
+                # Cancelled with the peer tasks on drain: a lifecycle pass is one transaction, safe to cut short.
+                peer_tasks.append(tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"))
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
                 await stop.wait()

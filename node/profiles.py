@@ -41,6 +41,8 @@ FAMILY_OF: dict[str, Family] = {
     "memory_approval_decide": Family.ADMIN,
     "memory_update": Family.POWER,
     "memory_list": Family.POWER,
+    "memory_transcript_store": Family.POWER,
+    "memory_replay": Family.POWER,
 }
 
 # What each family is for: shown by the loaders, matched by memory_smart_load's intent words.
@@ -48,7 +50,7 @@ ABOUT: dict[Family, str] = {
     Family.CORE: "store, recall and fetch memories",
     Family.GRAPH: "link memories, verify signatures, walk the knowledge graph",
     Family.ADMIN: "peers, node capabilities and state, approvals",
-    Family.POWER: "update memories, list and page through them",
+    Family.POWER: "update memories, list and page through them, store and replay transcripts",
     Family.FULL: "every tool",
 }
 INTENT_WORDS: dict[Family, tuple[str, ...]] = {
@@ -56,7 +58,8 @@ INTENT_WORDS: dict[Family, tuple[str, ...]] = {
                    "invalidat", "neighbo", "kg"),
     Family.ADMIN: ("peer", "capabilit", "status", "health", "approv", "permission", "admin", "federat", "hook",
                    "mesh", "node"),
-    Family.POWER: ("update", "edit", "change", "modify", "correct", "list", "browse", "page", "all memories"),
+    Family.POWER: ("update", "edit", "change", "modify", "correct", "list", "browse", "page", "all memories",
+                   "transcript", "replay", "conversation"),
 }
 
 

@@ -26,9 +26,10 @@ from node.permissions import approvals as approval
 from node.permissions.approvals import APPROVED, Approvals
 from node.permissions.gate import Gate, refusal
 from node.permissions.rules import Operation
+from node.transcripts import TranscriptRoom
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
-from storage import changelog, events, links, memories, outbox
+from storage import changelog, events, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -80,6 +81,8 @@ class Service:
         self.runtime: Any = None
         # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
         self.kg = KnowledgeGraph(self)
+        # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py).
+        self.transcripts = TranscriptRoom(self)
 
     async def close(self) -> None:
         await self.hooks.close()
@@ -448,6 +451,7 @@ class Service:
             "node_running": self.runtime is not None,
             "hooks": self.hooks.snapshot(),
             "kg_backend": self.kg.backend,
+            "transcripts": await self.db.read(transcripts.counts),
         }
         if self.runtime is not None:
             caps["a2a"] = self.runtime.a2a_stats()

@@ -19,7 +19,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from node.config import KgConfig, LimitsConfig
+from node.config import KgConfig, LimitsConfig, TranscriptPolicy
 from node.errors import ServiceError, describe
 
 JSON = dict[str, Any] | list[Any]
@@ -163,6 +163,7 @@ def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSp
                  _obj({"memory_id": memory_id, "limit": _int(1, kg.max_timeline)}, ("memory_id",))),
         ToolSpec("memory_kg_invalidate", "End a link's validity (a signed record; replicated).",
                  _obj({"link_id": _text(lim.max_id_chars, min_chars=1), "valid_until": _int(0)}, ("link_id",))),
+        *_transcript_specs(lim, memory_id, namespace),
         ToolSpec("memory_peers", "Trusted peers, live link state.", _obj({})),
         ToolSpec("memory_capabilities", "Node state: key, counts, limits.",
                  _obj({"version": {"enum": [2, 3]}})),
@@ -183,10 +184,23 @@ def loader_specs() -> tuple[ToolSpec, ...]:
     from node.profiles import Family
     return (
         ToolSpec("memory_load_family", "Add tools: graph (link, verify), admin (peers, state), power "
-                                       "(update, list), full.",
+                                       "(update, list, transcripts), full.",
                  _obj({"family": {"enum": [str(f) for f in Family if f is not Family.CORE]}}, ("family",))),
         ToolSpec("memory_smart_load", "Add the tools a task needs.",
                  _obj({"intent": _text(1000, min_chars=1)}, ("intent",))),
+    )
+
+
+def _transcript_specs(lim: LimitsConfig, memory_id: dict[str, Any], namespace: dict[str, Any]) -> tuple[ToolSpec, ...]:
+    """memory_transcript_store and memory_replay (node/transcripts.py); sizes are bounded per namespace there."""
+    span = _obj({"memory_id": memory_id, "start": _int(0), "end": _int(1)}, ("memory_id", "start", "end"))
+    return (
+        ToolSpec("memory_transcript_store", "Store the transcript memories were drawn from, with their spans "
+                                            "[start, end) in code points; where the namespace enables it.",
+                 _obj({"content": _text(TranscriptPolicy().max_bytes, min_chars=1), "namespace": namespace,
+                       "spans": {"type": "array", "items": span}}, ("content",))),
+        ToolSpec("memory_replay", "A memory's transcript spans with their text; full=true: whole transcripts.",
+                 _obj({"memory_id": memory_id, "full": {"type": "boolean", "default": False}}, ("memory_id",))),
     )
 
 
@@ -195,7 +209,7 @@ TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
 LOADERS = frozenset(s.name for s in loader_specs())
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
-                             "memory_capabilities", "memory_approval_list"})
+                             "memory_capabilities", "memory_approval_list", "memory_replay"})
 
 class ArgValidator:
     """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
@@ -261,6 +275,12 @@ _KG_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
     "memory_kg_invalidate": ("invalidate", ("link_id",)),
 }
 
+# Transcript tools -> (method of node.transcripts.TranscriptRoom, arguments passed by position).
+_TRANSCRIPT_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "memory_transcript_store": ("store", ("content",)),
+    "memory_replay": ("replay", ("memory_id",)),
+}
+
 class ServiceBackend:
     """Runs tool calls on a ``node.service.Service`` in this process."""
 
@@ -289,6 +309,12 @@ class ServiceBackend:
             first = [args.pop(a) for a in positional]
             result: JSON = await getattr(self.service.kg, method)(*first, **args)
             return result
+        transcript_tool = _TRANSCRIPT_TOOLS.get(name)
+        if transcript_tool is not None:
+            method, positional = transcript_tool
+            first = [args.pop(a) for a in positional]
+            done: JSON = await getattr(self.service.transcripts, method)(*first, **args)
+            return done
         return await self._call_first_set(name, args)
 
     async def _call_first_set(self, name: str, args: dict[str, Any]) -> JSON:

@@ -10,7 +10,8 @@ class StorageError(Exception):
 
     Codes in use: not_a_database, foreign_database, schema_too_new, not_found, duplicate_link,
     duplicate_memory, already_queued, append_only, constraint, busy, read_only, disk_full,
-    io_error, corrupt, closed, commit_failed, transaction_aborted, sql_error.
+    io_error, corrupt, closed, commit_failed, transaction_aborted, sql_error, transcript_corrupt,
+    unknown_transcript.
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -250,8 +250,40 @@ _M7_SUBSCRIPTIONS = Migration(7, "subscriptions", (
     "CREATE INDEX IF NOT EXISTS subscription_deliveries_due ON subscription_deliveries(status, next_attempt_at)",
 ))
 
+# Transcripts: zstd-compressed conversation trails and the spans memories cite (docs/transcripts.md).
+# A transcript moves from the hot table to the archive table after
+# its TTL, so the links name it by id (checked in the write) and only the memory by foreign key.
+_M8_TRANSCRIPTS = Migration(8, "transcripts", tuple(
+    f"""CREATE TABLE IF NOT EXISTS {table} (
+        id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        raw_bytes INTEGER NOT NULL,
+        stored_bytes INTEGER NOT NULL,
+        content_hash TEXT NOT NULL,
+        signature BLOB NULL,
+        attest_level TEXT NOT NULL CHECK (attest_level IN ('unsigned','self_signed','peer_attested')),
+        signed_by TEXT NULL,
+        received_from TEXT NULL{extra}
+    )""" for table, extra in (("memory_transcripts", ""),
+                              ("memory_transcripts_archive", ",\n        archived_at INTEGER NOT NULL"))
+) + (
+    "CREATE INDEX IF NOT EXISTS memory_transcripts_ns_created ON memory_transcripts(namespace, created_at)",
+    "CREATE INDEX IF NOT EXISTS memory_transcripts_archive_ns ON memory_transcripts_archive(namespace, archived_at)",
+    """CREATE TABLE IF NOT EXISTS memory_transcript_links (
+        memory_id TEXT NOT NULL REFERENCES memories(id),
+        transcript_id TEXT NOT NULL,
+        span_start INTEGER NOT NULL CHECK (span_start >= 0),
+        span_end INTEGER NOT NULL CHECK (span_end >= span_start),
+        PRIMARY KEY (memory_id, transcript_id, span_start, span_end)
+    )""",
+    "CREATE INDEX IF NOT EXISTS memory_transcript_links_tx ON memory_transcript_links(transcript_id)",
+))
+
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
-                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS)
+                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
@@ -259,7 +291,8 @@ OUR_TABLES = frozenset({
     "memories", "memories_fts", "memories_fts_data", "memories_fts_idx", "memories_fts_docsize",
     "memories_fts_config", "memory_links", "signed_events", "a2a_outbox", "a2a_dead_letters",
     "change_log", "peer_state", "counters", "sync_pending", "link_invalidations", "permission_rules",
-    "pending_actions", "subscriptions", "subscription_deliveries", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "pending_actions", "subscriptions", "subscription_deliveries", "memory_transcripts", "memory_transcripts_archive",
+    "memory_transcript_links", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
 })
 
 

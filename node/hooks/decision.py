@@ -26,6 +26,8 @@ MAX_OPTIONS = 16
 MAX_OPTION_CHARS = 64
 # Most links one pre_store hook may propose for the new memory.
 MAX_PROPOSED_LINKS = 32
+# Most memories one pre_transcript_store Modify may propose.
+MAX_PROPOSED_MEMORIES = 32
 DEFAULT_OPTIONS = ("approve", "deny")
 
 
@@ -204,6 +206,8 @@ def _fits(kind: FieldKind, v: Any) -> bool:
             return v is None or _is_number(v)
         case FieldKind.LINKS:
             return isinstance(v, list) and len(v) <= MAX_PROPOSED_LINKS and all(map(_is_link_proposal, v))
+        case FieldKind.MEMORIES:
+            return isinstance(v, list) and len(v) <= MAX_PROPOSED_MEMORIES and all(map(_is_memory_proposal, v))
 
 
 def _is_link_proposal(p: Any) -> bool:
@@ -212,6 +216,14 @@ def _is_link_proposal(p: Any) -> bool:
     conf = p.get("confidence", 1.0)
     return (isinstance(p["dst_id"], str) and bool(p["dst_id"]) and isinstance(p["relation"], str)
             and bool(p["relation"].strip()) and _is_number(conf) and 0.0 <= conf <= 1.0)
+
+
+def _is_memory_proposal(p: Any) -> bool:
+    """{content, start, end[, title]}: a memory drawn from code points [start, end) of the transcript."""
+    if not isinstance(p, dict) or not {"content", "start", "end"} <= set(p) <= {"content", "start", "end", "title"}:
+        return False
+    return (isinstance(p["content"], str) and bool(p["content"].strip()) and isinstance(p.get("title", ""), str)
+            and _is_int(p["start"]) and _is_int(p["end"]) and 0 <= p["start"] < p["end"])
 
 
 # ---- the chain ------------------------------------------------------------------------------

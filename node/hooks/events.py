@@ -65,6 +65,7 @@ class FieldKind(StrEnum):
     INT = "int"                    # an integer (null allowed on pre_update)
     NUMBER = "number"              # an int or float (null allowed where the field is optional)
     LINKS = "links"                # pre_store only: related memories to link in the same transaction
+    MEMORIES = "memories"          # pre_transcript_store only: memories to store, each citing a span
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ SPECS: Mapping[HookEvent, EventSpec] = MappingProxyType({s.event: s for s in (
                  stored="false when the link was already here"), _f(), False),
     EventSpec(HookEvent.PRE_TRANSCRIPT_STORE, EventClass.TRANSCRIPT, Phase.PRE,
               _p(session_id="transcript session", content="transcript text", agent_id="writer"),
-              _f(content=FieldKind.TEXT), True),
+              _f(content=FieldKind.TEXT, memories=FieldKind.MEMORIES), True),
     EventSpec(HookEvent.POST_TRANSCRIPT_STORE, EventClass.TRANSCRIPT, Phase.POST,
               _p(session_id="transcript session", transcript_id="stored id"), _f(), False),
     EventSpec(HookEvent.ON_INDEX_EVICTION, EventClass.INDEX, Phase.ON,

@@ -11,6 +11,20 @@ from a2a import KNOWN_KINDS, ProtocolError, validate_payload
 UNSIGNED_MEMORY = {"kind": "memory.put", "signature": None, "signed_by": None}
 
 
+TRANSCRIPT_PUT: dict = {"kind": "transcript.put", "body": b"\x28\xb5\x2f\xfd", "signature": None, "signed_by": None,
+                        "transcript": {"id": "8d0c6a4e-2f1b-4c3d-9e8f-7a6b5c4d3e2f", "namespace": "team",
+                                       "agent": "ai:a@lab", "created_at": 1, "content_hash": "ab" * 32,
+                                       "raw_bytes": 10, "spans": [["m", 0, 4]]}}
+
+
+def test_transcript_put_passes_and_a_bad_span_is_named() -> None:
+    assert validate_payload(TRANSCRIPT_PUT) is TRANSCRIPT_PUT
+    bad = dict(TRANSCRIPT_PUT, transcript={**TRANSCRIPT_PUT["transcript"], "spans": [["m", 5, 4]]})
+    assert code_of(bad) == ("bad_payload", "payload.transcript.spans[0] must be [memory_id, start, end] with "
+                                           "0 <= start <= end, got ['m', 5, 4]")
+    assert code_of(dict(TRANSCRIPT_PUT, body="text"))[0] == "bad_payload"
+
+
 def code_of(payload: object) -> tuple[str, str]:
     with pytest.raises(ProtocolError) as info:
         validate_payload(payload)
@@ -18,7 +32,7 @@ def code_of(payload: object) -> tuple[str, str]:
 
 
 def test_first_kinds_are_known() -> None:
-    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "link.invalidate"}
+    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "link.invalidate", "transcript.put"}
 
 
 @pytest.mark.parametrize(
@@ -107,6 +121,7 @@ def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind:
         "link.put": {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
         "link.invalidate": {"kind": "link.invalidate", "signature": None, "signed_by": None,
                             "invalidation": {"link_id": "ab" * 32, "observed_by": "ai:a@lab", "valid_until": 5}},
+        "transcript.put": dict(TRANSCRIPT_PUT, transcript=dict(TRANSCRIPT_PUT["transcript"])),
     }[kind]
     target = payload.get(top)
     if isinstance(target, dict):

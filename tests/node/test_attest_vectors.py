@@ -1,5 +1,6 @@
 """The normative link-signing vectors, loaded as they are, reproduced byte for byte."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
-from node.attest import AttestError, LinkPayload, MemoryPayload, sign, verify
+from node.attest import AttestError, LinkPayload, MemoryPayload, TranscriptPayload, sign, verify
 
 # A copy of the normative shared/vectors/link-signing.json, so a clone alone runs these tests;
 # test_vectors_are_the_normative_copy guards the copy wherever shared/ sits beside the repository.
@@ -106,3 +107,29 @@ def test_memory_signature_never_verifies_as_a_link_or_for_a_changed_field() -> N
     pk = Ed25519PrivateKey.from_private_bytes(SEED).public_key()
     for field, value in (("content", "changed"), ("writer", "ai:node-2@lab"), ("version", 2), ("namespace", "x")):
         assert not verify(pk, MemoryPayload.from_mapping({**case["memory"], field: value}), sig)
+
+
+TRANSCRIPT_VECTORS = json.loads((Path(__file__).parent / "vectors" / "transcript-signing.json")
+                                .read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", TRANSCRIPT_VECTORS["cases"], ids=_ids)
+def test_transcript_payload_signature_and_hash_match_vector(case: dict) -> None:
+    payload = TranscriptPayload.from_mapping(case["transcript"])
+    assert payload.content_hash == hashlib.sha256(case["text"].encode("utf-8")).hexdigest()
+    assert payload.raw_bytes == len(case["text"].encode("utf-8"))
+    assert payload.canonical_bytes().hex() == case["canonical_cbor_hex"]
+    assert payload.record_hash == case["record_hash_sha256_hex"]
+    key = Ed25519PrivateKey.from_private_bytes(SEED)
+    assert sign(key, payload).hex() == case["signature_hex"]
+    assert verify(key.public_key(), payload, bytes.fromhex(case["signature_hex"]))
+
+
+def test_transcript_signature_never_verifies_for_a_changed_field_or_span() -> None:
+    case = TRANSCRIPT_VECTORS["cases"][0]
+    sig = bytes.fromhex(case["signature_hex"])
+    pk = Ed25519PrivateKey.from_private_bytes(SEED).public_key()
+    t = case["transcript"]
+    for field, value in (("namespace", "default"), ("content_hash", "0" * 64), ("agent", "ai:node-2@lab"),
+                         ("spans", [[t["spans"][0][0], 6, 24], t["spans"][1]])):
+        assert not verify(pk, TranscriptPayload.from_mapping({**t, field: value}), sig)

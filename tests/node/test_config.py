@@ -97,3 +97,24 @@ def test_inconsistent_settings_are_refused(raw: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         from_dict(raw, env={})
     assert needle in err.value.message
+
+
+def test_transcripts_namespace_tables_override_the_shared_defaults() -> None:
+    cfg = from_dict({"transcripts": {"max_bytes": 10, "team": {"enabled": True, "replay": "allow"}}}, env={})
+    team, other = cfg.transcripts.policy("team"), cfg.transcripts.policy("other")
+    assert (team.enabled, team.replay, team.max_bytes) == (True, "allow", 10)
+    assert (other.enabled, other.replay, other.max_bytes) == (False, "deny", 10)
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    ({"team": {"replay": "sometimes"}}, "config_invalid"),
+    ({"team": {"enabled": 1}}, "config_invalid"),
+    ({"team": {"ttl_s": 0}}, "config_invalid"),
+    ({"team": {"colour": "red"}}, "config_unknown_key"),
+    ({"lifecycle_batch": 0}, "config_invalid"),
+    ({"typo": 3}, "config_unknown_key"),
+])
+def test_bad_transcripts_settings_are_refused(raw: dict, code: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_dict({"transcripts": raw}, env={})
+    assert err.value.code == code
