@@ -299,7 +299,8 @@ def _transcript_parsers(sub: Any) -> None:
     trsub = tr.add_subparsers(dest="sub", required=True, metavar="ACTION")
     ts = trsub.add_parser("store", help="store a transcript (zstd-compressed, signed) citing spans of it")
     ts.add_argument("file", type=Path, help="the transcript text, UTF-8 ('-' reads stdin)")
-    ts.add_argument("--namespace", default="default", help="namespace to store it in (its [transcripts] policy applies)")
+    ts.add_argument("--namespace", default="default",
+                    help="namespace to store it in (its [transcripts] policy applies)")
     ts.add_argument("--span", action="append", dest="spans", default=[], metavar="MEMORY_ID:START:END",
                     help="a memory drawn from [START, END) (Unicode code points) of the text (repeatable)")
     ts.add_argument("--json", action="store_true")
