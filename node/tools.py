@@ -267,18 +267,14 @@ def _schema_rule(e: ValidationError) -> str:
 
 # ---- in-process backend ---------------------------------------------------------------------
 
-# Knowledge-graph tools -> (method of node.kg.KnowledgeGraph, arguments passed by position).
-_KG_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "memory_kg_query": ("query", ("memory_id",)),
-    "memory_find_paths": ("find_paths", ("src_id", "dst_id")),
-    "memory_kg_timeline": ("timeline", ("memory_id",)),
-    "memory_kg_invalidate": ("invalidate", ("link_id",)),
-}
-
-# Transcript tools -> (method of node.transcripts.TranscriptRoom, arguments passed by position).
-_TRANSCRIPT_TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "memory_transcript_store": ("store", ("content",)),
-    "memory_replay": ("replay", ("memory_id",)),
+# Tools answered by one room of the service: (room attribute, method, arguments passed positionally).
+_ROOM_TOOLS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "memory_kg_query": ("kg", "query", ("memory_id",)),
+    "memory_find_paths": ("kg", "find_paths", ("src_id", "dst_id")),
+    "memory_kg_timeline": ("kg", "timeline", ("memory_id",)),
+    "memory_kg_invalidate": ("kg", "invalidate", ("link_id",)),
+    "memory_transcript_store": ("transcripts", "store", ("content",)),
+    "memory_replay": ("transcripts", "replay", ("memory_id",)),
 }
 
 class ServiceBackend:
@@ -303,18 +299,12 @@ class ServiceBackend:
 
     async def _dispatch(self, name: str, args: dict[str, Any]) -> JSON:
         args = self.validator.check(name, args)
-        kg_tool = _KG_TOOLS.get(name)
-        if kg_tool is not None:
-            method, positional = kg_tool
+        room_tool = _ROOM_TOOLS.get(name)
+        if room_tool is not None:
+            room, method, positional = room_tool
             first = [args.pop(a) for a in positional]
-            result: JSON = await getattr(self.service.kg, method)(*first, **args)
+            result: JSON = await getattr(getattr(self.service, room), method)(*first, **args)
             return result
-        transcript_tool = _TRANSCRIPT_TOOLS.get(name)
-        if transcript_tool is not None:
-            method, positional = transcript_tool
-            first = [args.pop(a) for a in positional]
-            done: JSON = await getattr(self.service.transcripts, method)(*first, **args)
-            return done
         return await self._call_first_set(name, args)
 
     async def _call_first_set(self, name: str, args: dict[str, Any]) -> JSON:

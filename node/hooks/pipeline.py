@@ -33,7 +33,7 @@ CLOSE_TIMEOUT_S = 10.0
 _DECISION_COUNTER = {Allow: "allowed", Modify: "modified", Deny: "denied", AskUser: "asked"}
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
     """What tells a changed file apart; None when it is absent (or cannot even be looked at)."""
     try:
         st = path.stat()
@@ -48,7 +48,7 @@ class HookPipeline:
     def __init__(self, path: Path, settings: HooksConfig) -> None:
         self.path = path
         self.settings = settings
-        self._stamp = _stamp(path)
+        self._stamp = file_stamp(path)
         # Raises HookError: a node does not start on a hooks file it cannot use.
         self._file = load_hooks(path) or HooksFile.empty(path)
         self._runners: dict[HookSpec, Runner] = {s: make_runner(s, settings) for s in self._file.hooks}
@@ -139,7 +139,7 @@ class HookPipeline:
 
     def _check_reload(self, now: float) -> None:
         self._next_check = now + self.settings.reload_check_s
-        stamp = _stamp(self.path)
+        stamp = file_stamp(self.path)
         if stamp == self._stamp:
             return
         self._stamp = stamp

@@ -20,6 +20,7 @@ from typing import Any
 
 from node.config import ConfigError, NodeConfig
 from node.hooks.decision import ALLOW, AskUser, Decision, Deny
+from node.hooks.pipeline import file_stamp
 from node.permissions.rules import (
     Action,
     Mode,
@@ -83,14 +84,6 @@ def load_rules_file(path: Path) -> RulesFile:
     return RulesFile(path, mode, default, rules)
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
-
-
 def runtime_rule(row: rule_rows.RuleRow) -> Rule:
     return parse_rule({"agent": row.agent, "namespace": row.namespace, "operations": list(row.operations),
                        "action": row.action, "inherit": row.inherit}, f"runtime #{row.id}")
@@ -103,7 +96,7 @@ class Gate:
         self.cfg = cfg
         self.db = db
         self.path = cfg.permissions_path
-        self._file_stamp = _stamp(self.path)
+        self._file_stamp = file_stamp(self.path)
         # Raises ConfigError: a node does not start on a rules file it cannot use.
         self.file = load_rules_file(self.path)
         self.runtime: tuple[Rule, ...] = ()
@@ -137,7 +130,7 @@ class Gate:
         """Re-read the rules file and the runtime rules if either changed."""
         self._next_check = time.monotonic() + self.cfg.permissions.reload_check_s
         changed = False
-        stamp = _stamp(self.path)
+        stamp = file_stamp(self.path)
         if stamp != self._file_stamp:
             self._file_stamp = stamp
             try:
