@@ -156,6 +156,10 @@ class LocalMesh:
 
     def start(self, indices: list[int] | None = None, *, want_links: bool = True, timeout_s: float = 30.0) -> None:
         specs = [self.layout.node(i) for i in (indices or [n.index for n in self.layout.nodes])]
+        running = [s.agent_id for s in specs if s.index in self.procs and self.procs[s.index].poll() is None]
+        if running:
+            # A second process would replace the first in procs, which then nobody stops.
+            raise RuntimeError(f"already running: {', '.join(running)}; stop it first")
         for spec in specs:
             self.procs[spec.index] = start_node(spec)
         wait_ready(self.layout, specs, self.procs, timeout_s=timeout_s, want_links=want_links)

@@ -72,8 +72,10 @@ def links_up(spec: NodeSpec, *peers: str) -> bool:
 
 
 def start(mesh: LocalMesh, *indices: int) -> None:
-    """Start these nodes and wait until each has its links to the others of them up."""
-    mesh.start(list(indices), want_links=False)
+    """Start those of these nodes not running yet, and wait until each has its links to the others up."""
+    stopped = [i for i in indices if i not in mesh.procs]
+    if stopped:
+        mesh.start(stopped, want_links=False)
     for i in indices:
         spec = mesh.layout.node(i)
         others = [mesh.layout.node(j).agent_id for j in indices if j != i]
