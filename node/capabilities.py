@@ -56,10 +56,9 @@ def _profiles(svc: Any) -> dict[str, Any]:
 
 def _storage(svc: Any) -> dict[str, Any]:
     """The database: its schema version, size on disk and the writer's time in its current batch."""
-    path = svc.cfg.db_path
-    size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
     busy = svc.db.writer_busy_s()
-    return {"schema_version": svc.db.schema_version, "bytes": size, "max_bytes": svc.cfg.limits.max_db_bytes,
+    return {"schema_version": svc.db.schema_version, "bytes": svc.db.bytes_used(),
+            "max_bytes": svc.cfg.limits.max_db_bytes,
             "writer_busy_s": round(busy, 3) if busy != float("inf") else None}
 
 

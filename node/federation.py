@@ -273,7 +273,7 @@ class Federation:
             return self._refused(code, sender, m)
         row = _memory_row(body, level, sender)
         try:
-            check_db_budget(self.cfg)
+            check_db_budget(self.cfg, self.db.bytes_used())
             await self.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
         except (ServiceError, HookError) as e:  # a hook refusal is permanent and carries the hook's code
             return self._refused(e.code, sender, m)
@@ -287,7 +287,7 @@ class Federation:
         code = _against_stored(None, m, self.cfg.federation.max_version_step)
         if code is None:
             try:
-                check_db_budget(self.cfg)
+                check_db_budget(self.cfg, self.db.bytes_used())
                 await self.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
             except (ServiceError, HookError) as e:
                 code = e.code

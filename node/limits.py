@@ -52,10 +52,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_db_budget(cfg: NodeConfig) -> None:
-    """Refuse new memories once the database (with its WAL) is past ``limits.max_db_bytes``."""
-    path = cfg.db_path
-    size = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+def check_db_budget(cfg: NodeConfig, size: int) -> None:
+    """Refuse new memories once the database holds ``size`` bytes, past ``limits.max_db_bytes``
+    (``Database.bytes_used``: the SQLite file with its WAL, or Postgres's database size)."""
     if size > cfg.limits.max_db_bytes:
         raise ServiceError("storage_full", f"the database holds {size} bytes, past limits.max_db_bytes "
                                            f"({cfg.limits.max_db_bytes}); new memories are refused")

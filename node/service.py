@@ -573,7 +573,7 @@ class Service:
     # ---- validation -----------------------------------------------------------------------
 
     def _check_db_budget(self) -> None:
-        check_db_budget(self.cfg)
+        check_db_budget(self.cfg, self.db.bytes_used())
 
     def _check_id(self, name: str, value: Any) -> None:
         check_text(name, value, self.cfg.limits.max_id_chars, allow_empty=False)

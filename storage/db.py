@@ -123,6 +123,14 @@ class Database:
         started = self._batch_started
         return 0.0 if started is None else time.monotonic() - started
 
+    def bytes_used(self) -> int:
+        """Bytes the database holds on disk now: the file and its WAL (what ``limits.max_db_bytes`` bounds)."""
+        return sum(p.stat().st_size for p in (self.path, self.path.with_name(self.path.name + "-wal"))
+                   if p.exists())
+
+    def _after_commit(self, conn: Any) -> None:
+        """Called on the writer thread after each successful COMMIT (a backend's bookkeeping)."""
+
     @property
     def commit_stats(self) -> tuple[int, int]:
         """(write transactions committed, jobs committed in them) since open: their ratio is the mean batch."""
@@ -275,6 +283,7 @@ class Database:
         else:
             self._commits += 1
             self._committed_jobs += len(uncommitted)
+            self._after_commit(conn)
 
     def _deliver(self, jobs: list[_Job]) -> None:
         assert self._loop is not None

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,10 @@ from storage.migrations import MAX_SUPPORTED_SCHEMA, Migration
 WRITE_LOCK_KEY = 0x414D5348
 # Bound on connecting to the server; a DSN that does not answer is a clear error, not a hang.
 CONNECT_TIMEOUT_S = 10
+# How stale the database size behind limits.max_db_bytes may be (it costs one query on the writer).
+SIZE_EVERY_S = 1.0
+
+log = logging.getLogger("storage.pg")
 # Tables of ours besides the migrations' (the schema version).
 _META = "am_schema"
 
@@ -275,6 +281,9 @@ class PgDatabase(Database):
         self.kg_backend = "postgres-cte"
         self._age_mode = "off"
         self._pool: ConnectionPool[Any] | None = None
+        # pg_database_size, measured by the writer at open and at most every SIZE_EVERY_S after a commit.
+        self._bytes = 0
+        self._bytes_at = 0.0
 
     @classmethod
     async def open_pg(cls, dsn: str, *, batch_max: int = 512, readers: int = 2, age: str = "off") -> PgDatabase:
@@ -337,7 +346,25 @@ class PgDatabase(Database):
         self.kg_backend = "postgres-age"
 
     def _stored_schema_version(self, conn: Any) -> int:
+        self._measure(conn)
         return _stored_version(conn.raw) or 0
+
+    def bytes_used(self) -> int:
+        """The database's size on disk (pg_database_size) as last measured by the writer."""
+        return self._bytes
+
+    def _after_commit(self, conn: Any) -> None:
+        if time.monotonic() - self._bytes_at >= SIZE_EVERY_S:
+            self._measure(conn)
+
+    def _measure(self, conn: PgConn) -> None:
+        try:
+            row = conn.raw.execute("SELECT pg_database_size(current_database())").fetchone()
+        except psycopg.Error as e:
+            log.warning("pg_size_unavailable", extra={"ev": {"error": str(e)}})
+            return
+        self._bytes = int(row[0]) if row else 0
+        self._bytes_at = time.monotonic()
 
     def _run_read(self, fn: Any, args: tuple[Any, ...]) -> Any:
         assert self._pool is not None

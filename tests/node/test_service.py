@@ -1,5 +1,7 @@
 """The service layer end to end on a real SQLite file: store, recall, link, verify, audit, bad input."""
 
+import dataclasses
+
 import pytest
 
 from node.assemble import open_service
@@ -140,13 +142,16 @@ async def test_concurrent_stores_all_commit(svc: Service) -> None:
     assert len(await svc.memory_list(limit=100)) == 100
 
 
-async def test_store_past_the_database_budget_is_refused(tmp_path) -> None:
-    cfg = make_config(tmp_path / "small", limits={"max_db_bytes": 1})
-    svc = await open_service(cfg)
+async def test_store_past_the_database_budget_is_refused_on_each_backend(cfg: NodeConfig) -> None:
+    small = dataclasses.replace(cfg, limits=dataclasses.replace(cfg.limits, max_db_bytes=1))
+    svc = await open_service(small)
     try:
+        assert svc.db.bytes_used() > 1  # measured: the file and WAL, or pg_database_size
         with pytest.raises(ServiceError) as err:
             await svc.memory_store("does not fit")
         assert err.value.code == "storage_full"
+        assert (await svc.capabilities())["storage"]["bytes"] == svc.db.bytes_used()
+        assert await svc.memory_list() == []
     finally:
         await svc.close()
 
