@@ -877,11 +877,12 @@ def _peers(args: argparse.Namespace, cfg: NodeConfig) -> int:
         if not rows:
             return "no peers configured or trusted"
         lines = [f"{'agent_id':<28} {'fingerprint':<16} {'link':<13} {'last_ack':>9} {'outbox':>6} "
-                 f"{'dead':>5} {'sync_seq':>8}"]
+                 f"{'dead':>5} {'sync_seq':>8} {'parked':>6}"]
         for r in rows:
             age = "-" if r["last_ack_age_s"] is None else f"{r['last_ack_age_s']:.0f}s"
             lines.append(f"{r['agent_id']:<28} {r['fingerprint'] or 'untrusted':<16} {r['link_state']:<13} "
-                         f"{age:>9} {r['outbox_depth']:>6} {r['dead_letters']:>5} {r['last_sync_seq']:>8}")
+                         f"{age:>9} {r['outbox_depth']:>6} {r['dead_letters']:>5} {r['last_sync_seq']:>8} "
+                         f"{r['parked']:>6}")
         return "\n".join(lines)
 
     emit(args, rows, human)

@@ -41,6 +41,15 @@ def test_peers_without_a_node_says_it_read_the_store(capsys, home: Path) -> None
     assert "no node answers" in err and "link state not known" in err
 
 
+def test_the_peers_table_shows_each_peers_parked_sync_items(capsys, home: Path) -> None:
+    toml = home / "node.toml"
+    toml.write_text(f'agent_id = "{A}"\nhome = "{home}"\n[[mesh.peers]]\nagent_id = "ai:b@lab"\n'
+                    'url = "https://127.0.0.1:7444/"\n', encoding="utf-8")
+    rc, out, _ = run(capsys, "--config", str(toml), "peers")
+    header, row = out.splitlines()[:2]
+    assert rc == 0 and header.split()[-1] == "parked" and row.split()[0] == "ai:b@lab" and row.split()[-1] == "0"
+
+
 @pytest.mark.parametrize("order", ["before", "after"])
 def test_config_and_json_are_accepted_before_or_after_the_subcommand(capsys, home: Path, order: str) -> None:
     toml = home / "node.toml"
