@@ -43,6 +43,7 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
     approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity))
     webhooks = Webhooks(cfg, db, clock)
     approvals.sinks.append(webhooks.publish)
+    federation.sinks.append(webhooks.publish)  # peers' memories and links reach subscribers as local ones do
     svc = Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
     svc.webhooks = webhooks
     return svc

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,7 +37,7 @@ from node.permissions.gate import Gate, refusal
 from node.permissions.rules import Operation
 from node.transcripts import inbound_row, scope_of, spans_of, transcript_wire
 from node.trust import Keyring
-from node.wire import link_wire, memory_put_body
+from node.wire import link_dict, link_wire, memory_dict, memory_put_body
 from storage import changelog, events, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
@@ -128,6 +128,8 @@ class Federation:
         self.cfg = cfg
         # The same permission gate as local operations: a peer's write is admitted as a local one is.
         self.gate = gate
+        # Told of each stored inbound memory and link as (event, data), e.g. the webhooks' publish.
+        self.sinks: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
         # Operator hooks on inbound changes (pre/post_federated_*, docs/hooks.md).
         self.hooks: Hooks = hooks if hooks is not None else NoHooks()
         self.db = db
@@ -346,6 +348,7 @@ class Federation:
 
     async def _store_memory(self, row: MemoryRow, sender: str) -> Applied:
         step = self.cfg.federation.max_version_step
+        kept: list[MemoryRow] = []
 
         def write(conn: Any) -> Applied:
             # Checked again inside the transaction: another version may have landed since the read.
@@ -359,6 +362,7 @@ class Federation:
             result = memories.apply_remote(conn, row_)
             if result not in ("inserted", "updated"):
                 return OK_UNCHANGED
+            kept.append(row_)
             now = self.clock()
             events.append(conn, "memory", None, row_.author, MemoryPayload.of(row_).version_hash,
                           row_.signature, now)
@@ -371,7 +375,12 @@ class Federation:
         if applied.changed:
             async with self._memory_arrived:
                 self._memory_arrived.notify_all()
+            await self._tell("memory.stored", memory_dict(kept[-1]))
         return applied
+
+    async def _tell(self, event: str, data: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            await sink(event, data)
 
     async def apply_link(self, body: dict[str, Any], sender: str) -> Applied:
         """Verify and store one received link; stored only where the sender may see both its ends."""
@@ -419,6 +428,8 @@ class Federation:
         stored = await self.db.write(write)
         self.counters[f"link:{level}" if stored else "link:duplicate"] += 1
         await self.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**hook_payload, "stored": stored})
+        if stored:
+            await self._tell("link.attested", link_dict(row))
         return OK_CHANGED if stored else OK_UNCHANGED
 
     def _link_out_of_bounds(self, payload: LinkPayload, confidence: Any, now: int) -> str | None:

@@ -128,3 +128,29 @@ async def test_bad_subscriptions_are_refused(node) -> None:
         await svc.webhooks.subscribe("ftp://x", ["memory.stored"])
     with pytest.raises(ServiceError, match="events must be"):
         await svc.webhooks.subscribe("http://127.0.0.1:1/x", ["memory.deleted"])
+
+
+async def test_a_peers_memory_and_link_reach_subscribers_as_local_ones_do(node) -> None:
+    from tests.node.test_federation_apply import M1, M2, PEER, _env, _link_put, _memory, _mput
+
+    svc, _ = node
+    port = _free_port()
+    await svc.webhooks.subscribe(f"http://127.0.0.1:{port}/hook", ["memory.stored", "link.attested"])
+    receiver = Receiver()
+    await receiver.start(port)
+    try:
+        for mid in (M1, M2):
+            assert (await svc.replicator.apply(_env(PEER, _mput(_memory(mid))), PEER)).accepted
+        assert (await svc.replicator.apply(_env(PEER, _link_put(None, M1, M2)), PEER)).accepted
+
+        async def three() -> bool:
+            return len(receiver.got) >= 3
+        await _until(three, "three deliveries")
+        got = [(h["X-Webhook-Event"], json.loads(b)["data"]) for h, b in receiver.got]
+        assert [e for e, _ in got] == ["memory.stored", "memory.stored", "link.attested"]
+        assert {d["id"] for _, d in got[:2]} == {M1, M2} and all(d["received_from"] == PEER for _, d in got)
+        # The same memory again changes nothing and tells nobody.
+        assert (await svc.replicator.apply(_env(PEER, _mput(_memory(M1))), PEER)).accepted
+        assert len(await svc.db.read(subscriptions.deliveries, None, 10)) == 3
+    finally:
+        await receiver.stop()
