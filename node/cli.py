@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -276,6 +277,10 @@ def _permission_parsers(sub: Any) -> None:
             d.add_argument("--remember", choices=["once", "forever"], default="once",
                            help="forever: answer the same ask for this namespace from now on")
         d.add_argument("--json", action="store_true")
+
+    rk = asub.add_parser("rotate-key", help="a new HMAC key for the approval API; the old one verifies for "
+                                            "approval.key_grace_s more (a running node sees it at once)")
+    rk.add_argument("--json", action="store_true")
 
     sb = sub.add_parser("subscriptions", help="webhook subscriptions (signed deliveries, retries, dead letters)")
     ssub = sb.add_subparsers(dest="sub", required=True, metavar="ACTION")
@@ -1005,6 +1010,18 @@ def _decide(choice: str) -> Handler:
             return EXIT_OK
         return with_service(go, cfg)
     return handler
+
+
+@command("approvals rotate-key")
+def _approvals_rotate_key(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from node.permissions import approval_api
+
+    new = approval_api.rotate_key(cfg)
+    out = {"key_path": str(approval_api.key_path(cfg)), "key_sha256_prefix": hashlib.sha256(new).hexdigest()[:16],
+           "previous_valid_s": cfg.approval.key_grace_s}
+    emit(args, out, lambda d: f"new approval key in {d['key_path']} (sha256 {d['key_sha256_prefix']}...); the "
+                              f"previous key verifies for {d['previous_valid_s']:g} s more")
+    return EXIT_OK
 
 
 command("approvals approve")(_decide("approve"))

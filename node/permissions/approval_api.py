@@ -88,7 +88,9 @@ def rotate_key(cfg: NodeConfig) -> bytes:
     """A new key; the current one becomes the previous key (valid for ``approval.key_grace_s``)."""
     path = key_path(cfg)
     if path.exists():
-        os.replace(path, cfg.keys_dir / PREV_KEY_FILE)
+        prev = cfg.keys_dir / PREV_KEY_FILE
+        os.replace(path, prev)
+        os.utime(prev)  # its grace runs from now (the file kept the old key's creation time)
     return _write_key(path)
 
 

@@ -82,3 +82,15 @@ def test_every_option_and_argument_has_a_help_text() -> None:
                for a in p._actions
                if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
     assert not missing, missing
+
+
+def test_approvals_rotate_key_keeps_the_previous_key_in_its_grace(capsys, home: Path) -> None:
+    from node.permissions import approval_api
+
+    rc, out, _ = run(capsys, "--home", str(home), "approvals", "rotate-key", "--json")
+    first = json.loads(out)
+    rc2, out2, _ = run(capsys, "--home", str(home), "approvals", "rotate-key")
+    assert rc == rc2 == 0 and "the previous key verifies for 300 s more" in out2
+    key_file = Path(first["key_path"])
+    assert key_file.parent == home / "keys" and key_file.stat().st_mode & 0o777 == 0o600
+    assert (home / "keys" / approval_api.PREV_KEY_FILE).exists()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import stat
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,6 +78,8 @@ async def test_unsigned_wrongly_signed_and_replayed_requests_are_401(api, cfg: N
 
 async def test_a_rotated_key_signs_and_the_previous_one_keeps_its_grace(api, cfg: NodeConfig) -> None:
     _, base, old = api
+    created_long_ago = time.time() - 10 * cfg.approval.key_grace_s
+    os.utime(approval_api.key_path(cfg), (created_long_ago, created_long_ago))
     new = approval_api.rotate_key(cfg)
     assert (await call(base, new, "GET", "/v1/approvals"))[0] == 200
     assert (await call(base, old, "GET", "/v1/approvals"))[0] == 200  # within approval.key_grace_s
