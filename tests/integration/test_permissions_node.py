@@ -3,18 +3,23 @@ credentials) into a namespace the peer may not write is refused with the same co
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import socket
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from node.permissions.approval_api import signed_headers
 from testbed.build import NodeSpec
-from tests.integration.conftest import run_cli
+from tests.integration.conftest import run_cli, wait_for
 from tests.integration.peer_play import Answer, Member, add_config, db_rows, memory_put, new_memory
 
 pytestmark = pytest.mark.integration
@@ -107,3 +112,59 @@ def test_ask_approved_over_the_signed_http_api_lands_once_across_a_restart(mesh_
     assert rc == 0 and [m["content"] for m in memories] == ["approve me"]
     rc, audit, _ = run_cli(n1, "audit", "verify")
     assert rc == 0 and audit["ok"]
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[int, list[tuple[dict[str, str], bytes]]]]:
+    """A webhook receiver on 127.0.0.1 (its own thread): (port, the requests it got)."""
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            got.append((dict(self.headers), body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], got
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_the_running_node_delivers_signed_webhooks_for_local_and_peer_writes(mesh_factory, receiver) -> None:
+    port, got = receiver
+    mesh = mesh_factory(2, mcp_http=False)
+    n1 = mesh.layout.node(1)
+    n2 = mesh.layout.node(2).agent_id
+    add_config(n1, "subscriptions", poll_s=0.1)
+    mesh.start([1], want_links=False)
+    rc, sub, err = run_cli(n1, "subscriptions", "add", "--url", f"http://127.0.0.1:{port}/hook",
+                           "--event", "memory.stored", "--event", "link.attested")
+    assert rc == 0, err
+    rc, local, err = run_cli(n1, "store", "told to the receiver")
+    assert rc == 0, err
+    peer = Member.of(mesh.layout, 2)
+    theirs = new_memory(n2, namespace="default")
+    assert_ack(peer.send(n1, memory_put(theirs, signer=peer)), None)
+
+    wait_for(lambda: len(got) >= 2, "two deliveries from the node process")
+    bodies = {}
+    for headers, body in got:
+        want = hmac.new(bytes.fromhex(sub["secret"]), headers["X-Webhook-Timestamp"].encode() + b"." + body,
+                        hashlib.sha256).hexdigest()
+        assert headers["X-Webhook-Signature"] == want and headers["X-Webhook-Event"] == "memory.stored"
+        data = json.loads(body)["data"]
+        bodies[data["id"]] = data
+    assert set(bodies) == {local["id"], theirs["id"]}
+    assert bodies[theirs["id"]]["received_from"] == n2
+    rc, delivered, _ = run_cli(n1, "subscriptions", "deliveries", "--status", "delivered")
+    assert rc == 0 and len(delivered) == 2
