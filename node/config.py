@@ -46,6 +46,9 @@ class LimitsConfig:
     max_recall_limit: int = 100
     max_query_chars: int = 1_000
     requests_per_second: int = 100
+    # Live messages one peer may send per second (bursts of one second's worth); past it each is refused
+    # rate_limited, retryable, so its sender backs off. 0 = no limit.
+    peer_requests_per_second: int = 5_000
     max_db_bytes: int = 100 * 1024 * 1024
 
 
@@ -558,9 +561,16 @@ def _validate_approval(a: ApprovalConfig) -> None:
                                             f"local only), got {a.http_host!r}")
 
 
+# Settings where 0 turns the check off.
+_ZERO_IS_OFF = frozenset({"peer_requests_per_second"})
+
+
 def _validate(cfg: NodeConfig) -> None:
     _all_positive(cfg, [f"{section}.{f.name}" for section in ("limits", "kg")
-                        for f in dataclasses.fields(getattr(cfg, section))])
+                        for f in dataclasses.fields(getattr(cfg, section)) if f.name not in _ZERO_IS_OFF])
+    if cfg.limits.peer_requests_per_second < 0:
+        raise ConfigError("config_invalid", "limits.peer_requests_per_second must be >= 0 (0 = no limit), got "
+                                            f"{cfg.limits.peer_requests_per_second}")
     _all_positive(cfg, _POSITIVE_STORAGE_A2A)
     _positive("transcripts.lifecycle_batch", cfg.transcripts.lifecycle_batch)
     _positive("transcripts.lifecycle_interval_s", cfg.transcripts.lifecycle_interval_s)

@@ -35,6 +35,7 @@ from node.kg import invalidation_wire
 from node.limits import check_confidence, check_db_budget, check_memory_fields, check_text
 from node.permissions.gate import Gate, refusal
 from node.permissions.rules import Operation
+from node.ratelimit import RateLimiter
 from node.transcripts import inbound_row, scope_of, spans_of, transcript_wire
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
@@ -128,6 +129,9 @@ class Federation:
         self.cfg = cfg
         # The same permission gate as local operations: a peer's write is admitted as a local one is.
         self.gate = gate
+        # limits.peer_requests_per_second: live messages per peer (None = no limit).
+        rate = cfg.limits.peer_requests_per_second
+        self.peer_rate = RateLimiter(rate) if rate else None
         # Told of each stored inbound memory and link as (event, data), e.g. the webhooks' publish.
         self.sinks: list[Callable[[str, dict[str, Any]], Awaitable[None]]] = []
         # Operator hooks on inbound changes (pre/post_federated_*, docs/hooks.md).
@@ -228,6 +232,9 @@ class Federation:
     async def apply(self, env: Envelope, sender: str) -> Ack:
         """The mesh receiver's apply: commit the change, then answer Ack.ok / Ack.rejected(code)."""
         cid, me = env.correlation_id, self.agent_id
+        if self.peer_rate is not None and self.peer_rate.wait_s(sender):
+            self.counters["rejected:rate_limited"] += 1
+            return Ack.rejected(cid, me, "rate_limited")
         applied = await self.apply_payload(env.payload, sender)
         if applied.code is None:
             return Ack.ok(cid, me)

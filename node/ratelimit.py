@@ -1,4 +1,5 @@
-"""Per-agent request budget (limits.requests_per_second): a token bucket per MCP session or connection."""
+"""Per-agent request budgets: a token bucket per MCP session or connection (limits.requests_per_second) and
+per peer (limits.peer_requests_per_second)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,18 @@ class RateLimiter:
         self._buckets: TTLCache[str, TokenBucket] = TTLCache(MAX_CALLERS, IDLE_FORGET_S, timer=clock)
         self.refused = 0
 
-    def check(self, caller: str) -> None:
-        """Raise ServiceError ``rate_limited`` when ``caller`` is past its budget."""
+    def wait_s(self, caller: str) -> float:
+        """Spend one of ``caller``'s tokens: 0.0 when allowed, else the seconds until one is available."""
         bucket = self._buckets.get(caller) or TokenBucket(self.rate, self.clock)
         self._buckets[caller] = bucket  # re-set so the idle timer counts from the last use
         wait = bucket.take()
         if wait:
             self.refused += 1
+        return wait
+
+    def check(self, caller: str) -> None:
+        """Raise ServiceError ``rate_limited`` when ``caller`` is past its budget."""
+        wait = self.wait_s(caller)
+        if wait:
             raise ServiceError("rate_limited", f"more than {self.rate:g} requests/s from this agent "
                                                f"(limits.requests_per_second); retry in {wait * 1000:.0f} ms")

@@ -203,3 +203,27 @@ async def test_sync_items_that_cannot_be_stored_yet_are_counted_for_retry(svc: S
     orphan = _link_put(None, M1, M2)  # its memories are not here
     outcome = await svc.replicator.apply_sync_items(PEER, [{"seq": 1, **orphan}])
     assert outcome["pending"] == 1
+
+
+async def test_a_peer_past_its_request_rate_is_refused_retryably_and_others_are_not(tmp_path: Path) -> None:
+    from a2a.envelope import RETRYABLE_REJECT_CODES
+    from node.ratelimit import RateLimiter
+
+    cfg = make_config(tmp_path / "home", limits={"peer_requests_per_second": 3})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    s = await open_service(cfg, require_identity=True)
+    assert s.replicator.peer_rate is not None and s.replicator.peer_rate.rate == 3
+    s.replicator.peer_rate = RateLimiter(3, clock=lambda: 0.0)  # time stands still: no token comes back
+    try:
+        ids = [f"{i:08d}-1111-4111-8111-111111111111" for i in range(5)]
+        acks = [await s.replicator.apply(_env(PEER, _mput(_memory(mid))), PEER) for mid in ids]
+        # A burst of one second's worth passes; what follows at once is refused and can be sent again.
+        assert [a.accepted for a in acks[:3]] == [True] * 3
+        assert [a.reason for a in acks[3:]] == ["rejected:rate_limited"] * 2
+        assert "rate_limited" in RETRYABLE_REJECT_CODES and not any(a.permanent for a in acks[3:])
+        assert s.replicator.counters["rejected:rate_limited"] == 2
+        assert len(await s.memory_list()) == 3
+        other = await s.replicator.apply(_env(OTHER, _mput(_memory(M1, origin=OTHER))), OTHER)
+        assert other.accepted  # the budget is per peer
+    finally:
+        await s.close()
