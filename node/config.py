@@ -48,7 +48,7 @@ class LimitsConfig:
     requests_per_second: int = 100
     # Live messages one peer may send per second (bursts of one second's worth); past it each is refused
     # rate_limited, retryable, so its sender backs off. 0 = no limit.
-    peer_requests_per_second: int = 5_000
+    peer_requests_per_second: int = 10_000
     max_db_bytes: int = 100 * 1024 * 1024
 
 
