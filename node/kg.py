@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from node import attest
 from node.attest import AttestLevel, InvalidationPayload
 from node.errors import ServiceError
+from node.permissions.approvals import APPROVED
+from node.permissions.rules import Operation
 from storage import changelog, events, graph, kg_ops, links, memories
 from storage.graph import Edge, InvalidationRow
 from storage.memories import MemoryRow
@@ -215,6 +217,13 @@ class KnowledgeGraph:
             raise ServiceError("bad_input", e.message) from None
         if end < link.valid_from:
             raise ServiceError("bad_input", f"valid_until {end} is before the link's valid_from {link.valid_from}")
+        # Ending a link writes a link record into both of its ends' namespaces: gated as memory_link is.
+        # The parked call carries the resolved end, so an approval later ends the link when it was asked to.
+        call = {"method": "memory_kg_invalidate", "args": {"link_id": link_id, "valid_until": end}}
+        ends = await self.svc.db.read(memories.get_many, {link.src_id, link.dst_id})
+        for ns in sorted({m.namespace for m in ends.values()}):
+            await self.svc._permit(ns, Operation.LINK, call)  # noqa: SLF001 - the service's one gate rule
+        approved = APPROVED.get()
         identity = self.svc.identity
         signature = attest.sign(identity.private_key, payload) if identity else None
         level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
@@ -227,6 +236,7 @@ class KnowledgeGraph:
             if ended is not None and ended <= end:
                 raise ServiceError("already_ended", f"link {link_id} already ends at {ended} ms, "
                                                     f"not after the requested {end} ms; nothing stored")
+            self.svc._claim(conn, approved, ts)  # noqa: SLF001 - an approved action claims its row here
             graph.insert_invalidation(conn, row)
             events.append(conn, "link_invalidation", link_id, self.svc.agent_id, row.inval_id, signature, ts)
             # The change log's 'link' kind carries link records: links and their invalidations.

@@ -562,6 +562,8 @@ class Service:
                 return await self.memory_update(args.pop("memory_id"), **args)
             case "memory_link":
                 return await self.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
+            case "memory_kg_invalidate":
+                return await self.kg.invalidate(args.pop("link_id"), **args)
         raise ServiceError("bad_input", f"a pending action cannot run {method!r}")
 
     async def _readable(self, namespaces: set[str], operation: Operation) -> set[str]:

@@ -168,3 +168,54 @@ async def test_storage_quota_refuses_a_local_insert_and_a_peers_alike(tmp_path, 
         assert rows(qcfg, "SELECT count(*) FROM memories") == [(1,)]
     finally:
         await svc.close()
+
+
+async def test_kg_invalidate_is_gated_as_link_in_both_ends_namespaces(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    link = await svc.memory_link(b["id"], a["id"], "related_to")
+    write_rules(cfg, DENY_TEAM)
+    with pytest.raises(ServiceError) as e:
+        await svc.kg.invalidate(link["link_id"])
+    assert e.value.code == "permission_denied" and "'team/x'" in e.value.message
+    assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
+    assert (await svc.kg.query(b["id"], depth=1))["count"] == 1
+
+
+async def test_kg_invalidate_under_an_ask_is_parked_and_runs_once_approved(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="team/y")
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    write_rules(cfg, DENY_TEAM.replace('action = "deny"', 'action = "ask"'))
+    with pytest.raises(ServiceError) as e:
+        await svc.kg.invalidate(link["link_id"], valid_until=link["valid_from"] + 1)
+    assert e.value.code == "approval_required"
+    assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
+    [pending] = await svc.approval_list()
+    assert pending["operation"] == "link"
+    decided = await svc.approval_decide(pending["id"], "approve")
+    assert decided["status"] == "applied"
+    assert rows(cfg, "SELECT link_id, valid_until FROM link_invalidations") == [(link["link_id"],
+                                                                               link["valid_from"] + 1)]
+
+
+async def test_a_peers_invalidation_is_gated_as_its_link_is(open_service, cfg: NodeConfig, tmp_path) -> None:
+    from mesh import keys
+    from node.attest import LinkPayload
+    from tests.kg.test_kg_federation import _invalidate
+    from tests.node.test_federation_apply import _link_put
+    ident = keys.generate_identity(tmp_path / "peer-keys", PEER)
+    keys.import_peer(cfg.peers_dir, ident.pub_path)
+    svc = await open_service()
+    for mid in (M1, M2):
+        assert (await svc.replicator.apply(_env(PEER, _mput(_memory(mid, namespace="team/x"))), PEER)).accepted
+    put = _link_put(ident.private_key, M1, M2)
+    assert (await svc.replicator.apply(_env(PEER, put), PEER)).accepted
+    link_id = LinkPayload.from_mapping(put["link"]).link_id
+    write_rules(cfg, DENY_TEAM.replace('agent = "*"', f'agent = "{PEER}"'))
+    ack = await svc.replicator.apply(_env(PEER, _invalidate(ident.private_key, link_id, svc.clock())), PEER)
+    assert not ack.accepted and ack.reason == "rejected:permission_denied"
+    assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
+
