@@ -219,3 +219,39 @@ async def test_a_peers_invalidation_is_gated_as_its_link_is(open_service, cfg: N
     assert not ack.accepted and ack.reason == "rejected:permission_denied"
     assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
 
+
+
+HIDE_TEAM = f"""
+mode = "enforce"
+[[rules]]
+agent = "{AGENT}"
+namespace = "team"
+operations = ["recall", "list", "get"]
+action = "deny"
+"""
+
+
+async def test_kg_reads_leave_out_memories_the_agent_may_not_read(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    pub = await svc.memory_store("public start", namespace="public")
+    hidden = await svc.memory_store("secret", namespace="team/hidden")
+    beyond = await svc.memory_store("public beyond", namespace="public")
+    near = await svc.memory_store("public near", namespace="public")
+    await svc.memory_link(pub["id"], hidden["id"], "related_to")
+    await svc.memory_link(hidden["id"], beyond["id"], "related_to")
+    await svc.memory_link(pub["id"], near["id"], "related_to")
+    write_rules(cfg, HIDE_TEAM)
+    q = await svc.kg.query(pub["id"], depth=3)
+    # The hidden memory is not listed, nor is what is reached only through it.
+    assert [n["memory_id"] for n in q["neighbours"]] == [near["id"]]
+    paths = await svc.kg.find_paths(pub["id"], beyond["id"])
+    assert paths["paths"] == [] and paths["count"] == 0
+    tl = await svc.kg.timeline(pub["id"])
+    assert {(x["src_id"], x["dst_id"]) for x in tl["links"]} == {(pub["id"], near["id"])}
+    assert all(ev["link_id"] in {x["link_id"] for x in tl["links"]} for ev in tl["events"])
+    # A hidden memory itself is refused as memory_get refuses it.
+    for call in (svc.kg.query(hidden["id"]), svc.kg.timeline(hidden["id"]),
+                 svc.kg.find_paths(pub["id"], hidden["id"])):
+        with pytest.raises(ServiceError) as e:
+            await call
+        assert e.value.code == "permission_denied"
