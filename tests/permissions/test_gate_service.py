@@ -151,21 +151,23 @@ async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(
 
 
 async def test_storage_quota_refuses_a_local_insert_and_a_peers_alike(tmp_path, cfg: NodeConfig) -> None:
-    from mesh import keys
+    from dataclasses import replace
+
     from node import assemble
-    from tests.node.conftest import make_config
-    qcfg = make_config(tmp_path / "q", permissions={"max_bytes_per_agent": 20})
-    keys.generate_identity(qcfg.keys_dir, AGENT)
+    # On each backend: the quota counts UTF-8 bytes of content and title, whatever the characters.
+    qcfg = replace(cfg, permissions=replace(cfg.permissions, max_bytes_per_agent=24))
     svc = await assemble.open_service(qcfg, require_identity=True)
     try:
-        await svc.memory_store("0123456789")
+        await svc.memory_store("é\\x41", title="0123456789")  # 2 + 4 + 10 bytes
+        await svc.memory_store("0123456")  # 23
         with pytest.raises(ServiceError) as e:
-            await svc.memory_store("0123456789a")
+            await svc.memory_store("ab")  # 25
         assert e.value.code == "quota_exceeded"
+        await svc.memory_store("a")  # 24
         ok = _memory(M1)  # "content of <id>": 47 bytes, past the peer's 20
         ack = await svc.replicator.apply(_env(PEER, _mput(ok)), PEER)
         assert ack.reason == "rejected:quota_exceeded"
-        assert rows(qcfg, "SELECT count(*) FROM memories") == [(1,)]
+        assert rows(qcfg, "SELECT count(*) FROM memories") == [(3,)]
     finally:
         await svc.close()
 
