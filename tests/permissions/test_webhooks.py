@@ -154,3 +154,15 @@ async def test_a_peers_memory_and_link_reach_subscribers_as_local_ones_do(node) 
         assert len(await svc.db.read(subscriptions.deliveries, None, 10)) == 3
     finally:
         await receiver.stop()
+
+
+def test_cli_refuses_out_of_range_delivery_limits_and_ids_with_a_message(tmp_path) -> None:
+    from tests.kg.test_kg_mcp_cli import _cli
+    from tests.mcp.conftest import make_home
+    home = make_home(tmp_path)
+    for limit in ("-5", "0", "99999999999999999999"):
+        r = _cli(home, "subscriptions", "deliveries", "--limit", limit)
+        assert r.returncode == 1 and "error [bad_input]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for delivery_id in ("99999999999999999999", "-1"):
+        r = _cli(home, "subscriptions", "replay", delivery_id)
+        assert r.returncode == 1 and "error [not_found]" in r.stderr and "Traceback" not in r.stderr, r.stderr
