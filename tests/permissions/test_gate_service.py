@@ -257,3 +257,24 @@ async def test_kg_reads_leave_out_memories_the_agent_may_not_read(open_service, 
         with pytest.raises(ServiceError) as e:
             await call
         assert e.value.code == "permission_denied"
+
+
+async def test_links_a_pre_store_hook_proposes_pass_the_gate_as_memory_link(tmp_path, open_service,
+                                                                            cfg: NodeConfig) -> None:
+    import json
+
+    from tests.hooks.scripts import hook, write_hooks_toml, write_scripts
+    first = await open_service()
+    target = await first.memory_store("team plans", namespace="team/x")
+    await first.close()
+    exe, _ = write_scripts(tmp_path / "hooks")
+    delta = {"links": [{"dst_id": target["id"], "relation": "related_to", "confidence": 1.0}]}
+    write_hooks_toml(cfg.hooks_path, [hook("linker", ["pre_store"], exe, "modify", json.dumps(delta))])
+    svc = await open_service(DENY_TEAM)
+    m = await svc.memory_store("free note", namespace="free")
+    # The memory is stored; the proposed link into team, which memory_link would be refused, is not made.
+    assert "links" not in m
+    assert rows(cfg, "SELECT count(*) FROM memory_links") == [(0,)]
+    write_rules(cfg, DENY_TEAM.replace('namespace = "team"', 'namespace = "elsewhere"'))
+    made = await svc.memory_store("another", namespace="free")
+    assert [link["dst_id"] for link in made["links"]] == [target["id"]]
