@@ -137,6 +137,8 @@ class Service:
         queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
         await self._publish("memory.stored", memory_dict(row))
+        for link in linked:  # links a pre_store hook proposed are this node's links as memory_link's are
+            await self._publish("link.attested", link)
         made = {"links": linked} if linked else {}
         return {**memory_dict(row), **made, **await self._after_write(queued, [row])}
 
