@@ -733,7 +733,9 @@ class Federation:
 
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
-        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id")
+        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id"),
+               # An invalidation waits for the link it ends: that link names it.
+               "link.invalidate": item.get("invalidation", {}).get("link_id"),
                }.get(kind, item.get("link", {}).get("src_id"))
         pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref), code,
                                       cbor2.dumps(item), self.cfg.federation.sync_park_after, self.clock())
