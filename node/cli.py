@@ -1052,13 +1052,11 @@ def _subscriptions_list(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 @command("subscriptions deliveries")
 def _subscriptions_deliveries(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from storage import subscriptions
-
     async def go(svc) -> int:
         rows = [{"id": d.id, "subscription_id": d.subscription_id, "url": d.url, "event": d.event,
                  "status": d.status, "attempts": d.attempts, "last_error": d.last_error, "created_at": d.created_at,
                  "delivered_at": d.delivered_at}
-                for d in await svc.db.read(subscriptions.deliveries, args.status, args.limit)]
+                for d in await svc.webhooks.deliveries(args.status, args.limit)]
         emit(args, rows, lambda rows: "\n".join(
             f"{r['id']:>6}  {r['status']:<9} {r['event']:<18} attempts={r['attempts']}  {r['last_error'] or ''}"
             for r in rows) or "no deliveries")

@@ -522,6 +522,9 @@ class Federation:
         level = await self._attest(payload, body["signature"], payload.observed_by, sender, what=inval_id)
         if isinstance(level, Applied):
             return level
+        code = await self._admit_invalidation(payload.link_id, sender)
+        if code is not None:
+            return Applied(code)
         now = self.clock()
         attested = level is AttestLevel.PEER_ATTESTED
         row = InvalidationRow(inval_id=inval_id, link_id=payload.link_id, observed_by=payload.observed_by,
@@ -543,6 +546,24 @@ class Federation:
             return OK_CHANGED
 
         return await self.db.write(write)
+
+    async def _admit_invalidation(self, link_id: str, sender: str) -> str | None:
+        """The gate's ``link`` in both of the link's ends' namespaces, as for a link.put (a local invalidation
+        asks the same); a link ``sender`` may not see is left to the write's ``unknown_link``."""
+        if self.gate is None:
+            return None
+
+        def ends(conn: Any) -> list[str]:
+            link = links.get(conn, link_id)
+            if link is None or not self._link_visible(conn, sender, link):
+                return []
+            return sorted({m.namespace for m in memories.get_many(conn, {link.src_id, link.dst_id}).values()})
+
+        for ns in await self.db.read(ends):
+            code = await self._gate_code(sender, ns, Operation.LINK)
+            if code is not None:
+                return code
+        return None
 
     async def apply_transcript(self, body: dict[str, Any], sender: str) -> Applied:
         """Verify and store one received transcript (node/transcripts.py): only in a namespace this node keeps
@@ -712,7 +733,9 @@ class Federation:
 
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
-        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id")
+        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id"),
+               # An invalidation waits for the link it ends: that link names it.
+               "link.invalidate": item.get("invalidation", {}).get("link_id"),
                }.get(kind, item.get("link", {}).get("src_id"))
         pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref), code,
                                       cbor2.dumps(item), self.cfg.federation.sync_park_after, self.clock())

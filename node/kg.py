@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from node import attest
 from node.attest import AttestLevel, InvalidationPayload
 from node.errors import ServiceError
+from node.permissions.approvals import APPROVED
+from node.permissions.rules import Mode, Operation
 from storage import changelog, events, graph, kg_ops, links, memories
 from storage.graph import Edge, InvalidationRow
 from storage.memories import MemoryRow
@@ -109,13 +111,29 @@ class KnowledgeGraph:
         return limit
 
     async def _known(self, **named: str) -> None:
+        """Each id names a stored memory this node's agent may read (memory_get's rule), else raise."""
         for name, value in named.items():
             self.svc._check_id(name, value)  # noqa: SLF001 - the service's one id rule
         ids = set(named.values())
-        found = await self.svc.db.read(memories.exists, ids)
-        missing = sorted(ids - found)
+        found = await self.svc.db.read(memories.get_many, ids)
+        missing = sorted(ids - set(found))
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
+        for ns in sorted({m.namespace for m in found.values()}):
+            await self.svc._permit(ns, Operation.GET)  # noqa: SLF001 - the service's one gate rule
+
+    def _gated(self) -> bool:
+        gate = self.svc.gate
+        return gate is not None and gate.mode is not Mode.OFF
+
+    async def _hidden(self, ids: set[str]) -> set[str]:
+        """Those of ``ids`` in namespaces the gate does not let this node's agent read (``get``): the walks
+        leave them out, and what is reached through them, as memory_recall leaves out their hits."""
+        if not ids or not self._gated():
+            return set()
+        found = await self.svc.db.read(memories.get_many, ids)
+        readable = await self.svc._readable({m.namespace for m in found.values()}, Operation.GET)  # noqa: SLF001
+        return {i for i, m in found.items() if m.namespace not in readable}
 
     # ---- queries --------------------------------------------------------------------------
 
@@ -139,6 +157,8 @@ class KnowledgeGraph:
         hits, edges = await self.svc.db.read(read)
         kept = hits[:limit]
         found = shortest_paths(memory_id, dict(kept), edges)
+        hidden = await self._hidden({n for n, _ in kept})
+        found = {n: p for n, p in found.items() if not any(e.dst_id in hidden for e in p)}
         neighbours = [{"memory_id": n, "depth": d, "path": [e.link_id for e in found[n]],
                        "via": [{"link_id": e.link_id, "src_id": e.src_id, "dst_id": e.dst_id,
                                 "relation": e.relation} for e in found[n]]}
@@ -163,10 +183,24 @@ class KnowledgeGraph:
         found = await self.svc.db.read(ops.paths, src_id, dst_id, max_depth, rels, t, cap + 1)
         scan_truncated = len(found) > cap
         ranked = sorted((tuple(p) for p in found[:cap]), key=lambda p: (len(p), p))
+        if self._gated():
+            ranked = await self._readable_paths(ranked)
         out = [list(p) for p in ranked[:limit]]
         return {"src_id": src_id, "dst_id": dst_id, "max_depth": max_depth, "as_of": t, "relations": rels,
                 "paths": [{"length": len(p), "links": p} for p in out], "count": len(out),
                 "truncated": scan_truncated or len(ranked) > limit, "limit": limit, "kg_backend": self.backend}
+
+    async def _readable_paths(self, ranked: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """``ranked`` without the paths through a memory this node's agent may not read."""
+        link_ids = {lid for p in ranked for lid in p}
+
+        def ends(conn: Any) -> dict[str, tuple[str, str]]:
+            rows = (links.get(conn, lid) for lid in link_ids)
+            return {r.link_id: (r.src_id, r.dst_id) for r in rows if r is not None}
+
+        by_link = await self.svc.db.read(ends)
+        hidden = await self._hidden({m for pair in by_link.values() for m in pair})
+        return [p for p in ranked if all(lid in by_link and not hidden.intersection(by_link[lid]) for lid in p)]
 
     async def timeline(self, memory_id: str, *, limit: int | None = None) -> dict[str, Any]:
         """The links touching ``memory_id`` over time: when each began, ended, and who invalidated it."""
@@ -179,11 +213,14 @@ class KnowledgeGraph:
             return rows, graph.invalidations_of(conn, [r[0] for r in rows[:limit]])
 
         rows, invs = await self.svc.db.read(read)
+        hidden = await self._hidden({end for r in rows[:limit] for end in (r[1], r[2])})
+        truncated = len(rows) > limit
+        rows = [r for r in rows[:limit] if r[1] not in hidden and r[2] not in hidden]
         by_link: dict[str, list[InvalidationRow]] = {}
         for v in invs:
             by_link.setdefault(v.link_id, []).append(v)
         items, evs = [], []
-        for link_id, src, dst, relation, observed_by, valid_from, valid_until, level in rows[:limit]:
+        for link_id, src, dst, relation, observed_by, valid_from, valid_until, level in rows:
             ends = [v.valid_until for v in by_link.get(link_id, [])] + ([valid_until] if valid_until else [])
             items.append({"link_id": link_id, "src_id": src, "dst_id": dst, "relation": relation,
                           "direction": "out" if src == memory_id else "in", "observed_by": observed_by,
@@ -197,7 +234,7 @@ class KnowledgeGraph:
                         "by": v.observed_by} for v in by_link.get(link_id, []))
         evs.sort(key=lambda e: (e["at"], e["link_id"], e["event"]))
         return {"memory_id": memory_id, "links": items, "events": evs, "count": len(items),
-                "truncated": len(rows) > limit, "limit": limit}
+                "truncated": truncated, "limit": limit}
 
     # ---- invalidation ---------------------------------------------------------------------
 
@@ -215,6 +252,13 @@ class KnowledgeGraph:
             raise ServiceError("bad_input", e.message) from None
         if end < link.valid_from:
             raise ServiceError("bad_input", f"valid_until {end} is before the link's valid_from {link.valid_from}")
+        # Ending a link writes a link record into both of its ends' namespaces: gated as memory_link is.
+        # The parked call carries the resolved end, so an approval later ends the link when it was asked to.
+        call = {"method": "memory_kg_invalidate", "args": {"link_id": link_id, "valid_until": end}}
+        ends = await self.svc.db.read(memories.get_many, {link.src_id, link.dst_id})
+        for ns in sorted({m.namespace for m in ends.values()}):
+            await self.svc._permit(ns, Operation.LINK, call)  # noqa: SLF001 - the service's one gate rule
+        approved = APPROVED.get()
         identity = self.svc.identity
         signature = attest.sign(identity.private_key, payload) if identity else None
         level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
@@ -227,6 +271,7 @@ class KnowledgeGraph:
             if ended is not None and ended <= end:
                 raise ServiceError("already_ended", f"link {link_id} already ends at {ended} ms, "
                                                     f"not after the requested {end} ms; nothing stored")
+            self.svc._claim(conn, approved, ts)  # noqa: SLF001 - an approved action claims its row here
             graph.insert_invalidation(conn, row)
             events.append(conn, "link_invalidation", link_id, self.svc.agent_id, row.inval_id, signature, ts)
             # The change log's 'link' kind carries link records: links and their invalidations.

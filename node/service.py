@@ -122,7 +122,7 @@ class Service:
         await self._check_quota(len(content.encode()) + len(title.encode()))
         approved = APPROVED.get()
         ts = self.clock()
-        proposed = self._proposed_link_rows(memory_id, p.get("links", ()), ts)
+        proposed = await self._admitted_links(namespace, self._proposed_link_rows(memory_id, p.get("links", ()), ts))
         linked: list[dict[str, Any]] = []
         row = self._signed(MemoryRow(
             id=memory_id, namespace=namespace, title=title, content=content, tags=tuple(tags),
@@ -137,6 +137,8 @@ class Service:
         queued = await self.db.write(write)
         await self.hooks.fire(HookEvent.POST_STORE, {"memory": memory_dict(row)})
         await self._publish("memory.stored", memory_dict(row))
+        for link in linked:  # links a pre_store hook proposed are this node's links as memory_link's are
+            await self._publish("link.attested", link)
         made = {"links": linked} if linked else {}
         return {**memory_dict(row), **made, **await self._after_write(queued, [row])}
 
@@ -373,6 +375,17 @@ class Service:
                                 received_from=None, created_at=ts))
         return rows
 
+    async def _admitted_links(self, namespace: str, rows: list[LinkRow]) -> list[LinkRow]:
+        """The proposed links the gate lets this node's agent make: ``link`` in both ends' namespaces, as
+        memory_link asks. One it denies or would ask about is skipped, as a proposal is advice."""
+        if self.gate is None or not rows:
+            return rows
+        ends = await self.db.read(memories.get_many, {r.dst_id for r in rows})
+        allowed: dict[str, bool] = {}
+        for ns in sorted({namespace, *(m.namespace for m in ends.values())}):
+            allowed[ns] = refusal(await self.gate.admit(self.agent_id, ns, Operation.LINK)) is None
+        return [r for r in rows if allowed[namespace] and r.dst_id in ends and allowed[ends[r.dst_id].namespace]]
+
     def _insert_proposed_links(self, conn: Any, src: MemoryRow, rows: list[LinkRow], ts: int,
                                made: list[dict[str, Any]]) -> Queued:
         """Inside the new memory's transaction: its proposed links whose other memory is stored here."""
@@ -562,6 +575,8 @@ class Service:
                 return await self.memory_update(args.pop("memory_id"), **args)
             case "memory_link":
                 return await self.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
+            case "memory_kg_invalidate":
+                return await self.kg.invalidate(args.pop("link_id"), **args)
         raise ServiceError("bad_input", f"a pending action cannot run {method!r}")
 
     async def _readable(self, namespaces: set[str], operation: Operation) -> set[str]:

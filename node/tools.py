@@ -209,7 +209,8 @@ TOOL_NAMES = tuple(s.name for s in tool_specs(LimitsConfig()))
 LOADERS = frozenset(s.name for s in loader_specs())
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memory_verify", "memory_peers",
-                             "memory_capabilities", "memory_approval_list", "memory_replay"})
+                             "memory_capabilities", "memory_approval_list", "memory_replay",
+                             "memory_kg_query", "memory_find_paths", "memory_kg_timeline"})
 
 class ArgValidator:
     """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""

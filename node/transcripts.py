@@ -247,17 +247,19 @@ class TranscriptRoom:
         if not isinstance(full, bool):
             raise ServiceError("bad_input", f"full must be true or false, got {full!r}")
 
-        def read(conn: Any) -> tuple[bool, list[tuple[TranscriptRow, list[Span]]]]:
-            known = memory_id in memories.exists(conn, {memory_id})
+        def read(conn: Any) -> tuple[MemoryRow | None, list[tuple[TranscriptRow, list[Span]]]]:
+            memory = memories.get(conn, memory_id)
             cited: dict[str, list[Span]] = {}
             for tid, start, end in transcripts.spans_of_memory(conn, memory_id):
                 cited.setdefault(tid, []).append(Span(memory_id, start, end))
             found = [(t, cited[tid]) for tid in cited if (t := transcripts.get(conn, tid)) is not None]
-            return known, found
+            return memory, found
 
-        known, found = await self.svc.db.read(read)
-        if not known:
+        memory, found = await self.svc.db.read(read)
+        if memory is None:
             raise ServiceError("unknown_memory", f"no memory with id {memory_id!r}")
+        # The spans a memory was drawn from are its content: read as memory_get reads it.
+        await self.svc._permit(memory.namespace, Operation.GET)  # noqa: SLF001 - the service's one gate rule
         for namespace in sorted({row.namespace for row, _ in found}):
             await self._check_replay(namespace, full)
         out = []

@@ -32,6 +32,9 @@ log = logging.getLogger("node.webhooks")
 
 EVENTS = ("approval.requested", "approval.decided", "memory.stored", "link.attested")
 DUE_MAX = 64
+# Most deliveries one listing shows (as approvals.LIST_MAX for pending actions).
+LIST_MAX = 1000
+INT64_MAX = 2**63 - 1
 # How long "are there subscribers at all" is remembered: publishing costs nothing without any.
 SUBSCRIBERS_CHECK_S = 1.0
 
@@ -85,8 +88,15 @@ class Webhooks:
         if await self.db.write(subs.enqueue, event, body, now):
             self._wake.set()
 
+    async def deliveries(self, status: str | None, limit: int) -> list[Delivery]:
+        """Deliveries (of one status, or all), oldest first; ``limit`` 1..LIST_MAX."""
+        if not 1 <= limit <= LIST_MAX:
+            raise ServiceError("bad_input", f"limit must be 1..{LIST_MAX}, got {limit}")
+        return await self.db.read(subs.deliveries, status, limit)
+
     async def replay(self, delivery_id: int) -> None:
-        if not await self.db.write(subs.replay, delivery_id, self.clock()):
+        # Ids are positive int64: anything else names no delivery (and would not fit the column).
+        if not 0 < delivery_id <= INT64_MAX or not await self.db.write(subs.replay, delivery_id, self.clock()):
             raise ServiceError("not_found", f"no dead delivery with id {delivery_id}")
         self._wake.set()
 

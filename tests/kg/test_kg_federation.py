@@ -84,3 +84,13 @@ async def test_local_invalidation_is_served_by_sync_as_its_own_kind(svc: Service
     stored = await svc.db.read(graph.get_invalidation, inv["inval_id"])
     assert {k: v for k, v in item.items() if k != "seq"} == {"kind": "link.invalidate", **invalidation_wire(stored)}
     validate_payload({k: v for k, v in item.items() if k != "seq"})
+
+
+async def test_a_pulled_invalidation_waiting_for_its_link_names_the_link(svc: Service, peer_key) -> None:
+    from storage import changelog
+    link_id = "ab" * 32
+    item = {"seq": 7, **_invalidate(peer_key, link_id, 5)}
+    outcome = await svc.replicator.apply_sync_items(PEER, [item])
+    assert outcome["pending"] == 1
+    [waiting] = await svc.db.read(changelog.pending, PEER, 10)
+    assert (waiting.kind, waiting.ref_id, waiting.code) == ("link.invalidate", link_id, "unknown_link")

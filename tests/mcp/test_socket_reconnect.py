@@ -61,6 +61,18 @@ async def test_a_read_whose_answer_was_lost_is_sent_again(server) -> None:
     assert handler.requests == ["memory_list", "memory_list"] and handler.connections == 2
 
 
+@pytest.mark.parametrize("tool", ["memory_kg_query", "memory_find_paths", "memory_kg_timeline"])
+async def test_a_graph_walk_whose_answer_was_lost_is_sent_again(server, tool: str) -> None:
+    handler, path = server
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        client = await SocketClientBackend.connect(path, limits=LimitsConfig())
+        try:
+            assert await client.call(tool, {}) == {"tool": tool, "n": 2}
+        finally:
+            await client.close()
+    assert handler.requests == [tool, tool]
+
+
 async def test_a_write_whose_answer_was_lost_is_not_run_again(server) -> None:
     handler, path = server
     with anyio.fail_after(TEST_TIMEOUT_S):

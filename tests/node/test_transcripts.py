@@ -201,3 +201,23 @@ async def test_the_permission_gate_answers_transcript_store_and_replay(tcfg):
         assert await svc.db.read(transcripts.counts) == before
     finally:
         await svc.close()
+
+
+async def test_replay_of_a_memory_the_agent_may_not_get_is_refused(tcfg):
+    """The spans a memory was drawn from are its content: replay reads it as memory_get does."""
+    svc = await open_service(tcfg, require_identity=True)
+    try:
+        hidden = await _memory(svc, "closed")
+        await svc.transcripts.store(TEXT, namespace="default", spans=[{"memory_id": hidden, "start": 0, "end": 5}])
+        tcfg.permissions_path.write_text(
+            'mode = "enforce"\n'
+            '[[rules]]\nagent = "*"\nnamespace = "closed"\noperations = ["get"]\naction = "deny"\n', encoding="utf-8")
+        await svc.gate.refresh()
+        with pytest.raises(ServiceError) as denied:
+            await svc.memory_get(hidden)
+        assert denied.value.code == "permission_denied"
+        with pytest.raises(ServiceError) as denied:
+            await svc.transcripts.replay(hidden)
+        assert denied.value.code == "permission_denied" and "'closed'" in denied.value.message
+    finally:
+        await svc.close()

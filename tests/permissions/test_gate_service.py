@@ -151,20 +151,130 @@ async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(
 
 
 async def test_storage_quota_refuses_a_local_insert_and_a_peers_alike(tmp_path, cfg: NodeConfig) -> None:
-    from mesh import keys
+    from dataclasses import replace
+
     from node import assemble
-    from tests.node.conftest import make_config
-    qcfg = make_config(tmp_path / "q", permissions={"max_bytes_per_agent": 20})
-    keys.generate_identity(qcfg.keys_dir, AGENT)
+    # On each backend: the quota counts UTF-8 bytes of content and title, whatever the characters.
+    qcfg = replace(cfg, permissions=replace(cfg.permissions, max_bytes_per_agent=24))
     svc = await assemble.open_service(qcfg, require_identity=True)
     try:
-        await svc.memory_store("0123456789")
+        await svc.memory_store("é\\x41", title="0123456789")  # 2 + 4 + 10 bytes
+        await svc.memory_store("0123456")  # 23
         with pytest.raises(ServiceError) as e:
-            await svc.memory_store("0123456789a")
+            await svc.memory_store("ab")  # 25
         assert e.value.code == "quota_exceeded"
+        await svc.memory_store("a")  # 24
         ok = _memory(M1)  # "content of <id>": 47 bytes, past the peer's 20
         ack = await svc.replicator.apply(_env(PEER, _mput(ok)), PEER)
         assert ack.reason == "rejected:quota_exceeded"
-        assert rows(qcfg, "SELECT count(*) FROM memories") == [(1,)]
+        assert rows(qcfg, "SELECT count(*) FROM memories") == [(3,)]
     finally:
         await svc.close()
+
+
+async def test_kg_invalidate_is_gated_as_link_in_both_ends_namespaces(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    link = await svc.memory_link(b["id"], a["id"], "related_to")
+    write_rules(cfg, DENY_TEAM)
+    with pytest.raises(ServiceError) as e:
+        await svc.kg.invalidate(link["link_id"])
+    assert e.value.code == "permission_denied" and "'team/x'" in e.value.message
+    assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
+    assert (await svc.kg.query(b["id"], depth=1))["count"] == 1
+
+
+async def test_kg_invalidate_under_an_ask_is_parked_and_runs_once_approved(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="team/y")
+    link = await svc.memory_link(a["id"], b["id"], "related_to")
+    write_rules(cfg, DENY_TEAM.replace('action = "deny"', 'action = "ask"'))
+    with pytest.raises(ServiceError) as e:
+        await svc.kg.invalidate(link["link_id"], valid_until=link["valid_from"] + 1)
+    assert e.value.code == "approval_required"
+    assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
+    [pending] = await svc.approval_list()
+    assert pending["operation"] == "link"
+    decided = await svc.approval_decide(pending["id"], "approve")
+    assert decided["status"] == "applied"
+    assert rows(cfg, "SELECT link_id, valid_until FROM link_invalidations") == [(link["link_id"],
+                                                                               link["valid_from"] + 1)]
+
+
+async def test_a_peers_invalidation_is_gated_as_its_link_is(open_service, cfg: NodeConfig, tmp_path) -> None:
+    from mesh import keys
+    from node.attest import LinkPayload
+    from tests.kg.test_kg_federation import _invalidate
+    from tests.node.test_federation_apply import _link_put
+    ident = keys.generate_identity(tmp_path / "peer-keys", PEER)
+    keys.import_peer(cfg.peers_dir, ident.pub_path)
+    svc = await open_service()
+    for mid in (M1, M2):
+        assert (await svc.replicator.apply(_env(PEER, _mput(_memory(mid, namespace="team/x"))), PEER)).accepted
+    put = _link_put(ident.private_key, M1, M2)
+    assert (await svc.replicator.apply(_env(PEER, put), PEER)).accepted
+    link_id = LinkPayload.from_mapping(put["link"]).link_id
+    write_rules(cfg, DENY_TEAM.replace('agent = "*"', f'agent = "{PEER}"'))
+    ack = await svc.replicator.apply(_env(PEER, _invalidate(ident.private_key, link_id, svc.clock())), PEER)
+    assert not ack.accepted and ack.reason == "rejected:permission_denied"
+    assert rows(cfg, "SELECT count(*) FROM link_invalidations") == [(0,)]
+
+
+
+HIDE_TEAM = f"""
+mode = "enforce"
+[[rules]]
+agent = "{AGENT}"
+namespace = "team"
+operations = ["recall", "list", "get"]
+action = "deny"
+"""
+
+
+async def test_kg_reads_leave_out_memories_the_agent_may_not_read(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    pub = await svc.memory_store("public start", namespace="public")
+    hidden = await svc.memory_store("secret", namespace="team/hidden")
+    beyond = await svc.memory_store("public beyond", namespace="public")
+    near = await svc.memory_store("public near", namespace="public")
+    await svc.memory_link(pub["id"], hidden["id"], "related_to")
+    await svc.memory_link(hidden["id"], beyond["id"], "related_to")
+    await svc.memory_link(pub["id"], near["id"], "related_to")
+    write_rules(cfg, HIDE_TEAM)
+    q = await svc.kg.query(pub["id"], depth=3)
+    # The hidden memory is not listed, nor is what is reached only through it.
+    assert [n["memory_id"] for n in q["neighbours"]] == [near["id"]]
+    paths = await svc.kg.find_paths(pub["id"], beyond["id"])
+    assert paths["paths"] == [] and paths["count"] == 0
+    tl = await svc.kg.timeline(pub["id"])
+    assert {(x["src_id"], x["dst_id"]) for x in tl["links"]} == {(pub["id"], near["id"])}
+    assert all(ev["link_id"] in {x["link_id"] for x in tl["links"]} for ev in tl["events"])
+    # A hidden memory itself is refused as memory_get refuses it.
+    for call in (svc.kg.query(hidden["id"]), svc.kg.timeline(hidden["id"]),
+                 svc.kg.find_paths(pub["id"], hidden["id"])):
+        with pytest.raises(ServiceError) as e:
+            await call
+        assert e.value.code == "permission_denied"
+
+
+async def test_links_a_pre_store_hook_proposes_pass_the_gate_as_memory_link(tmp_path, open_service,
+                                                                            cfg: NodeConfig) -> None:
+    import json
+
+    from tests.hooks.scripts import hook, write_hooks_toml, write_scripts
+    first = await open_service()
+    target = await first.memory_store("team plans", namespace="team/x")
+    await first.close()
+    exe, _ = write_scripts(tmp_path / "hooks")
+    delta = {"links": [{"dst_id": target["id"], "relation": "related_to", "confidence": 1.0}]}
+    write_hooks_toml(cfg.hooks_path, [hook("linker", ["pre_store"], exe, "modify", json.dumps(delta))])
+    svc = await open_service(DENY_TEAM)
+    m = await svc.memory_store("free note", namespace="free")
+    # The memory is stored; the proposed link into team, which memory_link would be refused, is not made.
+    assert "links" not in m
+    assert rows(cfg, "SELECT count(*) FROM memory_links") == [(0,)]
+    write_rules(cfg, DENY_TEAM.replace('namespace = "team"', 'namespace = "elsewhere"'))
+    made = await svc.memory_store("another", namespace="free")
+    assert [link["dst_id"] for link in made["links"]] == [target["id"]]

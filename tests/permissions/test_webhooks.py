@@ -154,3 +154,43 @@ async def test_a_peers_memory_and_link_reach_subscribers_as_local_ones_do(node) 
         assert len(await svc.db.read(subscriptions.deliveries, None, 10)) == 3
     finally:
         await receiver.stop()
+
+
+def test_cli_refuses_out_of_range_delivery_limits_and_ids_with_a_message(tmp_path) -> None:
+    from tests.kg.test_kg_mcp_cli import _cli
+    from tests.mcp.conftest import make_home
+    home = make_home(tmp_path)
+    for limit in ("-5", "0", "99999999999999999999"):
+        r = _cli(home, "subscriptions", "deliveries", "--limit", limit)
+        assert r.returncode == 1 and "error [bad_input]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    for delivery_id in ("99999999999999999999", "-1"):
+        r = _cli(home, "subscriptions", "replay", delivery_id)
+        assert r.returncode == 1 and "error [not_found]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+async def test_links_a_pre_store_hook_makes_reach_link_attested_subscribers(tmp_path) -> None:
+    import json as jsonlib
+
+    from mesh import keys
+    from tests.hooks.scripts import hook, write_hooks_toml, write_scripts
+    cfg = make_config(tmp_path / "home")
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    svc = await assemble.open_service(cfg, require_identity=True)
+    try:
+        target = await svc.memory_store("the target")
+    finally:
+        await svc.close()
+    exe, _ = write_scripts(tmp_path / "hooks")
+    delta = {"links": [{"dst_id": target["id"], "relation": "related_to", "confidence": 1.0}]}
+    write_hooks_toml(cfg.hooks_path, [hook("linker", ["pre_store"], exe, "modify", jsonlib.dumps(delta))])
+    svc = await assemble.open_service(cfg, require_identity=True)
+    try:
+        # Nobody listens: the deliveries are queued durably, which is what is checked.
+        await svc.webhooks.subscribe("http://127.0.0.1:1/hook", ["link.attested"])
+        made = await svc.memory_store("linked by the hook")
+        [link] = made["links"]
+        queued = await svc.db.read(subscriptions.deliveries, None, 10)
+        assert [(d.event, jsonlib.loads(d.body)["data"]["link_id"]) for d in queued] == [
+            ("link.attested", link["link_id"])]
+    finally:
+        await svc.close()
