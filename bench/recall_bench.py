@@ -171,6 +171,8 @@ async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[st
     for q in queries[:50]:  # warm: page cache, reader connections, the daemon, the DocFreqs caches
         for name in names:
             await modes[name](q)
+    # Each query's kind, by the words bm25 clamps (in at least half the memories): what the profile split by.
+    kinds = [_kind(direct_df.common(conn, fts_tokens(q))) for q in queries]
     samples: dict[str, list[float]] = {name: [] for name in names}
     overlaps, same_scores, everything_hits, results = [], 0, 0, {}
     for i, q in enumerate(queries):
@@ -187,16 +189,28 @@ async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[st
         everything_hits += [r["id"] for r in results["Service, everything on"]] == [m.id for m, _ in new]
     conn.close()
     stats = {name: summarize(s) for name, s in samples.items()}
+    by_kind = {kind: {"queries": kinds.count(kind),
+                      **{name: summarize([t for t, k in zip(samples[name], kinds, strict=True) if k == kind])
+                         for name in ("old query, db.read", "new query, db.read")}}
+               for kind in KINDS if kind in kinds}
     old_p95, new_p95 = stats["old query, db.read"]["p95_ms"], stats["new query, db.read"]["p95_ms"]
     old_p50 = stats["old query, db.read"]["p50_ms"]
     overlap = sum(overlaps) / len(overlaps)
-    return {"modes": stats, "overlap_top10": round(overlap, 4), "queries_with_equal_scores": same_scores,
+    return {"modes": stats, "by_kind": by_kind, "overlap_top10": round(overlap, 4),
+            "queries_with_equal_scores": same_scores,
             "everything_on_same_ids_as_new": everything_hits,
             "ratio_p95_old_over_new": round(old_p95 / new_p95, 2),
             "ratio_p50_old_over_new": round(old_p50 / stats["new query, db.read"]["p50_ms"], 2),
             "target": {"p95_ms": TARGET_P95_MS, "overlap": TARGET_OVERLAP,
                        "met": new_p95 <= TARGET_P95_MS and overlap >= TARGET_OVERLAP,
                        "everything_on_met": stats["Service, everything on"]["p95_ms"] <= TARGET_P95_MS}}
+
+
+KINDS = ("every word rare", "rare and common words", "every word common")
+
+
+def _kind(common: list[bool]) -> str:
+    return KINDS[2] if all(common) else KINDS[1] if any(common) else KINDS[0]
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -214,7 +228,12 @@ def markdown(r: dict[str, Any]) -> str:
               f"with the same ten scores to 1e-5; everything-on gives the new query's ids for "
               f"{r['everything_on_same_ids_as_new']}); target p95 <= {t['p95_ms']} ms and overlap >= "
               f"{t['overlap']}: {'met' if t['met'] else 'not met'}; everything on: "
-              f"{'met' if t['everything_on_met'] else 'not met'}"]
+              f"{'met' if t['everything_on_met'] else 'not met'}", "",
+              "| db.read by query kind (common = in at least half the memories) | queries | old p50 | old p95 | "
+              "new p50 | new p95 |", "|---|---:|---:|---:|---:|---:|"]
+    for kind, k in r["by_kind"].items():
+        o, n = k["old query, db.read"], k["new query, db.read"]
+        lines.append(f"| {kind} | {k['queries']} | {o['p50_ms']} | {o['p95_ms']} | {n['p50_ms']} | {n['p95_ms']} |")
     return "\n".join(lines)
 
 

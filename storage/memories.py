@@ -260,19 +260,23 @@ def _search(conn: sqlite3.Connection, tokens: list[str], op: str, ranked: list[s
             namespace: str | None, rank_window: int) -> list[tuple[MemoryRow, float]]:
     match = op.join(tokens)
     # Walking matches in rowid order costs no scoring; it finds the window of rows to rank.
-    if namespace is None:
-        window = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC LIMIT ?",
-                              (match, rank_window)).fetchall()
-    else:
-        window = conn.execute("SELECT f.rowid FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
-                              "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rowid DESC LIMIT ?",
-                              (match, namespace, rank_window)).fetchall()
-    if not window:
-        return []
-    floor = window[-1][0]
     in_window = ""
     window_args: tuple[str, ...] = ()
-    if namespace is not None or ranked != tokens:
+    if namespace is None and ranked == tokens:
+        start = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC "
+                             "LIMIT 1 OFFSET ?", (match, rank_window - 1)).fetchone()
+        floor = start[0] if start else -(2 ** 63)
+    else:
+        if namespace is None:
+            window = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? "
+                                  "ORDER BY rowid DESC LIMIT ?", (match, rank_window)).fetchall()
+        else:
+            window = conn.execute("SELECT f.rowid FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+                                  "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rowid DESC LIMIT ?",
+                                  (match, namespace, rank_window)).fetchall()
+        if not window:
+            return []
+        floor = window[-1][0]
         # Rank only the window's rows (the namespace and every word already checked); ``+`` keeps the set a
         # filter rather than one FTS5 lookup, and one idf pass, per rowid.
         in_window = "AND +f.rowid IN (SELECT value FROM json_each(?))"
