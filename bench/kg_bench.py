@@ -145,7 +145,7 @@ async def bench_recall(svc: Service, sizes: Sizes) -> dict[str, Any]:
     times, hits = [], 0
     for q in queries:
         t = time.perf_counter()
-        r = await svc.db.read(memories.recall, q, 10)
+        r = await svc.db.read(memories.recall, q, 10, None, svc.doc_freqs)
         times.append(time.perf_counter() - t)
         hits += bool(r)
     return {**summary(times), "memories": sizes.recall_memories, "queries": len(queries), "with_hits": hits}

@@ -83,6 +83,8 @@ class Service:
         self.kg = KnowledgeGraph(self)
         # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py).
         self.transcripts = TranscriptRoom(self)
+        # Which words are in half the memories (recall leaves them out of the ranking), shared by the readers.
+        self.doc_freqs = memories.DocFreqs()
 
     async def close(self) -> None:
         await self.hooks.close()
@@ -245,7 +247,7 @@ class Service:
         self._check_limit(limit)
         if namespace is not None:
             await self._permit(namespace, Operation.RECALL)
-        hits = await self.db.read(memories.recall, query, limit, namespace)
+        hits = await self.db.read(memories.recall, query, limit, namespace, self.doc_freqs)
         readable = await self._readable({r.namespace for r, _ in hits}, Operation.RECALL)
         results = [{**memory_dict(r), "score": score} for r, score in hits if r.namespace in readable]
         await self.hooks.fire(HookEvent.POST_RECALL, {"query": query, "limit": limit, "namespace": namespace,

@@ -5,13 +5,20 @@ extracted, de-duplicated, and each is quoted as an FTS5 string literal (``"`` do
 column filters, ``NEAR(``, ``*`` and stray quotes are plain text. All tokens are ANDed first (precise,
 and cheap: FTS5 intersects posting lists); only if that finds nothing are they ORed, so a query with one
 word the corpus lacks still finds something. Both rank by bm25 (title 2.0, content 1.0, tags 1.5)
-with ORDER BY rank LIMIT inside the FTS subquery, so only ``limit`` rows are joined to memories.
+with the LIMIT inside the FTS subquery, so only ``limit`` rows are joined to memories.
 
 bm25 scores every matching row, so a broad query (a word in most memories) would cost O(matches):
 ~100 ms at 100k. When more than RANK_WINDOW rows match, only the RANK_WINDOW most recently inserted
 matches are ranked (found by a cheap unscored walk in rowid order): recency is a fair tie-breaker for
-memories, and the cost is bounded. What remains is FTS5's own IDF pass over each term's posting list
-(~3-4 ms for a word present in 99% of 100k rows).
+memories, and the cost is bounded.
+
+What remained at 100k (PERFORMANCE.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
+posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
+the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still the
+rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).
+When every word is common their idfs are equal and still order the window by tf, so all of them rank.
+bm25() is called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank
+sorter, with the same scores.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -35,6 +44,11 @@ MAX_QUERY_TOKENS = 32
 # bm25 scores every match, so a word found in most of 100k memories costs ~100 ms; ranking only the most
 # recent RANK_WINDOW matches bounds that (see recall()).
 RANK_WINDOW = 500
+# How long a word's 'in at least half the memories' answer is reused (DocFreqs), and how many are kept.
+DF_TTL_S = 60.0
+DF_MAX_TERMS = 50_000
+# The rank set by migration 1 ('bm25(2.0, 1.0, 1.5)': title, content, tags), called directly.
+_BM25 = "bm25(memories_fts, 2.0, 1.0, 1.5)"
 # SQLite's default bound on host parameters is 32766; stay far below it.
 _CHUNK = 500
 
@@ -215,43 +229,112 @@ def fts_tokens(query: str) -> list[str]:
     return list(seen.values())
 
 
-def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str | None = None, *,
+def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str | None = None,
+           doc_freqs: DocFreqs | None = None, *,
            rank_window: int = RANK_WINDOW) -> list[tuple[MemoryRow, float]]:
     """Best-matching memories for free text ``query``, best first, with a bm25 score (higher is better).
 
     Never raises an SQL error for any user string; a query without words returns []. When more than
     ``rank_window`` memories match, only the ``rank_window`` most recently inserted matches are ranked.
+    ``doc_freqs`` (one per database, shared by its readers) caches which words are in at least half the
+    memories, so that ranking can leave them out without counting them each time; without it they are
+    counted for this query.
     """
     tokens = fts_tokens(query)
     if not tokens or limit <= 0:
         return []
     if getattr(conn, "dialect", "sqlite") == "postgres":
         return recall_pg(conn, tokens, limit, namespace, rank_window)
-    hits = _search(conn, " AND ".join(tokens), limit, namespace, rank_window)
+    common = (doc_freqs or DocFreqs()).common(conn, tokens)
+    # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
+    # words skips their posting-list walk; if every word is common, their (equal) idfs still order by tf.
+    ranked = [t for t, c in zip(tokens, common, strict=True) if not c] or tokens
+    hits = _search(conn, tokens, " AND ", ranked, limit, namespace, rank_window)
     if not hits and len(tokens) > 1:
-        hits = _search(conn, " OR ".join(tokens), limit, namespace, rank_window)
+        # OR: a row may hold only common words, so all words rank (the cost of the rarer fallback).
+        hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window)
     return hits
 
 
-def _search(conn: sqlite3.Connection, match: str, limit: int, namespace: str | None,
-            rank_window: int) -> list[tuple[MemoryRow, float]]:
-    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
-    ns_join, ns_where, ns_args = ("", "", ()) if namespace is None else \
-        ("JOIN memories AS m ON m.rowid = f.rowid", "AND m.namespace = ?", (namespace,))
-    # Walking matches in rowid order costs no scoring; it finds where the ranking window starts.
-    start = conn.execute(f"SELECT f.rowid FROM memories_fts AS f {ns_join} WHERE memories_fts MATCH ? {ns_where} "
-                         "ORDER BY f.rowid DESC LIMIT 1 OFFSET ?", (match, *ns_args, rank_window - 1)).fetchone()
-    floor = start[0] if start else -(2 ** 63)
-    if namespace is None:
-        sql = (f"SELECT {cols}, f.rank FROM (SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? "
-               "AND rowid >= ? ORDER BY rank LIMIT ?) AS f JOIN memories AS m ON m.rowid = f.rowid ORDER BY f.rank")
-        rows = conn.execute(sql, (match, floor, limit))
+def _search(conn: sqlite3.Connection, tokens: list[str], op: str, ranked: list[str], limit: int,
+            namespace: str | None, rank_window: int) -> list[tuple[MemoryRow, float]]:
+    match = op.join(tokens)
+    # Walking matches in rowid order costs no scoring; it finds the window of rows to rank.
+    in_window = ""
+    window_args: tuple[str, ...] = ()
+    if namespace is None and ranked == tokens:
+        start = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC "
+                             "LIMIT 1 OFFSET ?", (match, rank_window - 1)).fetchone()
+        floor = start[0] if start else -(2 ** 63)
     else:
-        # The namespace lives outside the index, so the filter joins before the LIMIT.
-        sql = (f"SELECT {cols}, f.rank FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
-               "WHERE memories_fts MATCH ? AND f.rowid >= ? AND m.namespace = ? ORDER BY f.rank LIMIT ?")
-        rows = conn.execute(sql, (match, floor, namespace, limit))
+        if namespace is None:
+            window = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? "
+                                  "ORDER BY rowid DESC LIMIT ?", (match, rank_window)).fetchall()
+        else:
+            window = conn.execute("SELECT f.rowid FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+                                  "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rowid DESC LIMIT ?",
+                                  (match, namespace, rank_window)).fetchall()
+        if not window:
+            return []
+        floor = window[-1][0]
+        # Rank only the window's rows (the namespace and every word already checked); ``+`` keeps the set a
+        # filter rather than one FTS5 lookup, and one idf pass, per rowid.
+        in_window = "AND +f.rowid IN (SELECT value FROM json_each(?))"
+        window_args = (json.dumps([r[0] for r in window]),)
+    # bm25() in the select list with SQLite's own top-k sort: about twice as fast as FTS5's ORDER BY rank
+    # sorter, with the same scores.
+    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+    sql = (f"SELECT {cols}, s.score FROM (SELECT f.rowid, {_BM25} AS score FROM memories_fts AS f "
+           f"WHERE memories_fts MATCH ? AND f.rowid >= ? {in_window} ORDER BY score LIMIT ?) AS s "
+           "JOIN memories AS m ON m.rowid = s.rowid ORDER BY s.score")
+    rows = conn.execute(sql, (op.join(ranked), floor, *window_args, limit))
     return [(_row(r[:-1]), -r[-1]) for r in rows]
+
+
+class DocFreqs:
+    """Which query words are in at least half the memories (bm25's idf of such a word is clamped to ~0).
+
+    Counting a word's rows walks its posting list, the very cost that leaving it out of the ranking saves,
+    so each answer is cached for DF_TTL_S seconds (at most DF_MAX_TERMS words), with the row count it was
+    measured against. A stale answer costs little: a word near the half-way line has an idf near 0 either
+    way. Thread-safe: a database's readers share one.
+    """
+
+    def __init__(self, *, ttl_s: float = DF_TTL_S, max_terms: int = DF_MAX_TERMS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl_s = ttl_s
+        self._max_terms = max_terms
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rows: tuple[int, float] | None = None       # (row count, measured at)
+        self._common: dict[str, tuple[bool, float]] = {}  # word (casefolded literal) -> (common, measured at)
+
+    def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
+        """For each FTS5 literal of ``tokens``: is it in at least half the rows?"""
+        now = self._clock()
+        with self._lock:
+            rows = self._rows if self._rows and now - self._rows[1] < self._ttl_s else None
+            cached = {t: self._common.get(t.casefold()) for t in tokens}
+        n = rows[0] if rows else int(conn.execute("SELECT count(*) FROM memories").fetchone()[0])
+        out, fresh = [], {}
+        for t in tokens:
+            hit = cached[t] if rows else None
+            if hit is None or now - hit[1] >= self._ttl_s:
+                half = (n + 1) // 2
+                # Counting stops at half the rows: a common word costs half its posting list, once.
+                k = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? "
+                                 "LIMIT ?)", (t, half)).fetchone()[0]
+                hit = (n > 0 and 2 * int(k) >= n, now)
+                fresh[t.casefold()] = hit
+            out.append(hit[0])
+        with self._lock:
+            if rows is None:
+                self._rows = (n, now)
+            for key, val in fresh.items():
+                if len(self._common) >= self._max_terms:
+                    self._common.pop(next(iter(self._common)))
+                self._common[key] = val
+        return out
 
 
 def rebuild_fts(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,262 @@
+"""Recall at 100k memories: the old query against today's, and the Service with everything on, in one run.
+
+    flock /tmp/bench.lock .venv/bin/python bench/recall_bench.py [--quick] [--memories N] [--queries N]
+
+One node home with a key (memory versions signed), a permission gate of 1,000 rules (enforce) and a
+daemon ``post_recall`` hook; its database is filled through ``Service.memory_store`` with the storage
+bench's Zipf-like corpus (storage.synchronous = normal for the fill). The recall queries are the storage
+bench's (same seed: 1-3 words, limit 10). Modes take turns query by query, the order rotating, so the
+machine's drift spreads over all of them:
+
+- old query: the recall before this bench (every word ranked by FTS5's ORDER BY rank sorter over the
+  500-row window), kept here as ``recall_baseline``, through ``Database.read`` and on a plain connection;
+- new query: ``storage.memories.recall`` with the Service's ``DocFreqs``, the same two ways;
+- Service, nothing on: ``memory_recall`` with no hooks and no gate (still signed rows);
+- Service, everything on: ``memory_recall`` with the daemon post_recall hook and the 1,000-rule gate.
+
+Overlap: mean over the queries of |old top-10 ∩ new top-10| / 10 (target >= 0.9); also how many queries
+give the same ten scores to 1e-5 (a common word adds at most ~1e-6 to a score, so the rest are ties).
+Prints a markdown table; writes bench/out/recall.json. Target: new-query p95 <= 5 ms at 100k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from hooks_bench import DAEMON, hooks_toml  # noqa: E402
+from permissions_bench import rules_toml  # noqa: E402
+from storage_bench import Corpus, summarize  # noqa: E402
+
+from mesh import keys  # noqa: E402
+from node.assemble import open_service  # noqa: E402
+from node.config import from_dict  # noqa: E402
+from node.hooks import NoHooks  # noqa: E402
+from node.hooks.pipeline import HookPipeline  # noqa: E402
+from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
+from storage import memories  # noqa: E402
+
+# The baseline selects and builds rows exactly as recall does, hence the private names.
+from storage.memories import _COLUMNS, MemoryRow, _row, fts_tokens  # noqa: E402
+
+AGENT = "ai:bench@lab"
+TARGET_P95_MS = 5.0
+TARGET_OVERLAP = 0.9
+FILL_BATCH = 500
+NAMESPACES = ("work", "home", "lab")
+
+
+# ---- the baseline: recall as it was before "Recall at 100k" (commit 6422cb2) --------------------
+
+def recall_baseline(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str | None = None,
+                    rank_window: int = memories.RANK_WINDOW) -> list[tuple[MemoryRow, float]]:
+    tokens = fts_tokens(query)
+    if not tokens or limit <= 0:
+        return []
+    hits = _search_baseline(conn, " AND ".join(tokens), limit, namespace, rank_window)
+    if not hits and len(tokens) > 1:
+        hits = _search_baseline(conn, " OR ".join(tokens), limit, namespace, rank_window)
+    return hits
+
+
+def _search_baseline(conn: sqlite3.Connection, match: str, limit: int, namespace: str | None,
+                     rank_window: int) -> list[tuple[MemoryRow, float]]:
+    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+    ns_join, ns_where, ns_args = ("", "", ()) if namespace is None else \
+        ("JOIN memories AS m ON m.rowid = f.rowid", "AND m.namespace = ?", (namespace,))
+    start = conn.execute(f"SELECT f.rowid FROM memories_fts AS f {ns_join} WHERE memories_fts MATCH ? {ns_where} "
+                         "ORDER BY f.rowid DESC LIMIT 1 OFFSET ?", (match, *ns_args, rank_window - 1)).fetchone()
+    floor = start[0] if start else -(2 ** 63)
+    if namespace is None:
+        sql = (f"SELECT {cols}, f.rank FROM (SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? "
+               "AND rowid >= ? ORDER BY rank LIMIT ?) AS f JOIN memories AS m ON m.rowid = f.rowid ORDER BY f.rank")
+        rows = conn.execute(sql, (match, floor, limit))
+    else:
+        sql = (f"SELECT {cols}, f.rank FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+               "WHERE memories_fts MATCH ? AND f.rowid >= ? AND m.namespace = ? ORDER BY f.rank LIMIT ?")
+        rows = conn.execute(sql, (match, floor, namespace, limit))
+    return [(_row(r[:-1]), -r[-1]) for r in rows]
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+def bench_rules(n: int) -> str:
+    """``n`` rules: the permissions bench's, with the last three letting this agent store and recall here."""
+    text = rules_toml(n - len(NAMESPACES))
+    for ns in NAMESPACES:
+        text += (f'[[rules]]\nagent = "{AGENT}"\nnamespace = "{ns}"\noperations = ["store", "recall"]\n'
+                 'action = "allow"\ninherit = true\n')
+    return text
+
+
+async def fill(svc: Any, corpus: Corpus, n: int) -> float:
+    """Store ``n`` corpus memories through ``memory_store`` (signed, gated); returns seconds."""
+    t0 = time.perf_counter()
+    for start in range(0, n, FILL_BATCH):
+        rows = [corpus.memory(0) for _ in range(min(FILL_BATCH, n - start))]
+        await asyncio.gather(*(svc.memory_store(r.content, title=r.title, namespace=r.namespace, tags=r.tags)
+                               for r in rows))
+    return time.perf_counter() - t0
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    corpus = Corpus()
+    queries = [corpus.query() for _ in range(args.queries)]  # drawn first, as the storage bench does
+    with tempfile.TemporaryDirectory(prefix="recall-bench-") as tmp:
+        base = Path(tmp)
+        home = base / "home"
+        home.mkdir()
+        (home / "rules.toml").write_text(bench_rules(args.rules), encoding="utf-8")
+        (base / "daemon.py").write_text(DAEMON, encoding="utf-8")
+        hooks_toml(base / "hooks.toml", "bench-daemon", "daemon", [sys.executable, str(base / "daemon.py")])
+        # 100k signed memories pass the default 100 MB database budget.
+        cfg = from_dict({"agent_id": AGENT, "home": str(home), "storage": {"synchronous": "normal"},
+                         "limits": {"max_db_bytes": 4 * 1024 ** 3},
+                         "permissions": {"config": "rules.toml", "reload_check_s": 3600.0}}, env={})
+        keys.generate_identity(cfg.keys_dir, AGENT)
+        svc = await open_service(cfg, require_identity=True, hooks=NoHooks())
+        daemon = HookPipeline(base / "hooks.toml", cfg.hooks)
+        try:
+            assert svc.identity is not None and svc.gate is not None and len(svc.gate.index) == args.rules
+            fill_s = await fill(svc, corpus, args.memories)
+            print(f"filled {args.memories} memories in {fill_s:.1f} s", file=sys.stderr)
+            signed = sum(1 for r in await svc.db.read(memories.list_, None, 100) if r.signature)
+            result = await measure(svc, daemon, queries)
+            result["fill_seconds"] = round(fill_s, 1)
+            result["signed_in_newest_100"] = signed
+        finally:
+            await daemon.close()
+            await svc.close()
+    result.update({"bench": "recall", "memories": args.memories, "queries": len(queries), "limit": 10,
+                   "rules": args.rules, "switch_interval_s": args.switch_interval,
+                   "sqlite": sqlite3.sqlite_version, "python": platform.python_version(),
+                   "machine": platform.machine()})
+    return result
+
+
+async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[str, Any]:
+    gate = svc.gate
+    conn = sqlite3.connect(f"{svc.db.path.resolve().as_uri()}?mode=ro", uri=True)
+    direct_df = memories.DocFreqs()
+
+    async def service(hooks: Any, with_gate: bool, q: str) -> list[dict[str, Any]]:
+        svc.hooks, svc.gate = hooks, gate if with_gate else None
+        return list(await svc.memory_recall(q, limit=10))
+
+    async def direct(fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    modes: dict[str, Callable[[str], Awaitable[Any]]] = {
+        "old query, db.read": lambda q: svc.db.read(recall_baseline, q, 10),
+        "new query, db.read": lambda q: svc.db.read(memories.recall, q, 10, None, svc.doc_freqs),
+        "old query, direct SQL": lambda q: direct(lambda: recall_baseline(conn, q, 10)),
+        "new query, direct SQL": lambda q: direct(lambda: memories.recall(conn, q, 10, None, direct_df)),
+        "Service, nothing on": lambda q: service(NoHooks(), False, q),
+        "Service, everything on": lambda q: service(daemon, True, q),
+    }
+    names = list(modes)
+    for q in queries[:50]:  # warm: page cache, reader connections, the daemon, the DocFreqs caches
+        for name in names:
+            await modes[name](q)
+    # Each query's kind, by the words bm25 clamps (in at least half the memories): what the profile split by.
+    kinds = [_kind(direct_df.common(conn, fts_tokens(q))) for q in queries]
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    overlaps, same_scores, everything_hits, results = [], 0, 0, {}
+    for i, q in enumerate(queries):
+        for k in range(len(names)):
+            name = names[(i + k) % len(names)]
+            t0 = time.perf_counter()
+            res = await modes[name](q)
+            samples[name].append(time.perf_counter() - t0)
+            results[name] = res
+        old, new = results["old query, db.read"], results["new query, db.read"]
+        old_ids, new_ids = {m.id for m, _ in old}, {m.id for m, _ in new}
+        overlaps.append(len(old_ids & new_ids) / min(10, len(old_ids)) if old_ids else float(not new_ids))
+        same_scores += len(old) == len(new) and all(abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(old, new, strict=True))
+        everything_hits += [r["id"] for r in results["Service, everything on"]] == [m.id for m, _ in new]
+    conn.close()
+    stats = {name: summarize(s) for name, s in samples.items()}
+    by_kind = {kind: {"queries": kinds.count(kind),
+                      **{name: summarize([t for t, k in zip(samples[name], kinds, strict=True) if k == kind])
+                         for name in ("old query, db.read", "new query, db.read")}}
+               for kind in KINDS if kind in kinds}
+    old_p95, new_p95 = stats["old query, db.read"]["p95_ms"], stats["new query, db.read"]["p95_ms"]
+    old_p50 = stats["old query, db.read"]["p50_ms"]
+    overlap = sum(overlaps) / len(overlaps)
+    return {"modes": stats, "by_kind": by_kind, "overlap_top10": round(overlap, 4),
+            "queries_with_equal_scores": same_scores,
+            "everything_on_same_ids_as_new": everything_hits,
+            "ratio_p95_old_over_new": round(old_p95 / new_p95, 2),
+            "ratio_p50_old_over_new": round(old_p50 / stats["new query, db.read"]["p50_ms"], 2),
+            "target": {"p95_ms": TARGET_P95_MS, "overlap": TARGET_OVERLAP,
+                       "met": new_p95 <= TARGET_P95_MS and overlap >= TARGET_OVERLAP,
+                       "everything_on_met": stats["Service, everything on"]["p95_ms"] <= TARGET_P95_MS}}
+
+
+KINDS = ("every word rare", "rare and common words", "every word common")
+
+
+def _kind(common: list[bool]) -> str:
+    return KINDS[2] if all(common) else KINDS[1] if any(common) else KINDS[0]
+
+
+def markdown(r: dict[str, Any]) -> str:
+    old = r["modes"]["old query, db.read"]
+    lines = [f"### recall bench ({r['memories']} memories, {r['queries']} queries, limit 10, SQLite {r['sqlite']}, "
+             f"{r['rules']} rules, GIL switch interval {r['switch_interval_s']} s)", "",
+             "| mode | p50 ms | p95 ms | p99 ms | p95 vs old query, db.read |", "|---|---:|---:|---:|---:|"]
+    for name, s in r["modes"].items():
+        lines.append(f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['p99_ms']} | "
+                     f"{round(s['p95_ms'] / old['p95_ms'], 2)}x |")
+    t = r["target"]
+    lines += ["", f"old/new p95 ratio (db.read): **{r['ratio_p95_old_over_new']}x** "
+              f"(p50 {r['ratio_p50_old_over_new']}x); "
+              f"top-10 overlap: **{r['overlap_top10']}** ({r['queries_with_equal_scores']}/{r['queries']} queries "
+              f"with the same ten scores to 1e-5; everything-on gives the new query's ids for "
+              f"{r['everything_on_same_ids_as_new']}); target p95 <= {t['p95_ms']} ms and overlap >= "
+              f"{t['overlap']}: {'met' if t['met'] else 'not met'}; everything on: "
+              f"{'met' if t['everything_on_met'] else 'not met'}", "",
+              "| db.read by query kind (common = in at least half the memories) | queries | old p50 | old p95 | "
+              "new p50 | new p95 |", "|---|---:|---:|---:|---:|---:|"]
+    for kind, k in r["by_kind"].items():
+        o, n = k["old query, db.read"], k["new query, db.read"]
+        lines.append(f"| {kind} | {k['queries']} | {o['p50_ms']} | {o['p95_ms']} | {n['p50_ms']} | {n['p95_ms']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10k memories, 200 queries: a smoke run")
+    ap.add_argument("--memories", type=int, default=None, help="memories to fill (default 100000)")
+    ap.add_argument("--queries", type=int, default=None, help="recall queries per mode (default 1000)")
+    ap.add_argument("--rules", type=int, default=1000, help="permission rules in the gate")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "recall.json")
+    ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,
+                    help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets)")
+    args = ap.parse_args(argv)
+    args.memories = args.memories or (10_000 if args.quick else 100_000)
+    args.queries = args.queries or (200 if args.quick else 1_000)
+    sys.setswitchinterval(args.switch_interval)
+    report = asyncio.run(run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(markdown(report))
+    print(f"\nJSON: {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
