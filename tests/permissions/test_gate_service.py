@@ -168,3 +168,20 @@ async def test_storage_quota_refuses_a_local_insert_and_a_peers_alike(tmp_path, 
         assert rows(qcfg, "SELECT count(*) FROM memories") == [(1,)]
     finally:
         await svc.close()
+
+
+async def test_with_permissions_off_a_link_reads_no_namespaces_first(open_service, monkeypatch) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    reads: list[str] = []
+    real_read = svc.db.read
+
+    async def counting_read(fn, *args):
+        reads.append(fn.__name__)
+        return await real_read(fn, *args)
+
+    monkeypatch.setattr(svc.db, "read", counting_read)
+    await svc.memory_link(a["id"], b["id"], "related_to")
+    assert "get_many" not in reads  # the ends are still checked, inside the write
+    assert rows(svc.cfg, "SELECT count(*) FROM memory_links") == [(1,)]
