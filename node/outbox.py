@@ -94,8 +94,8 @@ class OutboxSender:
                 wake.clear()
                 settled.clear()
                 room = SEND_WINDOW - len(inflight)
-                limit = room + len(inflight)
-                rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), limit) if room else []
+                rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room,
+                                          sorted(inflight)) if room else []
                 for row in rows:
                     if row.id in inflight or row.id in settled:
                         continue
