@@ -316,6 +316,12 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
     control = None
     try:
         a_sessions = [await sessions.open(mcp_url(a)) for _ in range(args.sessions)]
+        if args.load_family:
+            # As an agent that links does: memory_link is in the graph family, not listed by the default
+            # profile, and the SDK client re-lists the tools after every call to a tool it has not seen
+            # listed (one extra tools/list round trip per memory_link).
+            for s in a_sessions:
+                await call(s, "memory_load_family", {"family": "graph"})
         sa, sb, sc = [await sessions.open(mcp_url(n)) for n in (a, b, c)]
 
         # 1. memories on A, replicated to B and C (and, for the control run, memories that go to C only)
@@ -424,7 +430,8 @@ def report(args: argparse.Namespace, samples: list[tuple[int, int]], idle_ns: tu
     ratio = p95_ratio(res_main["ping"], idle)
     out = {
         "links_requested": args.links, "memories": args.memories, "prefill_s": prefill_s,
-        "sessions": args.sessions, "concurrency": args.concurrency, "ping_interval_ms": args.ping_interval_ms,
+        "sessions": args.sessions, "load_family": args.load_family, "concurrency": args.concurrency,
+        "ping_interval_ms": args.ping_interval_ms,
         "idle_s": args.idle_s, "ping_idle": idle, "cpu_idle_per_wall_s": cpu_idle, "flood": res_main,
         "p95_ratio": ratio, "ratio_limit": RATIO_LIMIT, "pass": ratio is not None and ratio <= RATIO_LIMIT,
         "nodes": {n: {"links_by_attest_level": cp["links_by_attest_level"], "outbox_depth": cp["outbox_depth"],
@@ -454,7 +461,8 @@ def markdown(res: dict[str, Any], command: str) -> str:
         "",
         f"3 local `ai-memory serve` nodes (A, B, C) on one host ({res['env']['cpus']} CPUs, Python "
         f"{res['env']['python']}). {f['links_made']} `memory_link` calls on A over MCP streamable HTTP "
-        f"({res['concurrency']} calls in flight over {res['sessions']} SDK sessions) between "
+        f"({res['concurrency']} calls in flight over {res['sessions']} SDK sessions, "
+        f"{'each with the graph family loaded' if res.get('load_family') else 'memory_link not listed'}) between "
         f"{res['memories']} memories pre-replicated to B and C. A separate process holds one PeerLink to B "
         f"with A's certificate and key and sends a `ping` every {res['ping_interval_ms']:g} ms "
         f"(CPU pinning: {res.get('cpu_pinning') or 'none'}); "
@@ -513,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memories", type=int, default=300)
     p.add_argument("--sessions", type=int, default=8, help="MCP client sessions to A")
     p.add_argument("--concurrency", type=int, default=32, help="memory_link calls in flight")
+    p.add_argument("--no-load-family", dest="load_family", action="store_false",
+                   help="call memory_link without loading the graph family first (each call then costs the "
+                        "SDK client a tools/list too)")
     p.add_argument("--ping-interval-ms", type=float, default=10.0)
     p.add_argument("--idle-s", type=float, default=None, help="idle ping phase (default 5; --quick 3)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="bound on the flood and on convergence")

@@ -639,21 +639,23 @@ def retired_public_keys(keys_dir: Path, agent_id: str) -> tuple[Ed25519PublicKey
     return tuple(k for k in found if now is None or raw_public_bytes(k) != raw_public_bytes(now))
 
 
-def keyring_stamp(directory: Path) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+def keyring_stamp(directory: Path | str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """(mtime_ns, inode) of ``directory`` and of ``directory/retired`` (None where absent).
 
     Changes whenever a key file is added, removed or renamed in either, so a caller can re-run
     :func:`load_peer_keyrings` only when this differs from the last value (two ``stat`` calls).
+    The membership check runs it for every inbound frame, hence plain ``os`` calls on strings:
+    ``pathlib`` costs several times the two system calls.
     """
-    def one(d: Path) -> tuple[int, int] | None:
+    def one(d: str) -> tuple[int, int] | None:
         try:
-            st = d.stat()
+            st = os.stat(d)
         except FileNotFoundError:
             return None
         return st.st_mtime_ns, st.st_ino
 
-    directory = Path(directory)
-    return one(directory), one(directory / RETIRED_DIR)
+    directory = os.fspath(directory)
+    return one(directory), one(os.path.join(directory, RETIRED_DIR))
 
 
 def _current_public_key(keys_dir: Path, agent_id: str) -> Ed25519PublicKey | None:

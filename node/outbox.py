@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from a2a import RetrySchedule
 from mesh.errors import MeshError
@@ -29,6 +30,14 @@ POLL_S = 0.5
 OnAck = Callable[[str, str], Awaitable[None]]
 
 
+@dataclass
+class _AckBatch:
+    """ACKed rows of one peer whose outbox deletes share one writer job; ``done`` resolves after the commit."""
+
+    rows: list[OutboxRow]
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
 class OutboxSender:
     def __init__(self, db: Database, links: dict[str, PeerLink], schedule: RetrySchedule,
                  clock_ms: Callable[[], int], on_ack: OnAck) -> None:
@@ -42,6 +51,8 @@ class OutboxSender:
         # Rows whose attempt ended since the worker's current read began: that read may predate the
         # attempt's commit, so these are skipped once rather than sent again.
         self._settled: dict[str, set[int]] = {peer: set() for peer in links}
+        # The open ACK batch per peer: the ACKs read from one socket read join it (see _record_ack).
+        self._ack_batches: dict[str, _AckBatch] = {}
         self._stopping = False
         self.delivered = 0
         self.dead_lettered = 0
@@ -83,8 +94,8 @@ class OutboxSender:
                 wake.clear()
                 settled.clear()
                 room = SEND_WINDOW - len(inflight)
-                limit = room + len(inflight)
-                rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), limit) if room else []
+                rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room,
+                                          sorted(inflight)) if room else []
                 for row in rows:
                     if row.id in inflight or row.id in settled:
                         continue
@@ -121,13 +132,45 @@ class OutboxSender:
         if self.on_ack_latency is not None:
             self.on_ack_latency(row.peer, time.perf_counter() - sent)
         if ack.accepted or ack.is_duplicate:
-            await self.db.write(_acked, row, self.clock_ms())
+            await self._record_ack(row)
             self.delivered += 1
             await self.on_ack(row.peer, row.correlation_id)
         elif ack.permanent:
             await self._dead_letter(row, ack.reason)
         else:
             await self._failed(row, ack.reason or "not accepted")
+
+    async def _record_ack(self, row: OutboxRow) -> None:
+        """Delete an ACKed row; returns once that is committed.
+
+        The ACKs of one socket read wake their attempts in the same loop turn; the first opens a batch,
+        yields once so the others join it, and writes them all as one writer job (one thread hop and
+        one peer_state update instead of one per ACK). A failed write fails every row of the batch:
+        each stays due and is resent, which the peer answers ``duplicate``.
+        """
+        batch = self._ack_batches.get(row.peer)
+        if batch is not None:
+            batch.rows.append(row)
+            await asyncio.shield(batch.done)
+            return
+        batch = self._ack_batches[row.peer] = _AckBatch([row])
+        try:
+            await asyncio.sleep(0)
+            self._close_ack_batch(batch, row.peer)
+            await self.db.write(_acked, batch.rows, self.clock_ms())
+        except BaseException as e:
+            self._close_ack_batch(batch, row.peer)
+            if isinstance(e, asyncio.CancelledError):
+                batch.done.cancel()
+            else:
+                batch.done.set_exception(e)
+                batch.done.exception()  # the followers get it; no "never retrieved" warning without them
+            raise
+        batch.done.set_result(None)
+
+    def _close_ack_batch(self, batch: _AckBatch, peer: str) -> None:
+        if self._ack_batches.get(peer) is batch:
+            del self._ack_batches[peer]  # ACKs from now on open the next batch
 
     async def _failed(self, row: OutboxRow, error: str) -> None:
         attempts = row.attempts + 1
@@ -149,6 +192,7 @@ class OutboxSender:
                                                  "error": error}})
 
 
-def _acked(conn, row: OutboxRow, now_ms: int) -> None:
-    outbox.remove(conn, row.correlation_id, row.peer)
-    changelog.set_peer_state(conn, row.peer, last_ack_at=now_ms)
+def _acked(conn, rows: list[OutboxRow], now_ms: int) -> None:
+    for row in rows:
+        outbox.remove(conn, row.correlation_id, row.peer)
+    changelog.set_peer_state(conn, rows[0].peer, last_ack_at=now_ms)

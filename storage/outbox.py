@@ -8,6 +8,7 @@ each attempt with ``mark_attempt``, deletes on ACK with ``remove``, and moves ex
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from storage.errors import StorageError
@@ -79,10 +80,15 @@ def due(conn: sqlite3.Connection, now_ms: int, limit: int = 100) -> list[OutboxR
     return [_out(r) for r in rows]
 
 
-def due_for_peer(conn: sqlite3.Connection, peer: str, now_ms: int, limit: int = 100) -> list[OutboxRow]:
-    """``peer``'s rows whose next attempt is at or before ``now_ms``, soonest first."""
-    rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? AND next_attempt_at <= ? "
-                        "ORDER BY next_attempt_at, id LIMIT ?", (peer, now_ms, limit))
+def due_for_peer(conn: sqlite3.Connection, peer: str, now_ms: int, limit: int = 100,
+                 exclude: Sequence[int] = ()) -> list[OutboxRow]:
+    """``peer``'s rows whose next attempt is at or before ``now_ms``, soonest first, leaving out the ids in
+    ``exclude`` (the sender's rows in flight: without it each wake re-reads, blobs and all, every row it
+    is already sending)."""
+    marks = ",".join("?" * len(exclude))
+    skip = f" AND id NOT IN ({marks})" if exclude else ""
+    rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? AND next_attempt_at <= ?{skip} "
+                        "ORDER BY next_attempt_at, id LIMIT ?", (peer, now_ms, *exclude, limit))
     return [_out(r) for r in rows]
 
 

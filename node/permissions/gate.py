@@ -150,6 +150,13 @@ class Gate:
             self._install()
             log.info("permissions_loaded", extra={"ev": {"mode": str(self.mode), "rules": len(self.index)}})
 
+    async def enforcing(self) -> bool:
+        """False while the mode in force is ``off`` (every ``admit`` would allow): a caller may then skip
+        the reads it makes only to ask (e.g. the namespaces of a link's two ends)."""
+        if time.monotonic() >= self._next_check:
+            await self.refresh()
+        return self.mode is not Mode.OFF
+
     async def admit(self, agent: str, namespace: str, operation: Operation) -> Decision:
         """What to do with ``agent``'s ``operation`` in ``namespace`` under the mode in force: Allow,
         Deny (code ``permission_denied``) or AskUser. Advisory mode logs and allows."""

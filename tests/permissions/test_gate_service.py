@@ -278,3 +278,20 @@ async def test_links_a_pre_store_hook_proposes_pass_the_gate_as_memory_link(tmp_
     write_rules(cfg, DENY_TEAM.replace('namespace = "team"', 'namespace = "elsewhere"'))
     made = await svc.memory_store("another", namespace="free")
     assert [link["dst_id"] for link in made["links"]] == [target["id"]]
+
+
+async def test_with_permissions_off_a_link_reads_no_namespaces_first(open_service, monkeypatch) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    reads: list[str] = []
+    real_read = svc.db.read
+
+    async def counting_read(fn, *args):
+        reads.append(fn.__name__)
+        return await real_read(fn, *args)
+
+    monkeypatch.setattr(svc.db, "read", counting_read)
+    await svc.memory_link(a["id"], b["id"], "related_to")
+    assert "get_many" not in reads  # the ends are still checked, inside the write
+    assert rows(svc.cfg, "SELECT count(*) FROM memory_links") == [(1,)]

@@ -155,3 +155,12 @@ async def test_rows_for_unconfigured_peers_move_to_dead_letters(db: Database):
     assert await db.write(outbox.dead_letter_peers_except, ["ai:b"], "no peer", 5) == 2
     assert await db.read(outbox.depth) == 1
     assert {d.peer for d in await db.read(outbox.dead_letters)} == {"ai:gone"}
+
+
+async def test_due_for_peer_leaves_out_the_rows_in_flight(db: Database):
+    a = await _enqueue(db, "c1", "ai:b", next_at=1000)
+    b = await _enqueue(db, "c2", "ai:b", next_at=1000)
+    c = await _enqueue(db, "c3", "ai:b", next_at=1000)
+    assert [r.id for r in await db.read(outbox.due_for_peer, "ai:b", 2000, 10, [a, c])] == [b]
+    assert [r.id for r in await db.read(outbox.due_for_peer, "ai:b", 2000, 10, [])] == [a, b, c]
+    assert await db.read(outbox.due_for_peer, "ai:b", 2000, 10, [a, b, c]) == []
