@@ -300,8 +300,19 @@ class Ack:
         }
 
     def to_wire(self) -> bytes:
-        """Canonical CBOR bytes of this ACK."""
-        return cbor2.dumps(self.to_map(), canonical=True)
+        """Canonical CBOR bytes of this ACK.
+
+        The map is built in canonical key order (shorter keys first, then bytewise) and holds only
+        strings, a bool and null, so plain encoding gives the canonical bytes without sorting (one ACK
+        per message on the receive path)."""
+        return cbor2.dumps({
+            "v": VERSION,
+            "type": TYPE_ACK,
+            "reason": self.reason,
+            "accepted": self.accepted,
+            "recipient": self.recipient,
+            "correlation_id": self.correlation_id,
+        })
 
 
 def new_envelope(
