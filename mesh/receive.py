@@ -5,9 +5,10 @@ An ACK with ``accepted=true`` is only produced after the apply committed: it mea
 Each apply is bounded by ``apply_timeout_s``: a stuck storage writer costs one message a timeout (no
 ACK, so the sender retries; the apply is idempotent), never the whole receive path.
 
-The apply runs eagerly: ``receive_now`` steps it in the caller until its first wait, so a message that
-needs no waiting (a ping, and every duplicate, rejection or protocol error, which never reach the apply)
-costs no task and no timer; only an apply that waits (on storage) becomes a coroutine to finish.
+Duplicates, rejections and protocol errors never reach the apply and are answered at once. For the
+kinds in ``inline_kinds`` (ping: no storage, no hooks) ``receive_now`` steps the apply in the caller until
+its first wait, so such a message costs no task and no timer. Every other kind's apply runs from its
+start inside the task that awaits it (hooks and storage use task-bound timeouts).
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ log = logging.getLogger("mesh.receive")
 
 # The node's apply: validates the payload, commits it, and answers Ack.ok or Ack.rejected(code).
 # Raising means "could not store now": no ACK is sent, so the sender retries.
-# Its first step (up to its first wait) runs outside any task (see ``receive_now``): before that first
-# wait it must not enter ``asyncio.timeout``/``TaskGroup`` or use ``current_task()`` (they raise there).
+# For an inline kind (``INLINE_KINDS``) its first step, up to its first wait, runs outside any task (see
+# ``receive_now``): there it must not enter ``asyncio.timeout``/``TaskGroup`` or use ``current_task()``
+# (they raise); other kinds run wholly inside the task that awaits them.
 Apply = Callable[[Envelope, str], Coroutine[Any, Any, Ack]]
 
 # Default bound on one apply, in seconds: above federation.orphan_hold_s (a link waiting for its memory)
 # plus a slow group commit, below the 60 s TTL so the sender's retries still land.
 APPLY_TIMEOUT_S = 10.0
+# Kinds whose apply is stepped inline: it does no storage and fires no hooks.
+INLINE_KINDS = frozenset({"ping"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +98,15 @@ def _step_outside_task(coro: Coroutine[Any, Any, Ack]) -> Any:
 
 class Receiver:
     def __init__(self, local_agent_id: str, seen: SeenCache, apply: Apply, *, max_bytes: int,
-                 clock_ms: Callable[[], int], apply_timeout_s: float = APPLY_TIMEOUT_S) -> None:
+                 clock_ms: Callable[[], int], apply_timeout_s: float = APPLY_TIMEOUT_S,
+                 inline_kinds: frozenset[str] = INLINE_KINDS) -> None:
         if not apply_timeout_s > 0:
             raise ValueError(f"apply_timeout_s must be > 0, got {apply_timeout_s!r}")
         self.local_agent_id = local_agent_id
         self.seen = seen
         self.apply = apply
         self.apply_timeout_s = apply_timeout_s
+        self.inline_kinds = inline_kinds
         self.max_bytes = max_bytes
         self.clock_ms = clock_ms
         self.counters: Counter[str] = Counter()
@@ -157,7 +163,7 @@ class Receiver:
         return msg
 
     def receive_now(self, env: Envelope, tls_identity: str) -> Received | Pending:
-        """Decide ``env`` and run its apply up to the apply's first wait.
+        """Decide ``env`` and, for an inline kind, run its apply up to the apply's first wait.
 
         Returns the Received when that settles it (no task, no timer), else a coroutine that finishes it,
         bounded by ``apply_timeout_s``: the caller awaits it (in a task of its own to keep reading).
@@ -176,6 +182,8 @@ class Receiver:
         self.counters["accept"] += 1
         self._inflight[cid] = None
         coro = self.apply(env, tls_identity)
+        if env.payload.get("kind") not in self.inline_kinds:
+            return self._finish(env, decision, tls_identity, coro)
         try:
             yielded = _step_outside_task(coro)
         except StopIteration as stop:

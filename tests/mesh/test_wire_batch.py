@@ -147,6 +147,23 @@ async def test_an_apply_that_does_not_wait_is_settled_inline() -> None:
     assert isinstance(result, Received) and result.ack.accepted
 
 
+async def test_a_storage_kind_is_applied_from_its_start_inside_the_awaiting_task() -> None:
+    seen_tasks = []
+
+    async def apply(env, sender):
+        seen_tasks.append(asyncio.current_task())
+        async with asyncio.timeout(5):  # hooks and storage may bind a timeout before their first wait
+            await asyncio.sleep(0)
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    r = _receiver(apply)
+    env = new_envelope(CLIENT_ID, [SERVER_ID], {"kind": "memory.put"}, NOW, 60_000)
+    pending = r.receive_now(env, CLIENT_ID)
+    assert not isinstance(pending, Received) and seen_tasks == []
+    task = asyncio.create_task(pending)
+    assert (await task).ack.accepted and seen_tasks == [task]
+
+
 async def test_an_apply_that_waits_is_finished_by_the_returned_coroutine() -> None:
     gate = asyncio.Event()
 
