@@ -5,7 +5,9 @@
 Process 1: a real node (`ai-memory serve`, started by the testbed) is the receiver.
 Process 2 (this one): a PeerLink (mesh.link) with node 1's credentials dials node 2 and measures
   (a) sequential ping round trips (send, wait for the ACK, next) -> p50/p95/p99,
-  (b) pipelined throughput: up to W pings in flight on the one WebSocket -> ACKed messages/s.
+  (b) pipelined throughput: up to W pings in flight on the one WebSocket -> ACKed messages/s,
+  (c) PeerLink.send_many in calls of --batch pings (W in flight), once with batch frames and once forced to
+      one frame per envelope, on the same socket -> ACKed messages/s each (skipped with --batch 0).
 Floor: a bare asyncio TLS 1.3 echo server in its own subprocess, same certificates and mTLS contexts
 (mesh.tls), same frame size, 4-byte length-prefixed frames, measured the same two ways.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -95,7 +98,7 @@ async def floor_run(port: int, ctx, frame: bytes, sequential: int, pipelined: in
 # ------------------------------------------------------------------ ours: PeerLink -> real node
 
 
-async def link_run(layout, sequential: int, pipelined: int, window: int) -> tuple[dict, int]:
+async def link_run(layout, sequential: int, pipelined: int, window: int, batch_size: int = 0) -> tuple[dict, int]:
     n1, n2 = layout.node(1), layout.node(2)
     ca_path = layout.root / "ca" / "ca.crt"
     ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv", ca_path)
@@ -148,12 +151,56 @@ async def link_run(layout, sequential: int, pipelined: int, window: int) -> tupl
                 tg.create_task(one(cid, wire))
         elapsed = time.perf_counter() - t0
         assert accepted == pipelined, f"only {accepted} of {pipelined} ACKed as accepted"
-        return {"sequential": percentiles(samples), "pipelined": {
+        result = {"sequential": percentiles(samples), "pipelined": {
             "messages": pipelined, "window": window, "seconds": round(elapsed, 4),
-            "msgs_per_s": round(pipelined / elapsed, 1)}}, frame_size
+            "msgs_per_s": round(pipelined / elapsed, 1)}}
+        if batch_size and hasattr(link, "send_many"):
+            result["send_many"] = await many_runs(link, frames, pipelined, batch_size, window)
+        return result, frame_size
     finally:
         await link.close()
         await runner
+
+
+async def many_runs(link, frames, messages: int, batch: int, window: int) -> dict:
+    """Same socket, one after the other: send_many with batch frames, then forced to one frame per envelope."""
+    negotiated = link.batch_frames
+    out = {"batch": batch, "window": window, "negotiated": negotiated}
+    for label, use_batch in (("batch_frames", True), ("single_frames", False)):
+        link.batch_frames = negotiated and use_batch
+        out[label] = await many_run(link, frames, messages, batch, window)
+    link.batch_frames = negotiated
+    return out
+
+
+async def many_run(link, frames, messages: int, batch: int, window: int) -> dict:
+    """``messages`` pings through PeerLink.send_many in calls of ``batch`` items, ``window // batch`` calls
+    in flight: ACKed envelopes per second."""
+    calls = [frames(batch) for _ in range(max(1, messages // batch))]
+    slots = asyncio.Semaphore(max(1, window // batch))
+    accepted = 0
+    refused: collections.Counter[str] = collections.Counter()
+
+    async def one(items) -> None:
+        nonlocal accepted
+        try:
+            for result in await link.send_many(items):
+                if getattr(result, "accepted", False):
+                    accepted += 1
+                else:
+                    refused[getattr(result, "reason", None) or getattr(result, "code", "?")] += 1
+        finally:
+            slots.release()
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for items in calls:
+            await slots.acquire()
+            tg.create_task(one(items))
+    elapsed = time.perf_counter() - t0
+    sent = len(calls) * batch
+    assert accepted == sent, f"only {accepted} of {sent} ACKed as accepted; the others: {dict(refused)}"
+    return {"messages": sent, "seconds": round(elapsed, 4), "msgs_per_s": round(sent / elapsed, 1)}
 
 
 # ------------------------------------------------------------------ main
@@ -166,17 +213,34 @@ def table(ours: dict, floor: dict) -> str:
         rows.append(f"| sequential {k[:3]} (ms) | {a:.3f} | {b:.3f} | {a / b:.2f}x |")
     a, b = ours["pipelined"]["msgs_per_s"], floor["pipelined"]["msgs_per_s"]
     rows.append(f"| pipelined msgs/s (window {ours['pipelined']['window']}) | {a:,.0f} | {b:,.0f} | {a / b:.2f}x |")
+    many = ours.get("send_many")
+    if many:
+        for label in ("single_frames", "batch_frames"):
+            a = many[label]["msgs_per_s"]
+            rows.append(f"| send_many msgs/s, {label.replace('_', ' ')} ({many['batch']} a call, window "
+                        f"{many['window']}) | {a:,.0f} | {b:,.0f} | {a / b:.2f}x |")
     return "\n".join(rows)
 
 
 async def measure(layout, echo_port: int, args) -> tuple[dict, int, dict]:
     """(ours, frame size in bytes, floor): the PeerLink runs to node 2, then the bare-TLS echo runs."""
     n1 = layout.node(1)
-    ours, frame_size = await link_run(layout, args.messages, args.pipelined, args.window)
+    ours, frame_size = await link_run(layout, args.messages, args.pipelined, args.window, args.batch)
     ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv",
                              layout.root / "ca" / "ca.crt")
     floor = await floor_run(echo_port, ctx, os.urandom(frame_size), args.messages, args.pipelined, args.window)
     return ours, frame_size, floor
+
+
+def no_rate_limit(config_path: Path) -> None:
+    """limits.peer_requests_per_second = 0 on the receiver: the bench measures the transport, and its
+    pipelined runs pass the default 10,000 messages/s a peer may send (the excess is rate_limited)."""
+    lines = config_path.read_text(encoding="utf-8").splitlines()
+    if "[limits]" in lines:
+        lines.insert(lines.index("[limits]") + 1, "peer_requests_per_second = 0")
+    else:
+        lines += ["", "[limits]", "peer_requests_per_second = 0"]
+    config_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def bench(args) -> dict:
@@ -187,6 +251,7 @@ def bench(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="a2a-bench-") as tmp:
         layout = build_layout(Path(tmp) / "mesh", 2, mcp_http=False)
         n2 = layout.node(2)
+        no_rate_limit(n2.config_path)
         ca_path = layout.root / "ca" / "ca.crt"
         mesh = LocalMesh(layout)
         echo = subprocess.Popen([sys.executable, __file__, "--echo-server", str(n2.home / "tls" / "node.crt"),
@@ -241,6 +306,8 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=3000, help="sequential round trips (default 3000)")
     p.add_argument("--pipelined", type=int, default=30000, help="pipelined messages (default 30000)")
     p.add_argument("--window", type=int, default=256, help="messages in flight when pipelined (default 256)")
+    p.add_argument("--batch", type=int, default=128,
+                   help="items per send_many call in the batch-frame run (0 = skip it; default 128)")
     p.add_argument("--quick", action="store_true", help="small run (500 sequential, 5000 pipelined)")
     args = p.parse_args()
     # SIGTERM unwinds like Ctrl-C, so the node subprocess and the echo server are still stopped.

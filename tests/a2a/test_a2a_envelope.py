@@ -284,3 +284,12 @@ def test_envelope_is_frozen() -> None:
     env = Envelope(CID, "ai:a", ("ai:b",), {"kind": "ping"}, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         env.sender = "ai:x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("ack", [
+    Ack.ok("0b3f9a57-1d4c-4e8a-9b2f-5c6d7e8f9a0b", "ai:b"),
+    Ack.duplicate("0b3f9a57-1d4c-4e8a-9b2f-5c6d7e8f9a0b", "ai:" + "x" * 250),
+    Ack.rejected("0b3f9a57-1d4c-4e8a-9b2f-5c6d7e8f9a0b", "ai:b\u00e9", "sender_mismatch"),
+])
+def test_ack_to_wire_is_the_canonical_encoding(ack) -> None:
+    assert ack.to_wire() == cbor2.dumps(ack.to_map(), canonical=True)
