@@ -325,6 +325,10 @@ class Service:
     async def _verify(self, id: str) -> dict[str, Any]:
         link = await self.db.read(links.get, id)
         if link is not None:
+            if self.gate is not None:  # a link says what its ends' namespaces may: verify in both
+                ends = await self.db.read(memories.get_many, {link.src_id, link.dst_id})
+                for ns in sorted({m.namespace for m in ends.values()}):
+                    await self._permit(ns, Operation.VERIFY)
             verified, reason = self._verify_link_row(link)
             return {"link_id": link.link_id, "signature_verified": verified, "attest_level": link.attest_level,
                     "signed_by": link.signed_by, "signed_at": link.valid_from if link.signature else None,

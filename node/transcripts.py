@@ -208,9 +208,13 @@ class TranscriptRoom:
         return {**transcript_dict(row, cited), **await self.svc._after_write(queued, audience)}  # noqa: SLF001
 
     async def _check_known(self, ids: set[str]) -> None:
-        missing = sorted(ids - await self.svc.db.read(memories.exists, ids)) if ids else []
+        """Every cited memory is stored here and one the agent may ``get`` (a span quotes it)."""
+        found = await self.svc.db.read(memories.get_many, ids) if ids else {}
+        missing = sorted(ids - set(found))
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}; nothing stored")
+        for ns in sorted({m.namespace for m in found.values()}):
+            await self.svc._permit(ns, Operation.GET)  # noqa: SLF001 - the service's one gate rule
 
     async def _store_proposed(self, proposals: Sequence[Mapping[str, Any]], content: str, namespace: str,
                               transcript_id: str, room: int) -> list[Span]:

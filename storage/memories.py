@@ -142,17 +142,6 @@ def counts_by_attest_level(conn: sqlite3.Connection) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in conn.execute("SELECT attest_level, count(*) FROM memories GROUP BY 1")}
 
 
-def exists(conn: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
-    """The subset of ``ids`` present in the table."""
-    wanted = list(dict.fromkeys(ids))
-    found: set[str] = set()
-    for i in range(0, len(wanted), _CHUNK):
-        chunk = wanted[i:i + _CHUNK]
-        marks = ",".join("?" * len(chunk))
-        found.update(r[0] for r in conn.execute(f"SELECT id FROM memories WHERE id IN ({marks})", chunk))
-    return found
-
-
 def get_many(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, MemoryRow]:
     """The stored rows among ``ids``, by id."""
     wanted = list(dict.fromkeys(ids))

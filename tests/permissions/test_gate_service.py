@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
 
+from node import assemble
 from node.config import ConfigError, NodeConfig
 from node.errors import ServiceError
 from tests.node.conftest import AGENT
@@ -228,7 +230,7 @@ mode = "enforce"
 [[rules]]
 agent = "{AGENT}"
 namespace = "team"
-operations = ["recall", "list", "get"]
+operations = ["recall", "list", "get", "verify"]
 action = "deny"
 """
 
@@ -295,3 +297,40 @@ async def test_with_permissions_off_a_link_reads_no_namespaces_first(open_servic
     await svc.memory_link(a["id"], b["id"], "related_to")
     assert "get_many" not in reads  # the ends are still checked, inside the write
     assert rows(svc.cfg, "SELECT count(*) FROM memory_links") == [(1,)]
+
+
+async def test_verify_by_link_id_needs_verify_in_both_ends_namespaces(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    c = await svc.memory_store("c", namespace="free")
+    hidden = await svc.memory_link(b["id"], a["id"], "related_to")
+    open_link = await svc.memory_link(b["id"], c["id"], "related_to")
+    write_rules(cfg, HIDE_TEAM)
+    with pytest.raises(ServiceError) as e:  # the link's signer and level are the hidden end's too
+        await svc.memory_verify(hidden["link_id"])
+    assert e.value.code == "permission_denied" and "'team/x'" in e.value.message
+    assert (await svc.memory_verify(open_link["link_id"]))["signature_verified"] is True
+
+
+async def test_a_transcript_may_cite_only_memories_the_agent_may_get(open_service, cfg: NodeConfig) -> None:
+    svc = await open_service()
+    await svc.close()
+    policy = dataclasses.replace(cfg.transcripts.default, enabled=True)
+    tcfg = dataclasses.replace(cfg, transcripts=dataclasses.replace(cfg.transcripts, namespaces={"free": policy}))
+    svc = await assemble.open_service(tcfg, require_identity=True)
+    try:
+        hidden = await svc.memory_store("a secret plan", namespace="team/x")
+        shown = await svc.memory_store("a public note", namespace="free")
+        write_rules(cfg, HIDE_TEAM)
+        text = "user: tell me the plan\nassistant: no"
+        with pytest.raises(ServiceError) as e:  # a span would quote a memory the agent may not read
+            await svc.transcripts.store(text, namespace="free", spans=[{"memory_id": hidden["id"], "start": 0,
+                                                                        "end": 4}])
+        assert e.value.code == "permission_denied"
+        assert rows(cfg, "SELECT count(*) FROM memory_transcripts") == [(0,)]
+        stored = await svc.transcripts.store(text, namespace="free",
+                                             spans=[{"memory_id": shown["id"], "start": 0, "end": 4}])
+        assert [s["memory_id"] for s in stored["spans"]] == [shown["id"]]
+    finally:
+        await svc.close()

@@ -45,12 +45,12 @@ async def test_list_is_newest_first_and_filters_by_namespace(db: Database):
     assert await db.read(memories.count, "b") == 3
 
 
-async def test_exists_returns_the_present_subset(db: Database):
+async def test_get_many_returns_the_present_subset(db: Database):
     rows = [make_memory() for _ in range(3)]
     for r in rows:
         await db.write(memories.insert, r)
     ids = [r.id for r in rows[:2]] + ["nope"] + [f"x{i}" for i in range(1200)]
-    assert await db.read(memories.exists, ids) == {rows[0].id, rows[1].id}
+    assert set(await db.read(memories.get_many, ids)) == {rows[0].id, rows[1].id}
 
 
 async def test_update_bumps_version_and_reindexes(db: Database):
