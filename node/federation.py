@@ -49,7 +49,8 @@ from storage.memories import MemoryRow
 log = logging.getLogger("node.federation")
 
 Clock = Callable[[], int]
-Queued = list[tuple[str, str]]
+# The outbox rows a write enqueued, one per peer (node.service.Queued).
+Queued = list[outbox.OutboxRow]
 
 # Most signatures verified in one hop to the thread pool.
 VERIFY_BATCH_MAX = 256
@@ -146,8 +147,8 @@ class Federation:
         self.verifier = VerifyBatcher(self._executor)
         self._ack_changed = asyncio.Condition()
         self._memory_arrived = asyncio.Condition()
-        # Set by the running node: wakes its outbox sender after a commit.
-        self.on_enqueued: Callable[[], None] | None = None
+        # Set by the running node: gives its outbox sender the rows a write enqueued, once committed.
+        self.on_enqueued: Callable[[Queued], None] | None = None
 
     @property
     def agent_id(self) -> str:
@@ -176,24 +177,27 @@ class Federation:
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
-        (a memory version: itself; a link: both its ends). Returns (peer, correlation_id) pairs."""
+        (a memory version: itself; a link: both its ends). Returns the rows queued."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
         queued = []
         for peer in self._audience(scope):
             env = new_envelope(self.agent_id, [peer], payload, ts, ttl_ms)
-            outbox.enqueue(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
-            queued.append((peer, env.correlation_id))
+            row = outbox.enqueue_row(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
+            if row is not None:  # a fresh correlation id: always, unless uuid4 collided
+                queued.append(row)
         return queued
 
     def _audience(self, scope: Sequence[MemoryRow]) -> list[str]:
         """Configured peers that may see every memory in ``scope`` (by policy and by ``share_with``)."""
         return [p for p in self.peers if all(self.visible_to(p, m) for m in scope)]
 
-    def wake(self) -> None:
+    def hand_off(self, queued: Queued) -> None:
+        """After the commit: the rows go to the running node's sender in memory (the database stays the
+        truth: rows nobody takes here, e.g. written by the CLI, are found by the sender's poll)."""
         if self.on_enqueued is not None:
-            self.on_enqueued()
+            self.on_enqueued(queued)
 
-    async def record_ack(self, peer: str, correlation_id: str) -> None:
+    async def record_ack(self, peer: str, correlation_ids: Sequence[str]) -> None:
         async with self._ack_changed:
             self._ack_changed.notify_all()
 
@@ -207,7 +211,7 @@ class Federation:
         need = self.cfg.quorum_size(nodes)
         if need <= 1:
             return 1
-        cids = [cid for _, cid in queued]
+        cids = [q.correlation_id for q in queued]
         timeout = self.cfg.federation.quorum_timeout_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

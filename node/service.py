@@ -33,9 +33,11 @@ from storage import changelog, events, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
+from storage.outbox import OutboxRow
 
 Clock = Callable[[], int]
-Queued = list[tuple[str, str]]
+# The outbox rows a write enqueued (one per peer it goes to), handed to the sender after the commit.
+Queued = list[OutboxRow]
 # SQLite INTEGER is signed 64-bit: a version or time at the top cannot be moved past.
 INT64_MAX = 2**63 - 1
 
@@ -45,12 +47,12 @@ def now_ms() -> int:
 
 
 class Replicator(Protocol):
-    """What the service needs of federation: enqueue a change in the write's transaction, wake the
-    sender after the commit, wait for a write quorum, and close."""
+    """What the service needs of federation: enqueue a change in the write's transaction, hand the rows
+    enqueued to the sender after the commit, wait for a write quorum, and close."""
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued: ...
 
-    def wake(self) -> None: ...
+    def hand_off(self, queued: Queued) -> None: ...
 
     def await_quorum(self, queued: Queued, scope: Sequence[MemoryRow]) -> Awaitable[int]: ...
 
@@ -490,8 +492,8 @@ class Service:
         """Wake the sender; with a write quorum above 1, wait for it. Returns fields for the result."""
         if not queued or self.replicator is None:
             return {}
-        self.replicator.wake()
-        result: dict[str, Any] = {"replicating_to": sorted(p for p, _ in queued)}
+        self.replicator.hand_off(queued)
+        result: dict[str, Any] = {"replicating_to": sorted(q.peer for q in queued)}
         if self.cfg.federation.write_quorum != 1:
             result["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
         return result
