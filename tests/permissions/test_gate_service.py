@@ -295,3 +295,34 @@ async def test_with_permissions_off_a_link_reads_no_namespaces_first(open_servic
     await svc.memory_link(a["id"], b["id"], "related_to")
     assert "get_many" not in reads  # the ends are still checked, inside the write
     assert rows(svc.cfg, "SELECT count(*) FROM memory_links") == [(1,)]
+
+
+async def test_memory_link_many_asks_the_gate_per_link_and_makes_the_allowed_ones(open_service,
+                                                                                   cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    c = await svc.memory_store("c", namespace="free")
+    write_rules(cfg, DENY_TEAM)
+    out = await svc.memory_link_many([{"src_id": b["id"], "dst_id": a["id"], "relation": "into_team"},
+                                      {"src_id": b["id"], "dst_id": c["id"], "relation": "free_to_free"}])
+    denied, made = out["results"]
+    assert denied["error"]["code"] == "permission_denied" and "'team/x'" in denied["error"]["message"]
+    assert made["ok"]["relation"] == "free_to_free" and (out["made"], out["failed"]) == (1, 1)
+    assert rows(cfg, "SELECT relation FROM memory_links") == [("free_to_free",)]
+
+
+async def test_memory_link_many_parks_an_asked_link_alone_and_approval_makes_it(open_service,
+                                                                                cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    c = await svc.memory_store("c", namespace="free")
+    write_rules(cfg, DENY_TEAM.replace('action = "deny"', 'action = "ask"'))
+    out = await svc.memory_link_many([{"src_id": a["id"], "dst_id": b["id"], "relation": "asked"},
+                                      {"src_id": c["id"], "dst_id": b["id"], "relation": "free"}])
+    assert out["results"][0]["error"]["code"] == "approval_required" and "ok" in out["results"][1]
+    [pending] = await svc.approval_list()
+    assert pending["operation"] == "link"
+    await svc.approval_decide(pending["id"], "approve")  # runs the parked link as one memory_link
+    assert sorted(rows(cfg, "SELECT relation FROM memory_links")) == [("asked",), ("free",)]
