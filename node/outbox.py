@@ -209,17 +209,7 @@ class OutboxSender:
         sent = time.perf_counter()
         answers = await send_group(self.links[peer], [(r.correlation_id, r.envelope) for r in live])
         took = time.perf_counter() - sent
-        acked: list[OutboxRow] = []
-        failed: list[tuple[OutboxRow, str]] = []
-        for row, answer in zip(live, answers, strict=True):
-            if isinstance(answer, MeshError):
-                failed.append((row, f"{answer.code}: {answer.message}"))
-            elif answer.accepted or answer.is_duplicate:
-                acked.append(row)
-            elif answer.permanent:
-                await self._dead_letter(row, answer.reason)
-            else:
-                failed.append((row, answer.reason or "not accepted"))
+        acked, rejected, failed = sort_answers(live, answers)
         if acked:
             if self.on_ack_latency is not None:
                 for _ in acked:
@@ -227,6 +217,8 @@ class OutboxSender:
             await self._record_acks(peer, acked)
             self.delivered += len(acked)
             await self.on_ack(peer, [r.correlation_id for r in acked])
+        for row, reason in rejected:
+            await self._dead_letter(row, reason)
         if failed:
             await self._failed(failed)
 
@@ -286,6 +278,24 @@ class OutboxSender:
         log.warning("dead_letter", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
                                                  "kind": row.kind, "attempts": attempts or row.attempts,
                                                  "error": error}})
+
+
+def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
+                 ) -> tuple[list[OutboxRow], list[tuple[OutboxRow, str | None]], list[tuple[OutboxRow, str]]]:
+    """(ACKed: the peer holds it, accepted or duplicate; rejected for good; failed, to retry with the reason)."""
+    acked: list[OutboxRow] = []
+    rejected: list[tuple[OutboxRow, str | None]] = []
+    failed: list[tuple[OutboxRow, str]] = []
+    for row, answer in zip(rows, answers, strict=True):
+        if isinstance(answer, MeshError):
+            failed.append((row, f"{answer.code}: {answer.message}"))
+        elif answer.accepted or answer.is_duplicate:
+            acked.append(row)
+        elif answer.permanent:
+            rejected.append((row, answer.reason))
+        else:
+            failed.append((row, answer.reason or "not accepted"))
+    return acked, rejected, failed
 
 
 async def send_group(link: PeerLink, frames: list[tuple[str, bytes]]) -> list[Ack | MeshError]:

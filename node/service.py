@@ -287,51 +287,57 @@ class Service:
         if len(items) > top:
             raise ServiceError("too_large", f"links has {len(items)} items, the limit is {top} "
                                             "(limits.max_links_per_call)")
-        outcomes: list[LinkRow | BaseException] = []
-        ends = await self._link_ends(items)
-        for item in items:
-            try:
-                if not isinstance(item, dict):
-                    raise ServiceError("bad_input", "each link must be an object {src_id, dst_id, relation}")
-                outcomes.append(await self._plan_link(item.get("src_id"), item.get("dst_id"), item.get("relation"),
-                                                      item.get("valid_until"), item.get("confidence"), ends=ends))
-            except Exception as e:
-                if not is_project_error(e):
-                    raise  # a bug, not this item's answer: the call fails as a whole, nothing written yet
-                outcomes.append(e)  # this item's answer; the others go on
-        planned = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, tuple)]
+        results: list[dict[str, Any]] = [{} for _ in items]
+        planned = await self._plan_links(items, results)
 
-        def write(conn: Any) -> list[tuple[int, tuple[list[MemoryRow], Queued] | ServiceError]]:
-            done: list[tuple[int, tuple[list[MemoryRow], Queued] | ServiceError]] = []
+        def write(conn: Any) -> list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]]:
+            written = []
             for i, (row, approved) in planned:
                 try:
-                    done.append((i, self._write_link(conn, row, approved)))
+                    written.append((i, row, self._write_link(conn, row, approved)))
                 except ServiceError as e:  # raised before this item wrote anything: the others stand
-                    done.append((i, e))
-            return done
+                    results[i] = _item_error(e)
+            return written
 
-        written = await self.db.write(write) if planned else []
-        queued: Queued = [q for _, w in written if not isinstance(w, ServiceError) for q in w[1]]
-        results: list[dict[str, Any]] = [_item_error(o) if isinstance(o, BaseException) else {} for o in outcomes]
-        rows = {i: row for i, (row, _) in planned}
-        for i, w in written:
-            if isinstance(w, ServiceError):
-                results[i] = _item_error(w)
-                continue
-            await self._link_made(rows[i])
-            results[i] = {"ok": link_dict(rows[i])}
-        made = [(i, w) for i, w in written if not isinstance(w, ServiceError)]
+        made = await self.db.write(write) if planned else []
+        queued: Queued = [q for _, _, (_, rows) in made for q in rows]
+        for i, row, _ in made:
+            await self._link_made(row)
+            results[i] = {"ok": link_dict(row)}
         out: dict[str, Any] = {"made": len(made), "failed": len(items) - len(made), "results": results}
         if queued and self.replicator is not None:
             self.replicator.hand_off(queued)
             out["replicating_to"] = sorted({q.peer for q in queued})
             if self.cfg.federation.write_quorum != 1:
-                for i, (scope, q) in made:
-                    try:
-                        results[i]["ok"]["acked_nodes"] = await self.replicator.await_quorum(q, scope)
-                    except ServiceError as e:
-                        results[i] = _item_error(e)
+                await self._quorum_each(made, results)
         return out
+
+    async def _plan_links(self, items: Sequence[Any], results: list[dict[str, Any]],
+                          ) -> list[tuple[int, tuple[LinkRow, approval.Approved | None]]]:
+        """Each item planned as memory_link plans one; a refused item's error goes into ``results``."""
+        ends = await self._link_ends(items)
+        planned = []
+        for i, item in enumerate(items):
+            try:
+                if not isinstance(item, dict):
+                    raise ServiceError("bad_input", "each link must be an object {src_id, dst_id, relation}")
+                planned.append((i, await self._plan_link(item.get("src_id"), item.get("dst_id"), item.get("relation"),
+                                                         item.get("valid_until"), item.get("confidence"), ends=ends)))
+            except Exception as e:
+                if not is_project_error(e):
+                    raise  # a bug, not this item's answer: the call fails as a whole, nothing written yet
+                results[i] = _item_error(e)  # this item's answer; the others go on
+        return planned
+
+    async def _quorum_each(self, made: list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]],
+                           results: list[dict[str, Any]]) -> None:
+        """With a write quorum: each made link waits for its own (``quorum_not_reached`` is that item's error)."""
+        assert self.replicator is not None
+        for i, _, (scope, queued) in made:
+            try:
+                results[i]["ok"]["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
+            except ServiceError as e:
+                results[i] = _item_error(e)
 
     async def _link_ends(self, items: Sequence[Any]) -> dict[str, MemoryRow] | None:
         """With the gate enforcing: every item's ends in one read (each asks ``link`` in both namespaces)."""
@@ -383,7 +389,8 @@ class Service:
                       received_from=None, created_at=ts)
         return row, approved
 
-    def _write_link(self, conn: Any, row: LinkRow, approved: approval.Approved | None) -> tuple[list[MemoryRow], Queued]:
+    def _write_link(self, conn: Any, row: LinkRow,
+                    approved: approval.Approved | None) -> tuple[list[MemoryRow], Queued]:
         """In a write transaction: the link row, its audit event, change-log entry and outbox rows. Raises
         ServiceError (unknown_memory, duplicate_link) before writing anything."""
         ends = memories.get_many(conn, {row.src_id, row.dst_id})

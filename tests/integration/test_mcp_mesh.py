@@ -13,6 +13,7 @@ import pytest
 
 from testbed.build import build_layout
 from testbed.local import LocalMesh
+from tests.integration.conftest import run_cli
 from tests.mcp.conftest import http_session, ok
 
 pytestmark = pytest.mark.integration
@@ -127,8 +128,6 @@ async def test_memory_link_many_through_the_sdk_makes_each_link_as_memory_link_a
             assert caps["links_by_attest_level"]["self_signed"] == 3
             assert caps["limits"]["max_links_per_call"] == 100
     # Every made link has its audit event in A's chain, and the chain verifies.
-    audit = subprocess.run([sys.executable, "-m", "node.cli", "--config", str(a.config_path), "audit", "verify",
-                            "--json"], capture_output=True, text=True, timeout=60)
-    assert audit.returncode == 0, audit.stderr
-    report = json.loads(audit.stdout)
+    rc, report, stderr = run_cli(a, "audit", "verify")
+    assert rc == 0, stderr
     assert report["ok"] is True and report["checked"] == 4 + 3  # four memories, three links

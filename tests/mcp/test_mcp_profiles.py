@@ -103,8 +103,8 @@ async def test_loading_a_family_sends_list_changed_and_its_tools_work(home) -> N
         with anyio.fail_after(CALL_TIMEOUT_S):
             await changed.wait()
         now = {t.name for t in (await s.list_tools()).tools}
-        assert now == first | {"memory_link", "memory_link_many", "memory_verify", "memory_kg_query", "memory_find_paths",
-                               "memory_kg_timeline", "memory_kg_invalidate"}
+        assert now == first | {"memory_link", "memory_link_many", "memory_verify", "memory_kg_query",
+                               "memory_find_paths", "memory_kg_timeline", "memory_kg_invalidate"}
         link = await ok(s, "memory_link", {"src_id": a["id"], "dst_id": b["id"], "relation": "related_to"})
         assert (await ok(s, "memory_verify", {"link_id": link["link_id"]}))["signature_verified"] is True
 
