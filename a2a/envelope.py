@@ -3,6 +3,8 @@
 Wire forms (canonical CBOR maps, RFC 8949 §4.2.1):
   envelope ``{v: 1, type: "msg", correlation_id, sender, recipients: [...], payload: {kind, ...}, expires_at}``
   ack      ``{v: 1, type: "ack", correlation_id, recipient, accepted, reason}``
+  batch    ``{v: 1, type: "batch", items: [<bstr: one envelope or ACK frame>, ...]}`` (only between peers
+           that negotiated it, see ``BATCH_SUBPROTOCOL``)
 All times are integer unix milliseconds.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import io
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,15 @@ from a2a.errors import ErrorCode, ProtocolError
 VERSION = 1
 TYPE_MSG = "msg"
 TYPE_ACK = "ack"
+TYPE_BATCH = "batch"
+# The WebSocket subprotocol both ends name on the upgrade to say "I read batch frames". A peer that
+# does not echo it gets one envelope (and one ACK) per frame.
+BATCH_SUBPROTOCOL = "a2a-batch.1"
+# Items in one batch frame.
+MAX_BATCH_ITEMS = 256
+# Bytes of one batch frame a sender builds, and that every receiver accepts even when its message limit is
+# lower (each item is still held to the receiver's own limit): a sender does not know the peer's limit.
+BATCH_MAX_BYTES = 64 * 1024
 # Protocol-shape bounds (not operator tunables): they keep one frame cheap to validate.
 MAX_AGENT_ID_CHARS = 256
 MAX_RECIPIENTS = 1024
@@ -39,6 +50,7 @@ RETRYABLE_REJECT_CODES = frozenset({"unknown_memory", "unknown_link", "storage_f
 
 _ENVELOPE_KEYS = frozenset({"v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"})
 _ACK_KEYS = frozenset({"v", "type", "correlation_id", "recipient", "accepted", "reason"})
+_BATCH_KEYS = frozenset({"v", "type", "items"})
 _UUID4_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _CODE_RE = re.compile(r"[a-z][a-z0-9_]*")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -419,7 +431,10 @@ def decode_frame(data: bytes, max_bytes: int) -> Envelope | Ack:
     Raises ProtocolError (and nothing else) for any bad input; the size limit (bytes) is checked
     before decoding.
     """
-    obj = _frame_map(data, max_bytes)
+    return _frame_from_map(_frame_map(data, max_bytes))
+
+
+def _frame_from_map(obj: dict[Any, Any]) -> Envelope | Ack:
     ftype = obj.get("type")
     kind = _FRAME_KINDS.get(ftype) if isinstance(ftype, str) else None
     if kind is None:
@@ -437,14 +452,104 @@ def decode_frame(data: bytes, max_bytes: int) -> Envelope | Ack:
         ) from None
 
 
+def _cbor_head_len(n: int) -> int:
+    """Bytes of a CBOR major-type head carrying length ``n``."""
+    return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x1_0000_0000 else 9
+
+
+# {v: 1, type: "batch", items: [...]} without the array's head and items.
+BATCH_OVERHEAD = len(cbor2.dumps({"v": VERSION, "type": TYPE_BATCH, "items": []}, canonical=True)) - 1
+
+
+def batch_size(item_lengths: Iterable[int]) -> int:
+    """Bytes of the batch frame holding items of these lengths (what ``encode_batch`` returns)."""
+    count = total = 0
+    for n in item_lengths:
+        count += 1
+        total += _cbor_head_len(n) + n
+    return BATCH_OVERHEAD + _cbor_head_len(count) + total
+
+
+def batch_item_cost(item_length: int) -> int:
+    """Bytes one item of ``item_length`` adds to a batch frame (not counting the array head's growth)."""
+    return _cbor_head_len(item_length) + item_length
+
+
+def encode_batch(items: Iterable[bytes]) -> bytes:
+    """One batch frame carrying the given frames (each the canonical bytes of an envelope or an ACK)."""
+    return cbor2.dumps({"v": VERSION, "type": TYPE_BATCH, "items": list(items)}, canonical=True)
+
+
+def plan_batches(item_lengths: Sequence[int], max_items: int = MAX_BATCH_ITEMS,
+                 max_bytes: int = BATCH_MAX_BYTES) -> list[range]:
+    """Split items (by their lengths in bytes, in order) into runs that each fit one batch frame of at most
+    ``max_items`` items and ``max_bytes`` bytes. A run of one item is sent as a plain frame, so an item too
+    large for any batch gets a run of its own."""
+    runs: list[range] = []
+    start, size = 0, BATCH_OVERHEAD + 1
+    for i, n in enumerate(item_lengths):
+        cost = batch_item_cost(n)
+        count = i - start
+        # the array head grows from 1 to 2 bytes at 24 items and to 3 at 256
+        head_growth = 1 if count in (23, 255) else 0
+        if count and (count >= max_items or size + cost + head_growth > max_bytes):
+            runs.append(range(start, i))
+            start, size, head_growth = i, BATCH_OVERHEAD + 1, 0
+        size += cost + head_growth
+    if start < len(item_lengths):
+        runs.append(range(start, len(item_lengths)))
+    return runs
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A decoded batch frame: its items, still undecoded (each is decided on its own)."""
+
+    items: tuple[bytes, ...]
+
+
+def decode_wire(data: bytes, max_bytes: int, max_items: int = MAX_BATCH_ITEMS) -> Envelope | Ack | Batch:
+    """Parse one WebSocket frame: an envelope, an ACK or a batch of up to ``max_items`` frames.
+
+    A batch's items are checked to be non-empty byte strings only; decode each with ``decode_frame``, so
+    that a bad item is answered on its own. The whole frame is bounded by ``max_bytes`` (checked before
+    decoding; a batch may reach ``BATCH_MAX_BYTES`` where that is larger). Raises ProtocolError (and nothing
+    else) for any bad input.
+    """
+    obj = _frame_map(data, max(max_bytes, BATCH_MAX_BYTES))
+    if obj.get("type") != TYPE_BATCH:
+        if len(data) > max_bytes:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"frame is {len(data)} bytes, more than the limit of {max_bytes}")
+        return _frame_from_map(obj)
+    _check_keys(obj, _BATCH_KEYS, "batch", None)
+    items = obj["items"]
+    if not isinstance(items, list) or not items:
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"batch items must be a non-empty array, got {_short(items)}")
+    if len(items) > max_items:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"batch holds {len(items)} items, more than {max_items}")
+    for i, item in enumerate(items):
+        if not isinstance(item, bytes) or not item:
+            raise ProtocolError(ErrorCode.BAD_FIELD,
+                                f"batch items[{i}] must be a non-empty byte string, got {_short(item)}")
+    return Batch(tuple(items))
+
+
 __all__ = [
     "Ack",
+    "BATCH_MAX_BYTES",
+    "BATCH_SUBPROTOCOL",
+    "Batch",
+    "MAX_BATCH_ITEMS",
     "Envelope",
     "MAX_AGENT_ID_CHARS",
     "MAX_PAYLOAD_DEPTH",
     "MAX_RECIPIENTS",
+    "batch_size",
     "decode_frame",
+    "decode_wire",
+    "encode_batch",
     "is_int",
+    "plan_batches",
     "is_uuid4",
     "new_envelope",
 ]

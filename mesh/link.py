@@ -16,14 +16,26 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from a2a import Ack, Backoff, Envelope, ProtocolError, decode_frame
+from a2a import (
+    BATCH_MAX_BYTES,
+    BATCH_SUBPROTOCOL,
+    Ack,
+    Backoff,
+    Batch,
+    Envelope,
+    ProtocolError,
+    decode_frame,
+    decode_wire,
+    encode_batch,
+    plan_batches,
+)
 from mesh.errors import MeshError
 from mesh.tls import verify_peer
 
@@ -139,6 +151,8 @@ class PeerLink:
         self.last_ack_at: float | None = None  # unix seconds
         self.connected_at: float | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
+        # The peer named BATCH_SUBPROTOCOL on the upgrade: send_many may put many envelopes in one frame.
+        self.batch_frames = False
         self._up = asyncio.Event()
         self._pending: dict[str, asyncio.Future[Ack]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -224,8 +238,10 @@ class PeerLink:
             raise MeshError("not_a_member", f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
                                             "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
-                                            max_msg_size=self.max_bytes * 4, heartbeat=15.0, autoping=True)
+                                            max_msg_size=max(self.max_bytes, BATCH_MAX_BYTES) * 4, heartbeat=15.0,
+                                            autoping=True, protocols=(BATCH_SUBPROTOCOL,))
         self._ws = ws
+        self.batch_frames = ws.protocol == BATCH_SUBPROTOCOL
         self.state = LinkState.UP
         self.connected_at = time.time()
         down_for = self.health.went_up(time.monotonic())
@@ -246,10 +262,21 @@ class PeerLink:
 
     def _on_frame(self, data: bytes) -> None:
         try:
-            msg = decode_frame(data, self.max_bytes)
+            msg = decode_wire(data, self.max_bytes)
         except ProtocolError as e:
             log.warning("protocol_error", extra={"ev": {"peer": self.agent_id, "code": e.code, "detail": e.message}})
             return
+        if isinstance(msg, Batch):
+            for item in msg.items:
+                try:
+                    self._on_ack(decode_frame(item, self.max_bytes))
+                except ProtocolError as e:
+                    log.warning("protocol_error", extra={"ev": {"peer": self.agent_id, "code": e.code,
+                                                                "detail": e.message}})
+            return
+        self._on_ack(msg)
+
+    def _on_ack(self, msg: Envelope | Ack) -> None:
         if not isinstance(msg, Ack):
             log.warning("unexpected_envelope", extra={"ev": {"peer": self.agent_id,
                                                              "correlation_id": msg.correlation_id}})
@@ -302,6 +329,86 @@ class PeerLink:
         except TimeoutError:
             self._pending.pop(correlation_id, None)
             raise MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s") from None
+
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], *,
+                        timeout_s: float | None = None) -> list[Ack | MeshError]:
+        """Send many (correlation_id, envelope wire bytes) items and wait for their ACKs, at most ``timeout_s``
+        in all (default the ACK timeout).
+
+        Items go out in order, as batch frames when the peer negotiated them (``batch_frames``), else one
+        frame each, all pipelined. Returns, in the items' order, each one's ACK or its MeshError
+        (``link_down``: no connection within the timeout, the send failed or the link was lost before the
+        ACK; ``ack_timeout``); never raises for a per-item failure.
+        """
+        if not frames:
+            return []
+        timeout = self.ack_timeout_s if timeout_s is None else timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        ws = await self._socket(timeout)
+        if isinstance(ws, MeshError):
+            return [ws] * len(frames)
+        futures = [self._future(cid) for cid, _ in frames]
+        try:
+            await self._write_many(ws, frames)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
+            self._forget(frames, futures)
+            failed = MeshError("link_down", f"send to {self.agent_id} failed: {e}")
+            return [self._outcome(fut) or failed for fut in futures]
+        waiting = {fut for fut in futures if not fut.done()}
+        if waiting:
+            try:
+                await asyncio.wait(waiting, timeout=max(0.0, deadline - loop.time()))
+            finally:
+                self._forget(frames, futures)
+        late = MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s")
+        return [self._outcome(fut) or late for fut in futures]
+
+    async def _socket(self, wait_s: float) -> aiohttp.ClientWebSocketResponse | MeshError:
+        """The open socket, waiting up to ``wait_s`` for the link to come up; else ``link_down``."""
+        if not self._up.is_set():
+            try:
+                await asyncio.wait_for(self._up.wait(), wait_s)
+            except TimeoutError:
+                return MeshError("link_down", f"no connection to {self.agent_id} ({self.last_error})")
+        ws = self._ws
+        if ws is None or ws.closed:
+            return MeshError("link_down", f"no connection to {self.agent_id}")
+        return ws
+
+    def _future(self, correlation_id: str) -> asyncio.Future[Ack]:
+        """The future the ACK for ``correlation_id`` settles (shared by concurrent sends of one id)."""
+        fut = self._pending.get(correlation_id)
+        if fut is None:
+            fut = self._pending[correlation_id] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def _forget(self, frames: Sequence[tuple[str, bytes]], futures: list[asyncio.Future[Ack]]) -> None:
+        """Stop matching ACKs to these items' futures (those still waiting end as ack_timeout)."""
+        for (cid, _), fut in zip(frames, futures, strict=True):
+            if not fut.done() and self._pending.get(cid) is fut:
+                del self._pending[cid]
+
+    async def _write_many(self, ws: aiohttp.ClientWebSocketResponse, frames: Sequence[tuple[str, bytes]]) -> None:
+        if not self.batch_frames or len(frames) == 1:
+            for _, frame in frames:
+                await ws.send_bytes(frame)
+            return
+        for run in plan_batches([len(frame) for _, frame in frames]):
+            if len(run) == 1:
+                await ws.send_bytes(frames[run[0]][1])
+            else:
+                await ws.send_bytes(encode_batch(frames[i][1] for i in run))
+
+    @staticmethod
+    def _outcome(fut: asyncio.Future[Ack]) -> Ack | MeshError | None:
+        """A settled future's ACK or MeshError; None while it waits (or was cancelled)."""
+        if not fut.done() or fut.cancelled():
+            return None
+        exc = fut.exception()
+        if exc is None:
+            return fut.result()
+        return exc if isinstance(exc, MeshError) else MeshError("link_down", f"{type(exc).__name__}: {exc}")
 
     async def fetch(self, path: str, params: Mapping[str, int | str], *, timeout_s: float) -> bytes:
         """GET ``path`` on the peer over the link's mTLS session (identity verified); returns the body.

@@ -21,9 +21,9 @@ import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from a2a import Outcome
+from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Outcome, encode_batch, plan_batches
 from mesh.errors import MeshError
-from mesh.receive import Receiver
+from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.tls import verify_peer
 
 log = logging.getLogger("mesh.server")
@@ -34,8 +34,11 @@ SOCKETS_KEY = web.AppKey("sockets", set)
 # Frames up to this multiple of the message limit are read and refused with a protocol error while
 # the socket stays open; anything larger makes aiohttp close the socket (1009).
 WS_READ_SLACK = 4
-# Messages handled at once per WebSocket; more wait, which pushes back on the sender over TCP.
+# Applies waiting (on storage) at once per WebSocket; more wait, which pushes back on the sender over TCP.
 WS_INFLIGHT = 512
+# A socket's peer is checked for membership again at least this often while it sends (seconds), and at
+# once whenever the keyring reloads (``ServerHooks.member_generation``).
+MEMBER_RECHECK_S = 1.0
 # Bound on handing one ACK to a peer that does not read: past it the socket is closed (the sender
 # reconnects and resends; applies are idempotent). Seconds.
 ACK_SEND_TIMEOUT_S = 10.0
@@ -71,6 +74,10 @@ class ServerHooks:
     member: MemberCheck | None = None
     ready: ReadyHandler | None = None
     metrics: MetricsHandler | None = None
+    # Changes whenever the membership answer may have changed (the keyring reloaded); None = check every frame.
+    member_generation: Callable[[], object] | None = None
+    # Offer BATCH_SUBPROTOCOL on the WebSocket upgrade (batch frames in, batched ACKs out).
+    batch_frames: bool = True
 
 
 def build_app(hooks: ServerHooks) -> web.Application:
@@ -165,29 +172,18 @@ def _messages(hooks: ServerHooks):
 
 def _websocket(hooks: ServerHooks):
     async def handler(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=hooks.receiver.max_bytes * WS_READ_SLACK, heartbeat=15.0)
+        protocols = (BATCH_SUBPROTOCOL,) if hooks.batch_frames else ()
+        ws = web.WebSocketResponse(max_msg_size=max(hooks.receiver.max_bytes, BATCH_MAX_BYTES) * WS_READ_SLACK,
+                                   heartbeat=15.0, protocols=protocols)
         await ws.prepare(request)
         peer = request[PEER_KEY]
         sockets = request.app[SOCKETS_KEY]
         sockets.add(ws)
-        log.info("ws_accepted", extra={"ev": {"peer": peer}})
-        slots = asyncio.Semaphore(WS_INFLIGHT)
-
+        batch = ws.ws_protocol == BATCH_SUBPROTOCOL
+        log.info("ws_accepted", extra={"ev": {"peer": peer, "batch_frames": batch}})
         try:
             async with asyncio.TaskGroup() as tg:
-                async for msg in ws:
-                    if hooks.member is not None and not hooks.member(peer):
-                        # Membership is read again when peers/ changes: a removed member's open socket ends too.
-                        log.warning("not_a_member", extra={"ev": {"peer": peer, "route": "ws", "closing": True}})
-                        await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"not_a_member")
-                        break
-                    if msg.type is WSMsgType.BINARY:
-                        await slots.acquire()
-                        tg.create_task(_answer(hooks.receiver, ws, peer, msg.data, slots))
-                    elif msg.type is WSMsgType.TEXT:
-                        log.warning("protocol_error", extra={"ev": {"peer": peer, "code": "text_frame"}})
-                    elif msg.type is WSMsgType.ERROR:
-                        log.warning("ws_error", extra={"ev": {"peer": peer, "error": str(ws.exception())}})
+                await _Socket(hooks, ws, peer, batch, tg).serve()
         except (ConnectionResetError, ConnectionError) as e:
             log.info("ws_reset", extra={"ev": {"peer": peer, "error": str(e)}})
         finally:
@@ -197,24 +193,144 @@ def _websocket(hooks: ServerHooks):
     return handler
 
 
-async def _answer(receiver: Receiver, ws: web.WebSocketResponse, peer: str, frame: bytes,
-                  slot: asyncio.Semaphore) -> None:
-    """Receive one frame and send its ACK, then free its slot. The receiver bounds the apply itself
-    (``Receiver.apply_timeout_s``); the ACK send is bounded here."""
-    try:
-        result = await receiver.receive(frame, peer)
-        if result.ack is not None and not ws.closed:
+class _Socket:
+    """One inbound WebSocket: reads frames in order, applies their envelopes and writes the ACKs.
+
+    A message whose apply needs no waiting is answered inline (no task, no timer); one that waits (on
+    storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the socket is not read, which
+    pushes back on the sender over TCP). ACKs produced in one loop turn are written together, as one batch
+    frame when the peer negotiated them. An ACK write the transport cannot take (the peer does not read)
+    stops reading until it drains, bounded by ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
+    """
+
+    def __init__(self, hooks: ServerHooks, ws: web.WebSocketResponse, peer: str, batch: bool,
+                 tg: asyncio.TaskGroup) -> None:
+        self.receiver = hooks.receiver
+        self.member = hooks.member
+        self.member_generation = hooks.member_generation
+        self.ws, self.peer, self.batch, self.tg = ws, peer, batch, tg
+        self.loop = asyncio.get_running_loop()
+        self.acks: list[bytes] = []
+        self.flush_at_turn_end = False
+        self.draining: asyncio.Task[None] | None = None
+        self.waiting_applies = 0
+        self.room = asyncio.Event()
+        self.room.set()
+        self.checked_generation: object = None
+        self.member_recheck_at = 0.0
+
+    async def serve(self) -> None:
+        ws = self.ws
+        async for msg in ws:
+            if self.member is not None and not self._still_member():
+                # Membership is read again when peers/ changes: a removed member's open socket ends too.
+                log.warning("not_a_member", extra={"ev": {"peer": self.peer, "route": "ws", "closing": True}})
+                await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"not_a_member")
+                break
+            if msg.type is WSMsgType.BINARY:
+                await self._on_frame(msg.data)
+            elif msg.type is WSMsgType.TEXT:
+                log.warning("protocol_error", extra={"ev": {"peer": self.peer, "code": "text_frame"}})
+            elif msg.type is WSMsgType.ERROR:
+                log.warning("ws_error", extra={"ev": {"peer": self.peer, "error": str(ws.exception())}})
+
+    async def _on_frame(self, data: bytes) -> None:
+        for unit in self.receiver.units(data, self.peer):
+            if isinstance(unit, Received):
+                self._answer(unit)
+                continue
+            while self.waiting_applies >= WS_INFLIGHT:
+                self.room.clear()
+                await self.room.wait()
+            result = self.receiver.receive_now(unit, self.peer)
+            if isinstance(result, Received):
+                self._answer(result)
+            else:
+                self.waiting_applies += 1
+                self.tg.create_task(self._finish(result))
+        if self.draining is not None:
+            await asyncio.wait((self.draining,))
+
+    def _still_member(self) -> bool:
+        """Ask the membership check when the keyring may have changed: its generation moved (someone read a
+        changed peers/), or ``MEMBER_RECHECK_S`` passed (nobody else looked). Not on every frame: it stats."""
+        assert self.member is not None
+        if self.member_generation is None:
+            return self.member(self.peer)
+        generation, now = self.member_generation(), self.loop.time()
+        if generation == self.checked_generation and now < self.member_recheck_at:
+            return True
+        if not self.member(self.peer):
+            return False
+        self.checked_generation = self.member_generation()  # the check itself may have reloaded the keyring
+        self.member_recheck_at = now + MEMBER_RECHECK_S
+        return True
+
+    async def _finish(self, pending: Pending) -> None:
+        try:
+            self._answer(await pending)
+        finally:
+            self.waiting_applies -= 1
+            self.room.set()
+
+    def _answer(self, result: Received) -> None:
+        if result.ack is None:
+            return
+        self.acks.append(result.ack.to_wire())
+        if not self.flush_at_turn_end:
+            self.flush_at_turn_end = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write the ACKs gathered this loop turn; runs as a loop callback (no task)."""
+        self.flush_at_turn_end = False
+        if self.draining is not None:
+            return  # the drain task writes them once the transport takes data again
+        if self.ws.closed:
+            log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": "socket closed",
+                                                   "acks": len(self.acks)}})
+            self.acks = []
+            return
+        frames, self.acks = self._frames(self.acks), []
+        for i, frame in enumerate(frames):
+            sending = self.ws.send_bytes(frame)
+            try:
+                yielded = sending.send(None)
+            except StopIteration:
+                continue
+            except (ConnectionError, RuntimeError) as e:
+                # The peer went away with these ACKs in flight; it resends, and the applies are idempotent.
+                log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": f"{type(e).__name__}: {e}"}})
+                return
+            # The frame is written; the transport is over its high-water mark and the send waits for it
+            # to drain: finish that, and everything after it, in one task bounded by ACK_SEND_TIMEOUT_S.
+            self.draining = self.tg.create_task(self._drain(Resumed(sending, yielded), frames[i + 1:]))
+            return
+
+    def _frames(self, acks: list[bytes]) -> list[bytes]:
+        if not self.batch or len(acks) == 1:
+            return acks
+        return [acks[run[0]] if len(run) == 1 else encode_batch(acks[i] for i in run)
+                for run in plan_batches([len(a) for a in acks])]
+
+    async def _drain(self, sending: Awaitable[Any], rest: list[bytes]) -> None:
+        try:
             async with asyncio.timeout(ACK_SEND_TIMEOUT_S):
-                await ws.send_bytes(result.ack.to_wire())
-    except (ConnectionError, RuntimeError) as e:
-        # The peer went away with this ACK in flight; it resends, and the apply is idempotent.
-        log.info("ack_not_sent", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
-    except TimeoutError:
-        # The peer does not read its ACKs: drop it rather than buffer for ever; it reconnects and resends.
-        log.warning("ack_send_timeout", extra={"ev": {"peer": peer, "timeout_s": ACK_SEND_TIMEOUT_S}})
-        await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"ACKs not read")
-    finally:
-        slot.release()
+                await sending
+                for frame in rest:
+                    await self.ws.send_bytes(frame)
+                while self.acks:
+                    frames, self.acks = self._frames(self.acks), []
+                    for frame in frames:
+                        await self.ws.send_bytes(frame)
+        except (ConnectionError, RuntimeError) as e:
+            log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": f"{type(e).__name__}: {e}"}})
+        except TimeoutError:
+            # The peer does not read its ACKs: drop it rather than buffer for ever; it reconnects and resends.
+            log.warning("ack_send_timeout", extra={"ev": {"peer": self.peer, "timeout_s": ACK_SEND_TIMEOUT_S}})
+            await self.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"ACKs not read")
+        finally:
+            self.draining = None
 
 
 def _sync(hooks: ServerHooks):

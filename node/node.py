@@ -73,7 +73,8 @@ class Node:
         service.runtime = self
         self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
                                              health=self.health, sync=self.fed.sync_page, member=self.is_member,
-                                             ready=self.readiness, metrics=self._render_metrics),
+                                             ready=self.readiness, metrics=self._render_metrics,
+                                             member_generation=self.member_generation),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
         self._sync_wanted = {peer: asyncio.Event() for peer in self.links}
         self.sync_stats: Counter[str] = Counter()
@@ -86,6 +87,10 @@ class Node:
     def is_member(self, agent_id: str) -> bool:
         """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
         return self.cfg.mesh.trust == "ca" or self.svc.keyring.is_member(agent_id)
+
+    def member_generation(self) -> int:
+        """Moves whenever ``is_member``'s answers may have changed (the keyring reloaded)."""
+        return self.svc.keyring.generation
 
     def _seen_evicted(self, correlation_id: str, expires_at: int) -> None:
         self.svc.hooks.notify(HookEvent.ON_INDEX_EVICTION, {

@@ -24,6 +24,9 @@ class Keyring:
         self._peer_rings: dict[str, tuple[Ed25519PublicKey, ...]] = {}
         self._own_retired: tuple[Ed25519PublicKey, ...] = ()
         self._stamp_seen: tuple[object, ...] | None = None
+        # Bumped on every reload: a caller that caches an answer (the WebSocket membership check) asks
+        # again only when this moved.
+        self.generation = 0
         # As strings once: every inbound frame's membership check stats these, and pathlib would
         # rebuild the paths each time (~5% of a receiving node's loop in the 12-03 native profile).
         self._stamp_dirs = (os.fspath(cfg.peers_dir), os.fspath(cfg.keys_dir))
@@ -63,6 +66,7 @@ class Keyring:
         if stamps == self._stamp_seen:
             return
         self._stamp_seen = stamps
+        self.generation += 1
         self._peer_rings = mesh_keys.load_peer_keyrings(self.cfg.peers_dir)
         self._peer_keys = {agent: ring[0] for agent, ring in self._peer_rings.items()}
         self._own_retired = (mesh_keys.retired_public_keys(self.cfg.keys_dir, self.identity.agent_id)
