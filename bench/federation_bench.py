@@ -271,7 +271,8 @@ async def flood(a_sessions: list[ClientSession], watch: dict[str, ClientSession]
             next_i += len(chunk)
             t = time.perf_counter_ns()
             try:
-                made += await link_chunk(s, chunk, errors)
+                n = await link_chunk(s, chunk, errors)  # not `made += await ...`: that reads made before the await
+                made += n
                 call_ms.append((time.perf_counter_ns() - t) / 1e6)
             except Exception as e:  # counted and reported; the flood goes on
                 errors.append(f"{type(e).__name__}: {e}"[:200])
