@@ -273,8 +273,7 @@ class Service:
             return self._write_link(conn, row, approved)
 
         scope, queued = await self.db.write(write)
-        await self._link_made(row)
-        return {**link_dict(row), **await self._after_write(queued, scope)}
+        return {**await self._link_made(row), **await self._after_write(queued, scope)}
 
     async def memory_link_many(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Make up to ``limits.max_links_per_call`` links in one call, each exactly as ``memory_link`` makes one
@@ -292,9 +291,10 @@ class Service:
 
         def write(conn: Any) -> list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]]:
             written = []
+            ends = memories.get_many(conn, {end for _, (row, _) in planned for end in (row.src_id, row.dst_id)})
             for i, (row, approved) in planned:
                 try:
-                    written.append((i, row, self._write_link(conn, row, approved)))
+                    written.append((i, row, self._write_link(conn, row, approved, ends)))
                 except ServiceError as e:  # raised before this item wrote anything: the others stand
                     results[i] = _item_error(e)
             return written
@@ -302,8 +302,7 @@ class Service:
         made = await self.db.write(write) if planned else []
         queued: Queued = [q for _, _, (_, rows) in made for q in rows]
         for i, row, _ in made:
-            await self._link_made(row)
-            results[i] = {"ok": link_dict(row)}
+            results[i] = {"ok": await self._link_made(row)}
         out: dict[str, Any] = {"made": len(made), "failed": len(items) - len(made), "results": results}
         if queued and self.replicator is not None:
             self.replicator.hand_off(queued)
@@ -389,11 +388,14 @@ class Service:
                       received_from=None, created_at=ts)
         return row, approved
 
-    def _write_link(self, conn: Any, row: LinkRow,
-                    approved: approval.Approved | None) -> tuple[list[MemoryRow], Queued]:
+    def _write_link(self, conn: Any, row: LinkRow, approved: approval.Approved | None,
+                    known: dict[str, MemoryRow] | None = None) -> tuple[list[MemoryRow], Queued]:
         """In a write transaction: the link row, its audit event, change-log entry and outbox rows. Raises
-        ServiceError (unknown_memory, duplicate_link) before writing anything."""
-        ends = memories.get_many(conn, {row.src_id, row.dst_id})
+        ServiceError (unknown_memory, duplicate_link) before writing anything. ``known``: memories read in
+        this transaction (a batch's ends, read once)."""
+        ids = {row.src_id, row.dst_id}
+        ends = ({i: known[i] for i in ids if i in known} if known is not None
+                else memories.get_many(conn, ids))
         missing = sorted({row.src_id, row.dst_id} - set(ends))
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
@@ -408,9 +410,12 @@ class Service:
         scope = list(ends.values())
         return scope, self._replicate(conn, "link.put", link_wire(row), scope, ts)
 
-    async def _link_made(self, row: LinkRow) -> None:
+    async def _link_made(self, row: LinkRow) -> dict[str, Any]:
+        """post_link hooks and the link.attested event; returns the link as memory_link answers it."""
         await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
-        await self._publish("link.attested", link_dict(row))
+        made = link_dict(row)
+        await self._publish("link.attested", made)
+        return made
 
     async def memory_verify(self, id: str) -> dict[str, Any]:
         """Re-derive the signed payload from the stored row (a link by link_id, a memory's current version
