@@ -34,7 +34,7 @@ log = logging.getLogger("node.outbox")
 # Rows in flight to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
 SEND_WINDOW = 256
 # Most rows in one send_many call.
-GROUP_MAX = 128
+GROUP_MAX = 32
 # Rows handed over in memory and waiting for room in the window, per peer; past it they are left to the poll.
 HANDOFF_MAX = 4 * SEND_WINDOW
 # Correlation ids whose attempt began lately, per peer: a hand-off arriving after the poll already sent the
