@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from a2a import Ack, RetrySchedule
