@@ -45,6 +45,8 @@ class LimitsConfig:
     max_source_chars: int = 256
     max_recall_limit: int = 100
     max_query_chars: int = 1_000
+    # Links one memory_link_many call may make.
+    max_links_per_call: int = 100
     requests_per_second: int = 100
     # Live messages one peer may send per second (bursts of one second's worth); past it each is refused
     # rate_limited, retryable, so its sender backs off. 0 = no limit.

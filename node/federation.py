@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import cbor2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -48,8 +48,12 @@ from storage.memories import MemoryRow
 
 log = logging.getLogger("node.federation")
 
+I = TypeVar("I")  # noqa: E741 - a batched call's item
+R = TypeVar("R")
+
 Clock = Callable[[], int]
-Queued = list[tuple[str, str]]
+# The outbox rows a write enqueued, one per peer (node.service.Queued).
+Queued = list[outbox.OutboxRow]
 
 # Most signatures verified in one hop to the thread pool.
 VERIFY_BATCH_MAX = 256
@@ -121,6 +125,58 @@ def _settle(done: asyncio.Future[list[bool]], batch: list[Any]) -> None:
             fut.set_result(done.result()[i])
 
 
+class TurnBatch(Generic[I, R]):
+    """Calls made in one loop turn, run together as one ``run(items) -> results`` (one reader or writer hop
+    for the links of a batch frame instead of one per link). A failed run fails each of its calls."""
+
+    def __init__(self, run: Callable[[list[I]], Awaitable[list[R]]], max_items: int = VERIFY_BATCH_MAX) -> None:
+        self.run = run
+        self.max_items = max_items
+        self._queue: list[tuple[I, asyncio.Future[R]]] = []
+        self._scheduled = False
+        # The runs in progress (owned here until they finish).
+        self._running: set[asyncio.Task[None]] = set()
+        self.runs = 0
+
+    async def __call__(self, item: I) -> R:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[R] = loop.create_future()
+        self._queue.append((item, fut))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        while self._queue:
+            batch, self._queue = self._queue[:self.max_items], self._queue[self.max_items:]
+            self.runs += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self.run([item for item, _ in batch])
+        except BaseException as e:  # noqa: BLE001 - each caller gets it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for (_, fut), result in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(result)
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkLookup:
+    """What an inbound link needs read first: is it stored already, and its ends as stored here."""
+
+    stored: bool
+    ends: dict[str, MemoryRow]
+
+
 class Federation:
     """The node's replication policy; the service's ``Replicator``."""
 
@@ -144,10 +200,13 @@ class Federation:
         # One worker: verification is GIL-bound, so more threads would add switching, not throughput.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self.verifier = VerifyBatcher(self._executor)
+        # The inbound links of one loop turn (a batch frame's) share one read and one write.
+        self._link_lookups: TurnBatch[tuple[str, frozenset[str]], _LinkLookup] = TurnBatch(self._lookup_links)
+        self._link_writes: TurnBatch[tuple[LinkRow, str], bool] = TurnBatch(self._write_links)
         self._ack_changed = asyncio.Condition()
         self._memory_arrived = asyncio.Condition()
-        # Set by the running node: wakes its outbox sender after a commit.
-        self.on_enqueued: Callable[[], None] | None = None
+        # Set by the running node: gives its outbox sender the rows a write enqueued, once committed.
+        self.on_enqueued: Callable[[Queued], None] | None = None
 
     @property
     def agent_id(self) -> str:
@@ -176,24 +235,27 @@ class Federation:
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
-        (a memory version: itself; a link: both its ends). Returns (peer, correlation_id) pairs."""
+        (a memory version: itself; a link: both its ends). Returns the rows queued."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
         queued = []
         for peer in self._audience(scope):
             env = new_envelope(self.agent_id, [peer], payload, ts, ttl_ms)
-            outbox.enqueue(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
-            queued.append((peer, env.correlation_id))
+            row = outbox.enqueue_row(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
+            if row is not None:  # a fresh correlation id: always, unless uuid4 collided
+                queued.append(row)
         return queued
 
     def _audience(self, scope: Sequence[MemoryRow]) -> list[str]:
         """Configured peers that may see every memory in ``scope`` (by policy and by ``share_with``)."""
         return [p for p in self.peers if all(self.visible_to(p, m) for m in scope)]
 
-    def wake(self) -> None:
+    def hand_off(self, queued: Queued) -> None:
+        """After the commit: the rows go to the running node's sender in memory (the database stays the
+        truth: rows nobody takes here, e.g. written by the CLI, are found by the sender's poll)."""
         if self.on_enqueued is not None:
-            self.on_enqueued()
+            self.on_enqueued(queued)
 
-    async def record_ack(self, peer: str, correlation_id: str) -> None:
+    async def record_ack(self, peer: str, correlation_ids: Sequence[str]) -> None:
         async with self._ack_changed:
             self._ack_changed.notify_all()
 
@@ -207,7 +269,7 @@ class Federation:
         need = self.cfg.quorum_size(nodes)
         if need <= 1:
             return 1
-        cids = [cid for _, cid in queued]
+        cids = [q.correlation_id for q in queued]
         timeout = self.cfg.federation.quorum_timeout_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -400,7 +462,9 @@ class Federation:
         code = self._link_out_of_bounds(payload, body["link"].get("confidence"), now)
         if code is not None:
             return Applied(code)
-        if await self.db.read(links.get, link_id) is not None:
+        ids = frozenset({payload.src_id, payload.dst_id})
+        look = await self._link_lookups((link_id, ids))
+        if look.stored:
             self.counters["link:duplicate"] += 1
             return OK_UNCHANGED
         signature, signed_by = body["signature"], body["signed_by"]
@@ -412,7 +476,7 @@ class Federation:
         if isinstance(level, Applied):
             return level
         hook_payload = {"sender": sender, "link": body["link"], "signed_by": signed_by, "attest_level": str(level)}
-        refused = await self._admit_link(hook_payload, sender, {payload.src_id, payload.dst_id})
+        refused = await self._admit_link(hook_payload, sender, set(ids), look.ends)
         if refused is not None:
             return Applied(refused)
         attested = level is AttestLevel.PEER_ATTESTED
@@ -423,21 +487,40 @@ class Federation:
                       signature=signature if attested else None, attest_level=str(level),
                       signed_by=signed_by if attested else None, received_from=sender, created_at=now)
 
-        def write(conn: Any) -> bool:
-            if links.get(conn, link_id) is not None:
-                return False
-            links.insert(conn, row)
-            events.append(conn, "link", link_id, payload.observed_by, link_id, row.signature, now)
-            changelog.append(conn, "link", link_id, 1, now)
-            changelog.incr(conn, f"applied:link.{level}")
-            return True
-
-        stored = await self.db.write(write)
+        stored = await self._link_writes((row, str(level)))
         self.counters[f"link:{level}" if stored else "link:duplicate"] += 1
         await self.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**hook_payload, "stored": stored})
         if stored:
             await self._tell("link.attested", link_dict(row))
         return OK_CHANGED if stored else OK_UNCHANGED
+
+    async def _lookup_links(self, asked: list[tuple[str, frozenset[str]]]) -> list[_LinkLookup]:
+        """One read for the links of a turn: which are stored, and their ends."""
+        def read(conn: Any) -> list[_LinkLookup]:
+            ends = memories.get_many(conn, set().union(*(ids for _, ids in asked)))
+            return [_LinkLookup(links.get(conn, link_id) is not None, {i: ends[i] for i in ids if i in ends})
+                    for link_id, ids in asked]
+        return await self.db.read(read)
+
+    async def _write_links(self, rows: list[tuple[LinkRow, str]]) -> list[bool]:
+        """One writer job for the verified links of a turn: each row with its audit event and change-log entry
+        (False for one stored meanwhile); the applied counters once per level."""
+        def write(conn: Any) -> list[bool]:
+            stored: list[bool] = []
+            applied: Counter[str] = Counter()
+            for row, level in rows:
+                if links.get(conn, row.link_id) is not None:
+                    stored.append(False)
+                    continue
+                links.insert(conn, row)
+                events.append(conn, "link", row.link_id, row.observed_by, row.link_id, row.signature, row.created_at)
+                changelog.append(conn, "link", row.link_id, 1, row.created_at)
+                applied[level] += 1
+                stored.append(True)
+            for level, n in sorted(applied.items()):
+                changelog.incr(conn, f"applied:link.{level}", n)
+            return stored
+        return await self.db.write(write)
 
     def _link_out_of_bounds(self, payload: LinkPayload, confidence: Any, now: int) -> str | None:
         lim = self.cfg.limits
@@ -455,17 +538,21 @@ class Federation:
             return "expired_link"
         return None
 
-    async def _admit_link(self, hook_payload: dict[str, Any], sender: str, ids: set[str]) -> str | None:
+    async def _admit_link(self, hook_payload: dict[str, Any], sender: str, ids: set[str],
+                          known: dict[str, MemoryRow]) -> str | None:
         """None when the pre_federated_link hooks let it in and its ends are here for the sender, else the
-        reject code (a hook refusal is permanent and carries the hook's code)."""
+        reject code (a hook refusal is permanent and carries the hook's code). ``known``: the ends as read
+        with the link's lookup (read again only when one was missing or hidden then)."""
         try:
             await self.hooks.fire(HookEvent.PRE_FEDERATED_LINK, hook_payload)
         except HookError as e:
             return e.code
-        if not await self._ends_visible(sender, ids):
-            return "unknown_memory"
+        if not self._all_visible(sender, ids, known):
+            if not await self._ends_visible(sender, ids):
+                return "unknown_memory"
+            known = await self.db.read(memories.get_many, ids)
         if self.gate is not None:
-            for ns in sorted({m.namespace for m in (await self.db.read(memories.get_many, ids)).values()}):
+            for ns in sorted({m.namespace for m in known.values()}):
                 code = await self._gate_code(sender, ns, Operation.LINK)
                 if code is not None:
                     return code
@@ -484,6 +571,9 @@ class Federation:
         stop = refusal(await self.gate.admit(sender, namespace, operation))
         return None if stop is None else stop[0]
 
+    def _all_visible(self, sender: str, ids: set[str], found: dict[str, MemoryRow]) -> bool:
+        return {i for i, m in found.items() if self.visible_to(sender, m)} == ids
+
     async def _ends_visible(self, sender: str, ids: set[str]) -> bool:
         """True once every id is stored and ``sender`` may see it; waits up to ``orphan_hold_s`` for a
         memory.put still in flight. A memory the sender may not see answers exactly as a missing one."""
@@ -492,7 +582,7 @@ class Federation:
         while True:
             found = await self.db.read(memories.get_many, ids)
             # A memory the sender may not see counts as missing, also in time: it waits the same hold.
-            if {i for i, m in found.items() if self.visible_to(sender, m)} == ids:
+            if self._all_visible(sender, ids, found):
                 return True
             remaining = deadline - loop.time()
             if remaining <= 0:

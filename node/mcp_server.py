@@ -184,6 +184,8 @@ def render(name: str, result: JSON) -> str:
         head = f"memory {result.get('id')}"
     elif name == "memory_link":
         head = f"link {result.get('link_id')} ({result.get('attest_level')})"
+    elif name == "memory_link_many":
+        head = f"{result.get('made')} link(s) made, {result.get('failed')} failed"
     elif name == "memory_verify":
         what = f"link {result['link_id']}" if "link_id" in result else f"memory {result.get('memory_id')}"
         head = f"{what}: " + ("verified" if result.get("signature_verified")

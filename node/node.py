@@ -67,7 +67,7 @@ class Node:
         }
         self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
                                    self.fed.record_ack)
-        self.fed.on_enqueued = self.sender.wake
+        self.fed.on_enqueued = self.sender.hand_off
         self.metrics = NodeMetrics(self.scrape)
         self.sender.on_ack_latency = self.metrics.observe_ack
         service.runtime = self

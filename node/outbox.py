@@ -3,6 +3,14 @@
 One worker per peer. A row leaves the outbox only on an ACK (accepted or duplicate: both mean the
 peer holds it), or to the dead letters after a permanent rejection, an exhausted retry schedule,
 or expiry. Rows survive crashes, so a restarted node resumes where it stopped.
+
+Where rows come from: a write made by this process hands its rows to the worker in memory once
+committed (``hand_off``), so the hot path reads nothing back; the worker also polls the database
+(every ``POLL_S``, at start, on a link coming up, and while a backlog remains) for what the hand-off
+does not carry: retries coming due, rows from before a restart, rows written by the CLI. The
+database stays the truth: a row is deleted only on its ACK, and a hand-off lost with the process is
+found by the next start's poll. A group of rows goes out through one ``send_many`` call (the link
+coalesces it into batch frames where the peer supports them) and its ACKs are deleted in one writer job.
 """
 
 from __future__ import annotations
@@ -10,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from a2a import RetrySchedule
+from a2a import Ack, RetrySchedule
 from mesh.errors import MeshError
 from mesh.link import PeerLink
 from storage import changelog, outbox
@@ -22,12 +31,19 @@ from storage.outbox import OutboxRow
 
 log = logging.getLogger("node.outbox")
 
-# Rows sent to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
+# Rows in flight to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
 SEND_WINDOW = 256
+# Most rows in one send_many call.
+GROUP_MAX = 32
+# Rows handed over in memory and waiting for room in the window, per peer; past it they are left to the poll.
+HANDOFF_MAX = 4 * SEND_WINDOW
+# Correlation ids whose attempt began lately, per peer: a hand-off arriving after the poll already sent the
+# row is not sent twice. A poll never consults it (a retry coming due must go out).
+ATTEMPTED_MEMORY = 4 * SEND_WINDOW
 # Poll interval: picks up rows written by other processes (the CLI) and retries coming due.
 POLL_S = 0.5
 
-OnAck = Callable[[str, str], Awaitable[None]]
+OnAck = Callable[[str, Sequence[str]], Awaitable[None]]
 
 
 @dataclass
@@ -38,6 +54,24 @@ class _AckBatch:
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+@dataclass
+class _Peer:
+    """One peer's worker state."""
+
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Outbox ids being sent now.
+    inflight: set[int] = field(default_factory=set)
+    # Rows handed over after their commit, not yet sent, by correlation id (insertion order).
+    fresh: OrderedDict[str, OutboxRow] = field(default_factory=OrderedDict)
+    attempted: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Correlation ids whose attempt ended since the current poll began: that read may predate the attempt's
+    # commit, so these are skipped once rather than sent again.
+    settled: set[str] = field(default_factory=set)
+    # Poll at the next turn: asked for (start, link up, CLI), or the last poll or hand-off left rows behind.
+    poll_wanted: bool = True
+    backlog: bool = False
+
+
 class OutboxSender:
     def __init__(self, db: Database, links: dict[str, PeerLink], schedule: RetrySchedule,
                  clock_ms: Callable[[], int], on_ack: OnAck) -> None:
@@ -46,26 +80,38 @@ class OutboxSender:
         self.schedule = schedule
         self.clock_ms = clock_ms
         self.on_ack = on_ack
-        self._wake = {peer: asyncio.Event() for peer in links}
-        self._inflight: dict[str, set[int]] = {peer: set() for peer in links}
-        # Rows whose attempt ended since the worker's current read began: that read may predate the
-        # attempt's commit, so these are skipped once rather than sent again.
-        self._settled: dict[str, set[int]] = {peer: set() for peer in links}
-        # The open ACK batch per peer: the ACKs read from one socket read join it (see _record_ack).
+        self._peers = {peer: _Peer() for peer in links}
+        # The open ACK batch per peer: the ACKs settled in one loop turn join it (see _record_acks).
         self._ack_batches: dict[str, _AckBatch] = {}
         self._stopping = False
         self.delivered = 0
         self.dead_lettered = 0
-        # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it.
+        # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it. A row sent in a group
+        # is told the group's time (send_many answers when the group's last ACK is in).
         self.on_ack_latency: Callable[[str, float], None] | None = None
 
     def wake(self, peer: str | None = None) -> None:
-        for p, ev in self._wake.items():
+        """Look in the database now (a link came up, another process queued rows, stopping)."""
+        for p, state in self._peers.items():
             if peer is None or p == peer:
-                ev.set()
+                state.poll_wanted = True
+                state.wake.set()
+
+    def hand_off(self, rows: Sequence[OutboxRow]) -> None:
+        """Rows a write of this process just committed: sent without reading them back."""
+        for row in rows:
+            state = self._peers.get(row.peer)
+            if state is None:
+                continue  # no link to that peer: the orphan sweep's business
+            if len(state.fresh) >= HANDOFF_MAX:
+                state.backlog = True  # in the database all the same: the poll finds it
+                continue
+            state.fresh[row.correlation_id] = row
+            state.wake.set()
 
     def inflight(self, peer: str) -> int:
-        return len(self._inflight.get(peer, ()))
+        state = self._peers.get(peer)
+        return len(state.inflight) if state is not None else 0
 
     async def run(self) -> None:
         await self._orphans_to_dead_letters()
@@ -86,80 +132,116 @@ class OutboxSender:
         self.wake()
 
     async def _worker(self, peer: str) -> None:
-        wake = self._wake[peer]
-        inflight = self._inflight[peer]
-        settled = self._settled[peer]
+        state = self._peers[peer]
+        loop = asyncio.get_running_loop()
+        next_poll = loop.time()
         async with asyncio.TaskGroup() as tg:
             while not self._stopping:
-                wake.clear()
-                settled.clear()
-                room = SEND_WINDOW - len(inflight)
-                rows = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room,
-                                          sorted(inflight)) if room else []
-                for row in rows:
-                    if row.id in inflight or row.id in settled:
-                        continue
-                    inflight.add(row.id)
-                    tg.create_task(self._attempt(row, inflight))
+                state.wake.clear()
+                room = SEND_WINDOW - len(state.inflight)
+                rows = self._take_fresh(state, room)
+                room -= len(rows)
+                if room > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
+                    state.poll_wanted = False
+                    next_poll = loop.time() + POLL_S
+                    rows += await self._poll(peer, state, room, rows)
+                for i in range(0, len(rows), GROUP_MAX):
+                    group = rows[i:i + GROUP_MAX]
+                    state.inflight.update(r.id for r in group)
+                    tg.create_task(self._attempt(peer, group))
                 try:
-                    await asyncio.wait_for(wake.wait(), POLL_S)
+                    await asyncio.wait_for(state.wake.wait(), max(0.0, next_poll - loop.time()))
                 except TimeoutError:
                     pass
 
-    async def _attempt(self, row: OutboxRow, inflight: set[int]) -> None:
+    def _take_fresh(self, state: _Peer, room: int) -> list[OutboxRow]:
+        rows: list[OutboxRow] = []
+        while state.fresh and len(rows) < room:
+            cid, row = state.fresh.popitem(last=False)
+            if cid in state.attempted or row.id in state.inflight:
+                continue  # the poll got there first
+            self._attempting(state, cid)
+            rows.append(row)
+        return rows
+
+    async def _poll(self, peer: str, state: _Peer, room: int, taking: list[OutboxRow]) -> list[OutboxRow]:
+        """Due rows not in flight, not waiting in the hand-off and not just taken from it."""
+        state.settled.clear()
+        held = sorted(state.inflight | {r.id for r in state.fresh.values()} | {r.id for r in taking})
+        polled = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room, held)
+        state.backlog = len(polled) == room
+        rows = []
+        for row in polled:
+            cid = row.correlation_id
+            if row.id in state.inflight or cid in state.settled or cid in state.fresh:
+                continue  # sent (or handed over) while the read ran
+            self._attempting(state, cid)
+            rows.append(row)
+        return rows
+
+    @staticmethod
+    def _attempting(state: _Peer, cid: str) -> None:
+        state.attempted[cid] = None
+        while len(state.attempted) > ATTEMPTED_MEMORY:
+            state.attempted.popitem(last=False)
+
+    async def _attempt(self, peer: str, rows: list[OutboxRow]) -> None:
+        state = self._peers[peer]
         try:
-            await self._deliver(row)
-        except Exception as e:  # the database refused the bookkeeping (busy, disk full): the row stays due
-            log.error("outbox_attempt_failed", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
+            await self._deliver(peer, rows)
+        except Exception as e:  # the database refused the bookkeeping (busy, disk full): the rows stay due
+            log.error("outbox_attempt_failed", extra={"ev": {"peer": peer, "rows": len(rows),
                                                              "error": f"{type(e).__name__}: {e}"}})
         finally:
-            inflight.discard(row.id)
-            self._settled[row.peer].add(row.id)
-            # Wake the worker once half the window is free, not on every ACK (each wake re-reads due rows).
-            if len(inflight) <= SEND_WINDOW // 2:
-                self._wake[row.peer].set()
+            for row in rows:
+                state.inflight.discard(row.id)
+                state.settled.add(row.correlation_id)
+            state.wake.set()
 
-    async def _deliver(self, row: OutboxRow) -> None:
-        if row.expires_at <= self.clock_ms():
-            await self._dead_letter(row, row.last_error or "expired before it could be delivered")
+    async def _deliver(self, peer: str, rows: list[OutboxRow]) -> None:
+        now = self.clock_ms()
+        for row in rows:
+            if row.expires_at <= now:
+                await self._dead_letter(row, row.last_error or "expired before it could be delivered")
+        live = [r for r in rows if r.expires_at > now]
+        if not live:
             return
         sent = time.perf_counter()
-        try:
-            ack = await self.links[row.peer].send_wire(row.correlation_id, row.envelope)
-        except MeshError as e:
-            await self._failed(row, f"{e.code}: {e.message}")
-            return
-        if self.on_ack_latency is not None:
-            self.on_ack_latency(row.peer, time.perf_counter() - sent)
-        if ack.accepted or ack.is_duplicate:
-            await self._record_ack(row)
-            self.delivered += 1
-            await self.on_ack(row.peer, row.correlation_id)
-        elif ack.permanent:
-            await self._dead_letter(row, ack.reason)
-        else:
-            await self._failed(row, ack.reason or "not accepted")
+        answers = await send_group(self.links[peer], [(r.correlation_id, r.envelope) for r in live])
+        took = time.perf_counter() - sent
+        acked, rejected, failed = sort_answers(live, answers)
+        if acked:
+            if self.on_ack_latency is not None:
+                for _ in acked:
+                    self.on_ack_latency(peer, took)
+            await self._record_acks(peer, acked)
+            self.delivered += len(acked)
+            await self.on_ack(peer, [r.correlation_id for r in acked])
+        for row, reason in rejected:
+            await self._dead_letter(row, reason)
+        if failed:
+            await self._failed(failed)
 
-    async def _record_ack(self, row: OutboxRow) -> None:
-        """Delete an ACKed row; returns once that is committed.
+    async def _record_acks(self, peer: str, rows: list[OutboxRow]) -> None:
+        """Delete ACKed rows; returns once that is committed.
 
-        The ACKs of one socket read wake their attempts in the same loop turn; the first opens a batch,
-        yields once so the others join it, and writes them all as one writer job (one thread hop and
-        one peer_state update instead of one per ACK). A failed write fails every row of the batch:
-        each stays due and is resent, which the peer answers ``duplicate``.
+        The groups whose ACKs settle in the same loop turn share one writer job: the first opens a batch,
+        yields once so the others join it, and writes them all (one thread hop and one peer_state update).
+        A failed write fails every row of the batch: each stays due and is resent, which the peer answers
+        ``duplicate``.
         """
-        batch = self._ack_batches.get(row.peer)
+        batch = self._ack_batches.get(peer)
         if batch is not None:
-            batch.rows.append(row)
+            batch.rows.extend(rows)
             await asyncio.shield(batch.done)
             return
-        batch = self._ack_batches[row.peer] = _AckBatch([row])
+        batch = self._ack_batches[peer] = _AckBatch(list(rows))
         try:
             await asyncio.sleep(0)
-            self._close_ack_batch(batch, row.peer)
-            await self.db.write(_acked, batch.rows, self.clock_ms())
+            self._close_ack_batch(batch, peer)
+            await self.db.write(_acked, peer, [r.correlation_id for r in batch.rows], self.clock_ms())
         except BaseException as e:
-            self._close_ack_batch(batch, row.peer)
+            self._close_ack_batch(batch, peer)
             if isinstance(e, asyncio.CancelledError):
                 batch.done.cancel()
             else:
@@ -172,15 +254,21 @@ class OutboxSender:
         if self._ack_batches.get(peer) is batch:
             del self._ack_batches[peer]  # ACKs from now on open the next batch
 
-    async def _failed(self, row: OutboxRow, error: str) -> None:
-        attempts = row.attempts + 1
-        nxt = self.schedule.next_attempt_at(attempts, self.clock_ms(), row.expires_at)
-        if nxt is None:
-            await self._dead_letter(row, error, attempts)
-            return
-        await self.db.write(outbox.mark_attempt, row.id, attempts, nxt, error)
-        log.info("retry_scheduled", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
-                                                  "attempt": attempts, "next_attempt_at": nxt, "error": error}})
+    async def _failed(self, failed: list[tuple[OutboxRow, str]]) -> None:
+        """Schedule the next attempt of each row (one writer job), or dead-letter those out of attempts."""
+        now = self.clock_ms()
+        retries: list[tuple[int, int, int, str]] = []
+        for row, error in failed:
+            attempts = row.attempts + 1
+            nxt = self.schedule.next_attempt_at(attempts, now, row.expires_at)
+            if nxt is None:
+                await self._dead_letter(row, error, attempts)
+                continue
+            retries.append((row.id, attempts, nxt, error))
+            log.info("retry_scheduled", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
+                                                      "attempt": attempts, "next_attempt_at": nxt, "error": error}})
+        if retries:
+            await self.db.write(_mark_attempts, retries)
 
     async def _dead_letter(self, row: OutboxRow, error: str | None, attempts: int | None = None) -> None:
         if attempts is not None:
@@ -192,7 +280,45 @@ class OutboxSender:
                                                  "error": error}})
 
 
-def _acked(conn, rows: list[OutboxRow], now_ms: int) -> None:
-    for row in rows:
-        outbox.remove(conn, row.correlation_id, row.peer)
-    changelog.set_peer_state(conn, rows[0].peer, last_ack_at=now_ms)
+def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
+                 ) -> tuple[list[OutboxRow], list[tuple[OutboxRow, str | None]], list[tuple[OutboxRow, str]]]:
+    """(ACKed: the peer holds it, accepted or duplicate; rejected for good; failed, to retry with the reason)."""
+    acked: list[OutboxRow] = []
+    rejected: list[tuple[OutboxRow, str | None]] = []
+    failed: list[tuple[OutboxRow, str]] = []
+    for row, answer in zip(rows, answers, strict=True):
+        if isinstance(answer, MeshError):
+            failed.append((row, f"{answer.code}: {answer.message}"))
+        elif answer.accepted or answer.is_duplicate:
+            acked.append(row)
+        elif answer.permanent:
+            rejected.append((row, answer.reason))
+        else:
+            failed.append((row, answer.reason or "not accepted"))
+    return acked, rejected, failed
+
+
+async def send_group(link: PeerLink, frames: list[tuple[str, bytes]]) -> list[Ack | MeshError]:
+    """Each frame's ACK or MeshError, in order; one ``send_many`` call where the link has it."""
+    send_many = getattr(link, "send_many", None)
+    if send_many is not None:
+        answers: list[Ack | MeshError] = await send_many(frames)
+        return answers
+
+    async def one(cid: str, wire: bytes) -> Ack | MeshError:
+        try:
+            return await link.send_wire(cid, wire)
+        except MeshError as e:
+            return e
+
+    return list(await asyncio.gather(*(one(cid, wire) for cid, wire in frames)))
+
+
+def _acked(conn, peer: str, correlation_ids: list[str], now_ms: int) -> None:
+    outbox.remove_many(conn, peer, correlation_ids)
+    changelog.set_peer_state(conn, peer, last_ack_at=now_ms)
+
+
+def _mark_attempts(conn, retries: list[tuple[int, int, int, str]]) -> None:
+    for id, attempts, nxt, error in retries:
+        outbox.mark_attempt(conn, id, attempts, nxt, error)

@@ -30,6 +30,7 @@ FAMILY_OF: dict[str, Family] = {
     "memory_load_family": Family.CORE,
     "memory_smart_load": Family.CORE,
     "memory_link": Family.GRAPH,
+    "memory_link_many": Family.GRAPH,
     "memory_verify": Family.GRAPH,
     "memory_kg_query": Family.GRAPH,
     "memory_find_paths": Family.GRAPH,

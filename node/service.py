@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from node import attest
 from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
-from node.errors import ServiceError
+from node.errors import ServiceError, describe, is_project_error
 from node.hooks import ApprovalRequired, HookEvent, Hooks, NoHooks
 from node.hooks.decision import AskUser
 from node.kg import KnowledgeGraph
@@ -33,9 +33,11 @@ from storage import changelog, events, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
+from storage.outbox import OutboxRow
 
 Clock = Callable[[], int]
-Queued = list[tuple[str, str]]
+# The outbox rows a write enqueued (one per peer it goes to), handed to the sender after the commit.
+Queued = list[OutboxRow]
 # SQLite INTEGER is signed 64-bit: a version or time at the top cannot be moved past.
 INT64_MAX = 2**63 - 1
 
@@ -44,13 +46,19 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _item_error(exc: BaseException) -> dict[str, Any]:
+    """One batch item's failure, as the MCP edge reports a whole call's."""
+    d = describe(exc)
+    return {"error": {"code": d.code, "message": d.message}}
+
+
 class Replicator(Protocol):
-    """What the service needs of federation: enqueue a change in the write's transaction, wake the
-    sender after the commit, wait for a write quorum, and close."""
+    """What the service needs of federation: enqueue a change in the write's transaction, hand the rows
+    enqueued to the sender after the commit, wait for a write quorum, and close."""
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued: ...
 
-    def wake(self) -> None: ...
+    def hand_off(self, queued: Queued) -> None: ...
 
     def await_quorum(self, queued: Queued, scope: Sequence[MemoryRow]) -> Awaitable[int]: ...
 
@@ -259,6 +267,88 @@ class Service:
     async def memory_link(self, src_id: str, dst_id: str, relation: str, *, valid_until: int | None = None,
                           confidence: float | None = None) -> dict[str, Any]:
         """Link two stored memories; signed with the node key (self_signed) when it has one."""
+        row, approved = await self._plan_link(src_id, dst_id, relation, valid_until, confidence)
+
+        def write(conn: Any) -> tuple[list[MemoryRow], Queued]:
+            return self._write_link(conn, row, approved)
+
+        scope, queued = await self.db.write(write)
+        return {**await self._link_made(row), **await self._after_write(queued, scope)}
+
+    async def memory_link_many(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Make up to ``limits.max_links_per_call`` links in one call, each exactly as ``memory_link`` makes one
+        (pre/post hooks, the permission gate, signature, audit event, change log, outbox), all stored in one
+        writer job. Items are independent: one that fails gets its own error and the others are still made.
+        Returns ``results`` in item order, each ``{"ok": link}`` or ``{"error": {code, message}}``."""
+        top = self.cfg.limits.max_links_per_call
+        if not isinstance(items, Sequence) or isinstance(items, str | bytes) or not items:
+            raise ServiceError("bad_input", "links must be a non-empty list of {src_id, dst_id, relation}")
+        if len(items) > top:
+            raise ServiceError("too_large", f"links has {len(items)} items, the limit is {top} "
+                                            "(limits.max_links_per_call)")
+        results: list[dict[str, Any]] = [{} for _ in items]
+        planned = await self._plan_links(items, results)
+
+        def write(conn: Any) -> list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]]:
+            written = []
+            ends = memories.get_many(conn, {end for _, (row, _) in planned for end in (row.src_id, row.dst_id)})
+            for i, (row, approved) in planned:
+                try:
+                    written.append((i, row, self._write_link(conn, row, approved, ends)))
+                except ServiceError as e:  # raised before this item wrote anything: the others stand
+                    results[i] = _item_error(e)
+            return written
+
+        made = await self.db.write(write) if planned else []
+        queued: Queued = [q for _, _, (_, rows) in made for q in rows]
+        for i, row, _ in made:
+            results[i] = {"ok": await self._link_made(row)}
+        out: dict[str, Any] = {"made": len(made), "failed": len(items) - len(made), "results": results}
+        if queued and self.replicator is not None:
+            self.replicator.hand_off(queued)
+            out["replicating_to"] = sorted({q.peer for q in queued})
+            if self.cfg.federation.write_quorum != 1:
+                await self._quorum_each(made, results)
+        return out
+
+    async def _plan_links(self, items: Sequence[Any], results: list[dict[str, Any]],
+                          ) -> list[tuple[int, tuple[LinkRow, approval.Approved | None]]]:
+        """Each item planned as memory_link plans one; a refused item's error goes into ``results``."""
+        ends = await self._link_ends(items)
+        planned = []
+        for i, item in enumerate(items):
+            try:
+                if not isinstance(item, dict):
+                    raise ServiceError("bad_input", "each link must be an object {src_id, dst_id, relation}")
+                planned.append((i, await self._plan_link(item.get("src_id"), item.get("dst_id"), item.get("relation"),
+                                                         item.get("valid_until"), item.get("confidence"), ends=ends)))
+            except Exception as e:
+                if not is_project_error(e):
+                    raise  # a bug, not this item's answer: the call fails as a whole, nothing written yet
+                results[i] = _item_error(e)  # this item's answer; the others go on
+        return planned
+
+    async def _quorum_each(self, made: list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]],
+                           results: list[dict[str, Any]]) -> None:
+        """With a write quorum: each made link waits for its own (``quorum_not_reached`` is that item's error)."""
+        assert self.replicator is not None
+        for i, _, (scope, queued) in made:
+            try:
+                results[i]["ok"]["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
+            except ServiceError as e:
+                results[i] = _item_error(e)
+
+    async def _link_ends(self, items: Sequence[Any]) -> dict[str, MemoryRow] | None:
+        """With the gate enforcing: every item's ends in one read (each asks ``link`` in both namespaces)."""
+        if self.gate is None or not await self.gate.enforcing():
+            return None
+        ids = {str(it[k]) for it in items if isinstance(it, dict) for k in ("src_id", "dst_id") if k in it}
+        return await self.db.read(memories.get_many, ids)
+
+    async def _plan_link(self, src_id: Any, dst_id: Any, relation: Any, valid_until: Any, confidence: Any, *,
+                         ends: dict[str, MemoryRow] | None = None) -> tuple[LinkRow, approval.Approved | None]:
+        """A link ready to write: pre_link hooks, bounds, the gate (``link`` in both ends' namespaces; ``ends``
+        read beforehand, or here), signed. An ask parks this one link as a pending ``memory_link``."""
         call = {"method": "memory_link", "args": {"src_id": src_id, "dst_id": dst_id, "relation": relation,
                                                   "valid_until": valid_until, "confidence": confidence}}
         p = await self._fire_pre(HookEvent.PRE_LINK, {"src_id": src_id, "dst_id": dst_id, "relation": relation,
@@ -285,7 +375,9 @@ class Service:
         if self.gate is not None and await self.gate.enforcing():
             # A link is written into both of its ends' namespaces: both must permit it. (With the gate
             # off every namespace would allow: no reader hop to learn them.)
-            for ns in sorted({m.namespace for m in (await self.db.read(memories.get_many, {src_id, dst_id})).values()}):
+            if ends is None:
+                ends = await self.db.read(memories.get_many, {src_id, dst_id})
+            for ns in sorted({ends[i].namespace for i in (src_id, dst_id) if i in ends}):
                 await self._permit(ns, Operation.LINK, call)
         approved = APPROVED.get()
         signature = attest.sign(self.identity.private_key, payload) if self.identity else None
@@ -294,24 +386,36 @@ class Service:
                       confidence=None if confidence is None else float(confidence), signature=signature,
                       attest_level=str(level), signed_by=self.agent_id if signature else None,
                       received_from=None, created_at=ts)
+        return row, approved
 
-        def write(conn: Any) -> tuple[list[str], Queued]:
-            ends = memories.get_many(conn, {src_id, dst_id})
-            missing = sorted({src_id, dst_id} - set(ends))
-            if missing:
-                raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
-            self._claim(conn, approved, ts)
-            links.insert(conn, row)
-            events.append(conn, "link", row.link_id, self.agent_id, row.link_id, signature, ts)
-            changelog.append(conn, "link", row.link_id, 1, ts)
-            # A link goes only where both of its ends go.
-            scope = list(ends.values())
-            return scope, self._replicate(conn, "link.put", link_wire(row), scope, ts)
+    def _write_link(self, conn: Any, row: LinkRow, approved: approval.Approved | None,
+                    known: dict[str, MemoryRow] | None = None) -> tuple[list[MemoryRow], Queued]:
+        """In a write transaction: the link row, its audit event, change-log entry and outbox rows. Raises
+        ServiceError (unknown_memory, duplicate_link) before writing anything. ``known``: memories read in
+        this transaction (a batch's ends, read once)."""
+        ids = {row.src_id, row.dst_id}
+        ends = ({i: known[i] for i in ids if i in known} if known is not None
+                else memories.get_many(conn, ids))
+        missing = sorted({row.src_id, row.dst_id} - set(ends))
+        if missing:
+            raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
+        if links.get(conn, row.link_id) is not None:
+            raise ServiceError("duplicate_link", f"link {row.link_id} is already stored")
+        ts = row.created_at
+        self._claim(conn, approved, ts)
+        links.insert(conn, row)
+        events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts)
+        changelog.append(conn, "link", row.link_id, 1, ts)
+        # A link goes only where both of its ends go.
+        scope = list(ends.values())
+        return scope, self._replicate(conn, "link.put", link_wire(row), scope, ts)
 
-        scope, queued = await self.db.write(write)
+    async def _link_made(self, row: LinkRow) -> dict[str, Any]:
+        """post_link hooks and the link.attested event; returns the link as memory_link answers it."""
         await self.hooks.fire(HookEvent.POST_LINK, {"link": link_dict(row)})
-        await self._publish("link.attested", link_dict(row))
-        return {**link_dict(row), **await self._after_write(queued, scope)}
+        made = link_dict(row)
+        await self._publish("link.attested", made)
+        return made
 
     async def memory_verify(self, id: str) -> dict[str, Any]:
         """Re-derive the signed payload from the stored row (a link by link_id, a memory's current version
@@ -494,8 +598,8 @@ class Service:
         """Wake the sender; with a write quorum above 1, wait for it. Returns fields for the result."""
         if not queued or self.replicator is None:
             return {}
-        self.replicator.wake()
-        result: dict[str, Any] = {"replicating_to": sorted(p for p, _ in queued)}
+        self.replicator.hand_off(queued)
+        result: dict[str, Any] = {"replicating_to": sorted(q.peer for q in queued)}
         if self.cfg.federation.write_quorum != 1:
             result["acked_nodes"] = await self.replicator.await_quorum(queued, scope)
         return result

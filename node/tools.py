@@ -113,7 +113,8 @@ def instructions(lim: LimitsConfig, kg: KgConfig | None = None) -> str:
             "refused. memory_capabilities version: 3 (default) or 2. "
             f"Graph tools: links valid at as_of (default now); depth 1..{kg.max_depth} (query 2, paths 3), "
             f"relations at most {kg.max_relations}, limit up to {kg.max_results} neighbours, {kg.max_paths} paths "
-            f"(10), {kg.max_timeline} timeline links; invalidate's valid_until defaults to now. More tools: "
+            f"(10), {kg.max_timeline} timeline links; invalidate's valid_until defaults to now; memory_link_many: 1.."
+            f"{lim.max_links_per_call} links, each made or refused on its own. More tools: "
             "memory_load_family or memory_smart_load.")
 
 
@@ -132,6 +133,9 @@ def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSp
     content = _text(lim.max_content_bytes, min_chars=1)
     fields = {"title": _text(lim.max_title_chars), "tags": tags, "priority": _int(1, 10),
               "confidence": confidence, "source": _text(lim.max_source_chars)}
+    link = _obj({"src_id": memory_id, "dst_id": memory_id, "relation": _text(lim.max_relation_chars, min_chars=1),
+                 "valid_until": {"type": ["integer", "null"], "minimum": 0}, "confidence": confidence},
+                ("src_id", "dst_id", "relation"))
     return (
         ToolSpec("memory_store", "Store a memory; returns it.",
                  _obj({"content": content, "namespace": namespace, **fields,
@@ -145,11 +149,11 @@ def tool_specs(limits: LimitsConfig, kg: KgConfig | None = None) -> tuple[ToolSp
         ToolSpec("memory_recall", "BM25 full-text search; any text is safe.",
                  _obj({"query": _text(lim.max_query_chars, min_chars=1), "limit": _int(1, lim.max_recall_limit, 10),
                        "namespace": namespace}, ("query",))),
-        ToolSpec("memory_link", "Link src to dst by relation, signed by this node.",
-                 _obj({"src_id": memory_id, "dst_id": memory_id,
-                       "relation": _text(lim.max_relation_chars, min_chars=1),
-                       "valid_until": {"type": ["integer", "null"], "minimum": 0}, "confidence": confidence},
-                      ("src_id", "dst_id", "relation"))),
+        ToolSpec("memory_link", "Link src to dst by relation, signed by this node.", link),
+        ToolSpec("memory_link_many", f"Up to {lim.max_links_per_call} memory_links in one call; each item "
+                                     "succeeds or fails on its own: results in order, {ok: link} or {error}.",
+                 _obj({"links": {"type": "array", "minItems": 1, "maxItems": lim.max_links_per_call,
+                                 "items": link}}, ("links",))),
         ToolSpec("memory_verify", "Verify a link's or memory's signature; give one id.",
                  _obj({"link_id": _text(lim.max_id_chars, min_chars=1), "memory_id": memory_id})),
         ToolSpec("memory_kg_query", "Memories reachable from one along valid links, nearest first, with paths.",
@@ -323,6 +327,8 @@ class ServiceBackend:
                 return await s.memory_recall(args.pop("query"), **args)
             case "memory_link":
                 return await s.memory_link(args.pop("src_id"), args.pop("dst_id"), args.pop("relation"), **args)
+            case "memory_link_many":
+                return await s.memory_link_many(args["links"])
             case "memory_verify":
                 return await s.memory_verify(_one_verify_id(args))
             case "memory_peers" | "memory_capabilities" | "memory_approval_list" | "memory_approval_decide":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any
 
 from node import attest
@@ -12,6 +12,7 @@ from storage.memories import MemoryRow
 # Every field is immutable, so a shallow copy will do: asdict's deep copy cost ~40 us a row, a quarter
 # of a millisecond on each 10-hit recall (PERFORMANCE.md, "Recall at 100k").
 _MEMORY_FIELDS = tuple(f.name for f in fields(MemoryRow))
+_LINK_FIELDS = tuple(f.name for f in fields(LinkRow))
 
 
 def memory_dict(row: MemoryRow) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def memory_put_body(row: MemoryRow) -> dict[str, Any]:
 
 
 def link_dict(row: LinkRow) -> dict[str, Any]:
-    d = asdict(row)
+    d = {name: getattr(row, name) for name in _LINK_FIELDS}  # as memory_dict: no deep copy
     d["signature"] = row.signature.hex() if row.signature else None
     return d
 

@@ -67,6 +67,20 @@ def enqueue(conn: sqlite3.Connection, correlation_id: str, peer: str, kind: str,
     return scalar_int(conn, "SELECT id FROM a2a_outbox WHERE correlation_id = ? AND peer = ?", (correlation_id, peer))
 
 
+def enqueue_row(conn: sqlite3.Connection, correlation_id: str, peer: str, kind: str, envelope: bytes,
+                expires_at: int, next_attempt_at: int, created_at: int) -> OutboxRow | None:
+    """As ``enqueue``, returning the queued row (what a fresh write hands the sender once committed);
+    None when that (correlation_id, peer) was queued already (the first envelope is kept)."""
+    cur = conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?) "
+                       "ON CONFLICT (correlation_id, peer) DO NOTHING",
+                       (correlation_id, peer, kind, envelope, expires_at, next_attempt_at, created_at))
+    if cur.rowcount != 1:
+        return None
+    return OutboxRow(id=inserted_id(cur), correlation_id=correlation_id, peer=peer, kind=kind, envelope=envelope,
+                     expires_at=expires_at, attempts=0, next_attempt_at=next_attempt_at, last_error=None,
+                     created_at=created_at)
+
+
 def get(conn: sqlite3.Connection, id: int) -> OutboxRow | None:
     r = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE id = ?", (id,)).fetchone()
     return _out(r) if r else None
@@ -83,8 +97,8 @@ def due(conn: sqlite3.Connection, now_ms: int, limit: int = 100) -> list[OutboxR
 def due_for_peer(conn: sqlite3.Connection, peer: str, now_ms: int, limit: int = 100,
                  exclude: Sequence[int] = ()) -> list[OutboxRow]:
     """``peer``'s rows whose next attempt is at or before ``now_ms``, soonest first, leaving out the ids in
-    ``exclude`` (the sender's rows in flight: without it each wake re-reads, blobs and all, every row it
-    is already sending)."""
+    ``exclude`` (the sender's rows in flight or handed to it in memory: without it each read re-reads,
+    blobs and all, every row it already holds)."""
     marks = ",".join("?" * len(exclude))
     skip = f" AND id NOT IN ({marks})" if exclude else ""
     rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? AND next_attempt_at <= ?{skip} "
@@ -104,6 +118,12 @@ def mark_attempt(conn: sqlite3.Connection, id: int, attempts: int, next_attempt_
     cur = conn.execute("UPDATE a2a_outbox SET attempts = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
                        (attempts, next_attempt_at, last_error, id))
     return cur.rowcount > 0
+
+
+def remove_many(conn: sqlite3.Connection, peer: str, correlation_ids: Sequence[str]) -> int:
+    """Delete ``peer``'s rows for the ACKed ``correlation_ids``; returns how many there were."""
+    return sum(conn.execute("DELETE FROM a2a_outbox WHERE correlation_id = ? AND peer = ?", (cid, peer)).rowcount
+               for cid in correlation_ids)
 
 
 def remove(conn: sqlite3.Connection, correlation_id: str, peer: str) -> bool:

@@ -352,3 +352,28 @@ async def test_daemon_queue_bound_holds_fires_back_instead_of_piling_up(cfg: Nod
         assert runner["peak_outstanding"] == 1
     finally:
         await pipeline.close()
+
+
+async def test_memory_link_many_fires_pre_and_post_link_per_link_as_memory_link(open_service, scripts, hook_log,
+                                                                               cfg: NodeConfig) -> None:
+    exe, _ = scripts
+    svc = await open_service([hook("relabel", ["pre_link"], exe, "modify", json.dumps({"relation": "hooked"})),
+                              hook("watch", ["post_link"], exe, "allow")])
+    src = await svc.memory_store("source")
+    dsts = [await svc.memory_store(f"target {i}") for i in range(3)]
+    out = await svc.memory_link_many([{"src_id": src["id"], "dst_id": d["id"], "relation": "asked"} for d in dsts])
+    assert out["made"] == 3 and {r["ok"]["relation"] for r in out["results"]} == {"hooked"}
+    fired = [line.split(" ", 2)[:2] for line in log_lines(hook_log)]
+    assert fired.count(["relabel", "pre_link"]) == 3 and fired.count(["watch", "post_link"]) == 3
+    assert rows(cfg, "SELECT DISTINCT relation FROM memory_links") == [("hooked",)]
+
+
+async def test_memory_link_many_refused_by_a_pre_link_hook_answers_each_item_and_stores_nothing(
+        open_service, scripts, cfg: NodeConfig) -> None:
+    exe, _ = scripts
+    svc = await open_service([hook("gate", ["pre_link"], exe, "deny", "no_links")])
+    a, b = await svc.memory_store("a"), await svc.memory_store("b")
+    out = await svc.memory_link_many([{"src_id": a["id"], "dst_id": b["id"], "relation": f"r{i}"} for i in range(2)])
+    assert (out["made"], out["failed"]) == (0, 2)
+    assert [r["error"]["code"] for r in out["results"]] == ["no_links", "no_links"]
+    assert rows(cfg, "SELECT count(*) FROM memory_links") == [(0,)]

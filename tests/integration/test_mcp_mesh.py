@@ -13,6 +13,7 @@ import pytest
 
 from testbed.build import build_layout
 from testbed.local import LocalMesh
+from tests.integration.conftest import run_cli
 from tests.mcp.conftest import http_session, ok
 
 pytestmark = pytest.mark.integration
@@ -93,3 +94,40 @@ async def test_testbed_up_three_nodes_mcp_recall_and_attestation_then_down_leave
             with socket.socket() as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("127.0.0.1", int(n[key])))
+
+
+async def test_memory_link_many_through_the_sdk_makes_each_link_as_memory_link_and_b_attests_them(
+        tmp_path: Path) -> None:
+    layout = build_layout(tmp_path / "m", 2)
+    a, b = layout.nodes
+    with LocalMesh(layout):
+        async with http_session(url(a.mcp_http_port)) as sa, http_session(url(b.mcp_http_port)) as sb:
+            await ok(sa, "memory_load_family", {"family": "graph"})
+            ids = [(await ok(sa, "memory_store", {"content": f"batch linked memory {i}"}))["id"] for i in range(4)]
+            items = [{"src_id": ids[0], "dst_id": ids[i], "relation": f"rel_{i}"} for i in (1, 2, 3)]
+            items.insert(1, {"src_id": ids[0], "dst_id": "00000000-0000-4000-8000-000000000000", "relation": "gone"})
+            out = await ok(sa, "memory_link_many", {"links": items})
+            assert (out["made"], out["failed"]) == (3, 1) and out["replicating_to"] == [b.agent_id]
+            assert out["results"][1]["error"]["code"] == "unknown_memory"
+            made = [r["ok"] for r in out["results"] if "ok" in r]
+            assert [m["relation"] for m in made] == ["rel_1", "rel_2", "rel_3"]
+            for m in made:  # signed exactly as memory_link signs, verified on A and attested on B
+                assert m["attest_level"] == "self_signed" and m["signed_by"] == a.agent_id
+                assert (await ok(sa, "memory_verify", {"link_id": m["link_id"]}))["signature_verified"] is True
+                v = await poll(sb, "memory_verify", {"link_id": m["link_id"]}, lambda r: True, "link on B")
+                assert v["attest_level"] == "peer_attested" and v["signature_verified"] is True
+
+            # The bounds are the schema's: too many items is too_large, none is bad_input; nothing is made.
+            one = {"src_id": ids[0], "dst_id": ids[1], "relation": "over"}
+            res = await sa.call_tool("memory_link_many", {"links": [one] * 101})
+            assert res.is_error and res.structured_content["error"]["code"] == "too_large"
+            assert "limit is 100" in res.content[0].text
+            res = await sa.call_tool("memory_link_many", {"links": []})
+            assert res.is_error and res.structured_content["error"]["code"] == "bad_input"
+            caps = await ok(sa, "memory_capabilities")
+            assert caps["links_by_attest_level"]["self_signed"] == 3
+            assert caps["limits"]["max_links_per_call"] == 100
+    # Every made link has its audit event in A's chain, and the chain verifies.
+    rc, report, stderr = run_cli(a, "audit", "verify")
+    assert rc == 0, stderr
+    assert report["ok"] is True and report["checked"] == 4 + 3  # four memories, three links

@@ -37,8 +37,8 @@ KG_BEFORE_BYTES = {"memory_kg_query": 883, "memory_find_paths": 936, "memory_kg_
                    "memory_kg_invalidate": 456}
 # The approval tools with the descriptive schemas they were written with (bytes each).
 APPROVAL_BEFORE_BYTES = {"memory_approval_list": 540, "memory_approval_decide": 728}
-# The transcript tools likewise.
-TRANSCRIPT_BEFORE_BYTES = {"memory_transcript_store": 1098, "memory_replay": 548}
+# The transcript tools likewise, and memory_link_many (its full schema, bounds and all, as the validator holds it).
+TRANSCRIPT_BEFORE_BYTES = {"memory_transcript_store": 1098, "memory_replay": 548, "memory_link_many": 772}
 
 
 @pytest.mark.parametrize("family", list(Family))
@@ -103,8 +103,8 @@ async def test_loading_a_family_sends_list_changed_and_its_tools_work(home) -> N
         with anyio.fail_after(CALL_TIMEOUT_S):
             await changed.wait()
         now = {t.name for t in (await s.list_tools()).tools}
-        assert now == first | {"memory_link", "memory_verify", "memory_kg_query", "memory_find_paths",
-                               "memory_kg_timeline", "memory_kg_invalidate"}
+        assert now == first | {"memory_link", "memory_link_many", "memory_verify", "memory_kg_query",
+                               "memory_find_paths", "memory_kg_timeline", "memory_kg_invalidate"}
         link = await ok(s, "memory_link", {"src_id": a["id"], "dst_id": b["id"], "relation": "related_to"})
         assert (await ok(s, "memory_verify", {"link_id": link["link_id"]}))["signature_verified"] is True
 
@@ -126,7 +126,7 @@ async def test_capabilities_v3_keeps_every_v2_field_and_v2_is_asked_for(home) ->
         assert v3["mcp"]["profile"] == "core" and v3["mcp"]["loaded"] == ["core"]
         assert set(v3) - set(v2) == {"trust", "sync", "profiles", "storage", "readiness", "permissions"}
         assert v3["trust"]["mode"] == "pinned" and v3["sync"]["parked"] == 0
-        assert v3["profiles"]["families"]["graph"][:2] == ["memory_link", "memory_verify"]
+        assert v3["profiles"]["families"]["graph"][:2] == ["memory_link", "memory_link_many"]
         assert v3["storage"]["schema_version"] >= 3 and v3["storage"]["bytes"] > 0
         assert v3["readiness"] is None  # embedded: no node runs in this process
         assert await err(s, "memory_capabilities", {"version": 1}) == "bad_input"

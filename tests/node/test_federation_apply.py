@@ -1,5 +1,6 @@
 """Inbound federation apply on a real store: verification outcomes, idempotence, ordering, namespaces."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,27 @@ async def test_unknown_signer_is_stored_unsigned(svc: Service) -> None:
     assert ack.accepted
     [link] = await svc.links_list()
     assert link["attest_level"] == "unsigned"
+
+
+async def test_links_applied_in_one_turn_share_reads_and_writes_and_each_verifies_alone(svc: Service,
+                                                                                         peer_key) -> None:
+    await _seed(svc)
+    puts = [_link_put(peer_key, M1, M2, relation=f"rel_{i}") for i in range(40)]
+    puts[7] = _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="forged")  # in the middle of the burst
+    puts.append(dict(puts[0]))  # the same link twice in one burst
+    fed = svc.replicator
+    jobs_before, runs_before = svc.db.commit_stats[1], (fed._link_lookups.runs, fed._link_writes.runs)
+    acks = await asyncio.gather(*(fed.apply(_env(PEER, p), PEER) for p in puts))  # as a batch frame's applies
+    assert acks[7].reason == "rejected:bad_signature"
+    assert all(a.accepted for i, a in enumerate(acks) if i != 7)
+    stored = await svc.links_list(limit=100)
+    assert len(stored) == 39 and {link["attest_level"] for link in stored} == {"peer_attested"}
+    assert "forged" not in {link["relation"] for link in stored}
+    for link in stored[:3]:
+        assert (await svc.memory_verify(link["link_id"]))["signature_verified"] is True
+    assert fed._link_lookups.runs - runs_before[0] <= 2 and fed._link_writes.runs - runs_before[1] <= 2
+    assert svc.db.commit_stats[1] - jobs_before <= 4, "one writer job per turn, not one per link"
+    assert (await svc.audit_verify())["ok"] is True
 
 
 async def test_unverified_relay_of_another_nodes_link_is_rejected(svc: Service) -> None:

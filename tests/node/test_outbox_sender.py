@@ -1,15 +1,20 @@
-"""The outbox sender against a fake peer link: what leaves the outbox, and how many writer jobs it takes."""
+"""The outbox sender against fake peer links (real SQLite): what leaves the outbox, how rows handed over in
+memory are sent, and how many writer jobs it takes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from a2a import Ack, RetrySchedule
+from mesh.errors import MeshError
 from node.outbox import OutboxSender
 from storage import Database, outbox
+from storage.outbox import OutboxRow
 
 PEER = "ai:b@test"
 ROWS = 40
@@ -43,8 +48,8 @@ async def _sent_and_settled(tmp_path: Path) -> tuple[AckingLink, OutboxSender, D
     link = AckingLink()
     acked: list[str] = []
 
-    async def on_ack(peer: str, cid: str) -> None:
-        acked.append(cid)
+    async def on_ack(peer: str, cids: Sequence[str]) -> None:
+        acked.extend(cids)
 
     sender = OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, on_ack)  # type: ignore[dict-item]
     before = db.commit_stats
@@ -76,5 +81,96 @@ async def test_acks_read_together_are_deleted_in_one_writer_job(tmp_path: Path) 
     try:
         assert acked == ROWS
         assert jobs < ROWS // 4, f"{jobs} writer jobs for {ROWS} ACKs that arrived in one burst"
+    finally:
+        await db.close()
+
+
+class GroupLink(AckingLink):
+    """A link with send_many: records each group; ``answer`` False leaves every frame unanswered (a peer gone
+    silent), so the rows stay in flight until the sender is stopped."""
+
+    def __init__(self, answer: bool = True) -> None:
+        super().__init__()
+        self.groups: list[int] = []
+        self.answer = answer
+
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
+        self.groups.append(len(frames))
+        if not self.answer:
+            self.sent.extend(cid for cid, _ in frames)
+            await asyncio.Event().wait()
+        return list(await asyncio.gather(*(self.send_wire(cid, w) for cid, w in frames)))
+
+
+async def _enqueued(db: Database, n: int) -> list[OutboxRow]:
+    def write(conn: Any) -> list[OutboxRow]:
+        rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "ping", b"\xa0", 10**13, 0, i) for i in range(n)]
+        return [r for r in rows if r is not None]
+    return await db.write(write)
+
+
+async def _run_until(sender: OutboxSender, done: Any, *, crash: bool = False) -> None:
+    task = asyncio.create_task(sender.run())
+    try:
+        for _ in range(500):  # bounded: 5 s at most
+            if await done():
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        if crash:
+            task.cancel()  # as the process dying: the rows in flight are abandoned mid-send
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)
+        else:
+            sender.stop()
+            await asyncio.wait_for(task, 5)
+
+
+def _sender(db: Database, link: Any, acked: list[str]) -> OutboxSender:
+    async def on_ack(peer: str, cids: Sequence[str]) -> None:
+        acked.extend(cids)
+    return OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, on_ack)
+
+
+async def test_rows_handed_over_and_polled_too_are_sent_once_in_groups(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        rows = await _enqueued(db, ROWS)
+        link, acked = GroupLink(), []
+        sender = _sender(db, link, acked)
+        sender.hand_off(rows)  # and the first poll sees the same rows in the database
+        sender.hand_off(rows[:5])  # a second hand-off of the same rows changes nothing
+
+        async def done() -> bool:
+            return len(acked) == ROWS and await db.read(outbox.depth) == 0
+        await _run_until(sender, done)
+        assert sorted(link.sent) == sorted({r.correlation_id for r in rows}), "each row sent exactly once"
+        assert sorted(acked) == sorted(link.sent)
+        assert len(link.groups) <= 2 and sum(link.groups) == ROWS, link.groups
+    finally:
+        await db.close()
+
+
+async def test_rows_handed_over_to_a_sender_that_dies_are_delivered_after_a_restart(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        rows = await _enqueued(db, ROWS)
+        silent = GroupLink(answer=False)
+        first = _sender(db, silent, [])
+        first.hand_off(rows)
+
+        async def all_in_flight() -> bool:
+            return len(silent.sent) == ROWS
+        await _run_until(first, all_in_flight, crash=True)  # every row sent, none ACKed
+        assert await db.read(outbox.depth) == ROWS, "no row leaves the outbox without its ACK"
+
+        link, acked = GroupLink(), []
+        second = _sender(db, link, acked)  # a new process: nothing handed over, the database is the truth
+
+        async def done() -> bool:
+            return await db.read(outbox.depth) == 0
+        await _run_until(second, done)
+        assert sorted(link.sent) == sorted(r.correlation_id for r in rows)
+        assert sorted(acked) == sorted(link.sent)
     finally:
         await db.close()

@@ -334,3 +334,34 @@ async def test_a_transcript_may_cite_only_memories_the_agent_may_get(open_servic
         assert [s["memory_id"] for s in stored["spans"]] == [shown["id"]]
     finally:
         await svc.close()
+
+
+async def test_memory_link_many_asks_the_gate_per_link_and_makes_the_allowed_ones(open_service,
+                                                                                   cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    c = await svc.memory_store("c", namespace="free")
+    write_rules(cfg, DENY_TEAM)
+    out = await svc.memory_link_many([{"src_id": b["id"], "dst_id": a["id"], "relation": "into_team"},
+                                      {"src_id": b["id"], "dst_id": c["id"], "relation": "free_to_free"}])
+    denied, made = out["results"]
+    assert denied["error"]["code"] == "permission_denied" and "'team/x'" in denied["error"]["message"]
+    assert made["ok"]["relation"] == "free_to_free" and (out["made"], out["failed"]) == (1, 1)
+    assert rows(cfg, "SELECT relation FROM memory_links") == [("free_to_free",)]
+
+
+async def test_memory_link_many_parks_an_asked_link_alone_and_approval_makes_it(open_service,
+                                                                                cfg: NodeConfig) -> None:
+    svc = await open_service()
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    c = await svc.memory_store("c", namespace="free")
+    write_rules(cfg, DENY_TEAM.replace('action = "deny"', 'action = "ask"'))
+    out = await svc.memory_link_many([{"src_id": a["id"], "dst_id": b["id"], "relation": "asked"},
+                                      {"src_id": c["id"], "dst_id": b["id"], "relation": "free"}])
+    assert out["results"][0]["error"]["code"] == "approval_required" and "ok" in out["results"][1]
+    [pending] = await svc.approval_list()
+    assert pending["operation"] == "link"
+    await svc.approval_decide(pending["id"], "approve")  # runs the parked link as one memory_link
+    assert sorted(rows(cfg, "SELECT relation FROM memory_links")) == [("asked",), ("free",)]
