@@ -1,6 +1,7 @@
 """Recall at 100k memories: the old query against today's, and the Service with everything on, in one run.
 
     flock /tmp/bench.lock .venv/bin/python bench/recall_bench.py [--quick] [--memories N] [--queries N]
+        [--keep DIR]
 
 One node home with a key (memory versions signed), a permission gate of 1,000 rules (enforce) and a
 daemon ``post_recall`` hook; its database is filled through ``Service.memory_store`` with the storage
@@ -116,9 +117,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = Corpus()
     queries = [corpus.query() for _ in range(args.queries)]  # drawn first, as the storage bench does
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as tmp:
-        base = Path(tmp)
+        base = args.keep or Path(tmp)
         home = base / "home"
-        home.mkdir()
+        marker = base / "filled.json"
+        filled = json.loads(marker.read_text(encoding="utf-8")) if marker.exists() else None
+        if filled is not None and filled != {"memories": args.memories, "rules": args.rules}:
+            raise SystemExit(f"{base} was filled as {filled}: use another --keep directory")
+        if filled is None and base.exists() and any(base.iterdir()):
+            raise SystemExit(f"{base} is not empty and was not filled by this bench")
+        home.mkdir(parents=True, exist_ok=True)
         (home / "rules.toml").write_text(bench_rules(args.rules), encoding="utf-8")
         (base / "daemon.py").write_text(DAEMON, encoding="utf-8")
         hooks_toml(base / "hooks.toml", "bench-daemon", "daemon", [sys.executable, str(base / "daemon.py")])
@@ -126,16 +133,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg = from_dict({"agent_id": AGENT, "home": str(home), "storage": {"synchronous": "normal"},
                          "limits": {"max_db_bytes": 4 * 1024 ** 3},
                          "permissions": {"config": "rules.toml", "reload_check_s": 3600.0}}, env={})
-        keys.generate_identity(cfg.keys_dir, AGENT)
+        if filled is None:
+            keys.generate_identity(cfg.keys_dir, AGENT)
         svc = await open_service(cfg, require_identity=True, hooks=NoHooks())
         daemon = HookPipeline(base / "hooks.toml", cfg.hooks)
         try:
             assert svc.identity is not None and svc.gate is not None and len(svc.gate.index) == args.rules
-            fill_s = await fill(svc, corpus, args.memories)
-            print(f"filled {args.memories} memories in {fill_s:.1f} s", file=sys.stderr)
+            if filled is None:
+                fill_s = await fill(svc, corpus, args.memories)
+                print(f"filled {args.memories} memories in {fill_s:.1f} s", file=sys.stderr)
+                if args.keep:
+                    marker.write_text(json.dumps({"memories": args.memories, "rules": args.rules}), encoding="utf-8")
+            else:
+                fill_s = 0.0
+                print(f"reusing the {args.memories} memories in {base}", file=sys.stderr)
             signed = sum(1 for r in await svc.db.read(memories.list_, None, 100) if r.signature)
             result = await measure(svc, daemon, queries)
-            result["fill_seconds"] = round(fill_s, 1)
+            result["fill_seconds"] = round(fill_s, 1) if filled is None else None
             result["signed_in_newest_100"] = signed
         finally:
             await daemon.close()
@@ -243,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--memories", type=int, default=None, help="memories to fill (default 100000)")
     ap.add_argument("--queries", type=int, default=None, help="recall queries per mode (default 1000)")
     ap.add_argument("--rules", type=int, default=1000, help="permission rules in the gate")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="fill the node home under this directory once and reuse it in later runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "recall.json")
     ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,
                     help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets)")
