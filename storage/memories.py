@@ -9,8 +9,8 @@ with the LIMIT inside the FTS subquery, so only ``limit`` rows are joined to mem
 
 bm25 scores every matching row, so a broad query (a word in most memories) would cost O(matches):
 ~100 ms at 100k. When more than RANK_WINDOW rows match, only the RANK_WINDOW most recently inserted
-matches are ranked (found by a cheap unscored walk in rowid order): recency is a fair tie-breaker for
-memories, and the cost is bounded.
+matches are ranked (FTS5 walks matches in rowid order and stops there): recency is a fair tie-breaker
+for memories, and the cost is bounded. Ties in score go to the more recent memory.
 
 What remained at 100k (PERFORMANCE.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
 posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
@@ -18,8 +18,9 @@ the idf of a word in at least half the rows to 1e-6, so such a word only filters
 rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).
 When every word is common their idfs are all that clamped constant, so the window's order is by term
 counts and row lengths only: those are computed from the window's text and FTS5's %_docsize, the exact
-bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25 ranks as above). bm25() is called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank
-sorter, with the same scores.
+bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25 ranks as above). bm25() is
+called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank sorter,
+with the same scores; the window is found and ranked in one statement.
 """
 
 from __future__ import annotations
@@ -270,37 +271,31 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
 
 def _search(conn: sqlite3.Connection, tokens: list[str], op: str, ranked: list[str], limit: int,
             namespace: str | None, rank_window: int) -> list[tuple[MemoryRow, float]]:
-    match = op.join(tokens)
-    # Walking matches in rowid order costs no scoring; it finds the window of rows to rank.
-    in_window = ""
-    window_args: tuple[str, ...] = ()
-    if namespace is None and ranked == tokens:
-        start = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC "
-                             "LIMIT 1 OFFSET ?", (match, rank_window - 1)).fetchone()
-        floor = start[0] if start else -(2 ** 63)
-    else:
-        if namespace is None:
-            window = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? "
-                                  "ORDER BY rowid DESC LIMIT ?", (match, rank_window)).fetchall()
-        else:
-            window = conn.execute("SELECT f.rowid FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
-                                  "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rowid DESC LIMIT ?",
-                                  (match, namespace, rank_window)).fetchall()
-        if not window:
-            return []
-        floor = window[-1][0]
-        # Rank only the window's rows (the namespace and every word already checked); ``+`` keeps the set a
-        # filter rather than one FTS5 lookup, and one idf pass, per rowid.
-        in_window = "AND +f.rowid IN (SELECT value FROM json_each(?))"
-        window_args = (json.dumps([r[0] for r in window]),)
+    """The window (the ``rank_window`` most recent rows matching ``op``-joined ``tokens``, in ``namespace``)
+    ranked by bm25 over ``ranked``, in one statement. Ties go to the more recent memory."""
+    ns_join, ns_where, ns_args = ("", "", ()) if namespace is None else \
+        ("JOIN memories AS m ON m.rowid = f.rowid", "AND m.namespace = ?", (namespace,))
+    window = (f"SELECT f.rowid{{score}} FROM memories_fts AS f {ns_join} WHERE memories_fts MATCH ? {ns_where} "
+              "ORDER BY f.rowid DESC LIMIT ?")
     # bm25() in the select list with SQLite's own top-k sort: about twice as fast as FTS5's ORDER BY rank
     # sorter, with the same scores.
+    if ranked == tokens:
+        # Scored as the window is walked: FTS5 stops after rank_window rows, and bm25 sees only those.
+        with_ = ""
+        top = (f"SELECT rowid, score FROM ({window.format(score=f', {_BM25} AS score')}) "
+               "ORDER BY score, rowid DESC LIMIT ?")
+        args: tuple[Any, ...] = (op.join(tokens), *ns_args, rank_window, limit)
+    else:
+        # The window walked unscored, its rows ranked by the other words: ``+`` keeps the window a filter,
+        # not one FTS5 lookup (and idf pass) per rowid; the floor lets FTS5 skip the older matches.
+        with_ = f"WITH w AS MATERIALIZED ({window.format(score='')}) "
+        top = (f"SELECT f.rowid, {_BM25} AS score FROM memories_fts AS f WHERE memories_fts MATCH ? "
+               "AND f.rowid >= (SELECT min(rowid) FROM w) AND +f.rowid IN w ORDER BY score, f.rowid DESC LIMIT ?")
+        args = (op.join(tokens), *ns_args, rank_window, op.join(ranked), limit)
     cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
-    sql = (f"SELECT {cols}, s.score FROM (SELECT f.rowid, {_BM25} AS score FROM memories_fts AS f "
-           f"WHERE memories_fts MATCH ? AND f.rowid >= ? {in_window} ORDER BY score LIMIT ?) AS s "
-           "JOIN memories AS m ON m.rowid = s.rowid ORDER BY s.score")
-    rows = conn.execute(sql, (op.join(ranked), floor, *window_args, limit))
-    return [(_row(r[:-1]), -r[-1]) for r in rows]
+    sql = (f"{with_}SELECT {cols}, s.score FROM ({top}) AS s JOIN memories AS m ON m.rowid = s.rowid "
+           "ORDER BY s.score, s.rowid DESC")
+    return [(_row(r[:-1]), -r[-1]) for r in conn.execute(sql, args)]
 
 
 def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namespace: str | None,
