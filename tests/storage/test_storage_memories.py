@@ -330,7 +330,7 @@ def test_doc_freqs_on_an_empty_table_call_nothing_common(tmp_path):
 
 @pytest.fixture(scope="module")
 def common_conn(tmp_path_factory):
-    """300 memories all holding 'the' and 'of' (in any case, between any punctuation, in any column)."""
+    """300 memories all holding 'the' and 'of' (in any case, between any punctuation, in any column), a few long."""
     rng = random.Random(61)
     seps = [" ", ", ", "_", "-", ". ", "\n", "'", "/", ":"]
     conn = sqlite3.connect(tmp_path_factory.mktemp("common") / "common.db", isolation_level=None)
@@ -345,7 +345,8 @@ def common_conn(tmp_path_factory):
         rng.shuffle(words)
         cut = rng.randint(0, len(words))
         memories.insert(conn, make_memory(namespace=rng.choice(("a", "b")), title=text(words[:cut // 3]),
-                                          content=text(words[cut // 3:]) + str(i),
+                                          # Some contents over 127 tokens: a two-byte %_docsize varint.
+                                          content=text(words[cut // 3:]) + str(i) + " x9" * (140 * (i % 60 == 0)),
                                           tags=tuple(rng.sample(["the", "of", "tag"], rng.randint(0, 2)))))
     yield conn
     conn.close()
