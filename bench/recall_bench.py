@@ -27,6 +27,7 @@ import asyncio
 import json
 import platform
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -204,6 +205,8 @@ async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[st
     conn.close()
     stats = {name: summarize(s) for name, s in samples.items()}
     by_kind = {kind: {"queries": kinds.count(kind),
+                      "overlap_top10": round(statistics.fmean(o for o, k in zip(overlaps, kinds, strict=True)
+                                                              if k == kind), 4),
                       **{name: summarize([t for t, k in zip(samples[name], kinds, strict=True) if k == kind])
                          for name in ("old query, db.read", "new query, db.read")}}
                for kind in KINDS if kind in kinds}
@@ -244,10 +247,11 @@ def markdown(r: dict[str, Any]) -> str:
               f"{t['overlap']}: {'met' if t['met'] else 'not met'}; everything on: "
               f"{'met' if t['everything_on_met'] else 'not met'}", "",
               "| db.read by query kind (common = in at least half the memories) | queries | old p50 | old p95 | "
-              "new p50 | new p95 |", "|---|---:|---:|---:|---:|---:|"]
+              "new p50 | new p95 | top-10 overlap |", "|---|---:|---:|---:|---:|---:|---:|"]
     for kind, k in r["by_kind"].items():
         o, n = k["old query, db.read"], k["new query, db.read"]
-        lines.append(f"| {kind} | {k['queries']} | {o['p50_ms']} | {o['p95_ms']} | {n['p50_ms']} | {n['p95_ms']} |")
+        lines.append(f"| {kind} | {k['queries']} | {o['p50_ms']} | {o['p95_ms']} | {n['p50_ms']} | {n['p95_ms']} | "
+                     f"{k['overlap_top10']} |")
     return "\n".join(lines)
 
 
