@@ -10,7 +10,8 @@ with the LIMIT inside the FTS subquery, so only ``limit`` rows are joined to mem
 bm25 scores every matching row, so a broad query (a word in most memories) would cost O(matches):
 ~100 ms at 100k. When more than RANK_WINDOW rows match, only the RANK_WINDOW most recently inserted
 matches are ranked (FTS5 walks matches in rowid order and stops there): recency is a fair tie-breaker
-for memories, and the cost is bounded. Ties in score go to the more recent memory.
+for memories, and the cost is bounded. Equal scores keep insertion order (the older memory first), as
+FTS5's rank sorter left them.
 
 What remained at 100k (PERFORMANCE.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
 posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
@@ -272,7 +273,7 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
 def _search(conn: sqlite3.Connection, tokens: list[str], op: str, ranked: list[str], limit: int,
             namespace: str | None, rank_window: int) -> list[tuple[MemoryRow, float]]:
     """The window (the ``rank_window`` most recent rows matching ``op``-joined ``tokens``, in ``namespace``)
-    ranked by bm25 over ``ranked``, in one statement. Ties go to the more recent memory."""
+    ranked by bm25 over ``ranked``, in one statement. Equal scores: the older memory first."""
     ns_join, ns_where, ns_args = ("", "", ()) if namespace is None else \
         ("JOIN memories AS m ON m.rowid = f.rowid", "AND m.namespace = ?", (namespace,))
     window = (f"SELECT f.rowid{{score}} FROM memories_fts AS f {ns_join} WHERE memories_fts MATCH ? {ns_where} "
@@ -283,18 +284,18 @@ def _search(conn: sqlite3.Connection, tokens: list[str], op: str, ranked: list[s
         # Scored as the window is walked: FTS5 stops after rank_window rows, and bm25 sees only those.
         with_ = ""
         top = (f"SELECT rowid, score FROM ({window.format(score=f', {_BM25} AS score')}) "
-               "ORDER BY score, rowid DESC LIMIT ?")
+               "ORDER BY score, rowid LIMIT ?")
         args: tuple[Any, ...] = (op.join(tokens), *ns_args, rank_window, limit)
     else:
         # The window walked unscored, its rows ranked by the other words: ``+`` keeps the window a filter,
         # not one FTS5 lookup (and idf pass) per rowid; the floor lets FTS5 skip the older matches.
         with_ = f"WITH w AS MATERIALIZED ({window.format(score='')}) "
         top = (f"SELECT f.rowid, {_BM25} AS score FROM memories_fts AS f WHERE memories_fts MATCH ? "
-               "AND f.rowid >= (SELECT min(rowid) FROM w) AND +f.rowid IN w ORDER BY score, f.rowid DESC LIMIT ?")
+               "AND f.rowid >= (SELECT min(rowid) FROM w) AND +f.rowid IN w ORDER BY score, f.rowid LIMIT ?")
         args = (op.join(tokens), *ns_args, rank_window, op.join(ranked), limit)
     cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
     sql = (f"{with_}SELECT {cols}, s.score FROM ({top}) AS s JOIN memories AS m ON m.rowid = s.rowid "
-           "ORDER BY s.score, s.rowid DESC")
+           "ORDER BY s.score, s.rowid")
     return [(_row(r[:-1]), -r[-1]) for r in conn.execute(sql, args)]
 
 
@@ -308,7 +309,7 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     is skipped. The scores are bm25's, to the bit: the same formula, in the same order of float operations.
     Words are counted as unicode61 tokenizes ASCII text (runs of letters and digits, case-folded), so this
     path serves only ASCII words over an all-ASCII window; None tells the caller to rank with bm25 instead.
-    Ties go to the more recent memory. [] when no memory holds every word.
+    Equal scores: the older memory first. [] when no memory holds every word.
     """
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
     if len(words) > len(_TOKEN_MARKS) or not all(w.isascii() for w in words):
@@ -349,7 +350,7 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     scores = [0.0] * len(window)
     for f in freqs:
         scores = [s + _CLAMPED_IDF * ((x * (_K1 + 1.0)) / (x + n)) for s, x, n in zip(scores, f, norms, strict=True)]
-    best = heapq.nlargest(limit, zip(scores, [r[0] for r in window], strict=True))
+    best = heapq.nlargest(limit, zip(scores, [r[0] for r in window], strict=True), key=lambda b: (b[0], -b[1]))
     cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
     marks_sql = ",".join("?" * len(best))
     found = {r[-1]: _row(r[:-1]) for r in conn.execute(
