@@ -355,7 +355,8 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     marks_sql = ",".join("?" * len(best))
     found = {r[-1]: _row(r[:-1]) for r in conn.execute(
         f"SELECT {cols}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
-    return [(found[rowid], score) for score, rowid in best]
+    # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
+    return [(found[rowid], score) for score, rowid in best if rowid in found]
 
 
 def _token_pattern(word: str) -> re.Pattern[str]:
