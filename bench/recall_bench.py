@@ -1,6 +1,7 @@
 """Recall at 100k memories: the old query against today's, and the Service with everything on, in one run.
 
     flock /tmp/bench.lock .venv/bin/python bench/recall_bench.py [--quick] [--memories N] [--queries N]
+        [--keep DIR]
 
 One node home with a key (memory versions signed), a permission gate of 1,000 rules (enforce) and a
 daemon ``post_recall`` hook; its database is filled through ``Service.memory_store`` with the storage
@@ -26,6 +27,7 @@ import asyncio
 import json
 import platform
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -116,9 +118,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = Corpus()
     queries = [corpus.query() for _ in range(args.queries)]  # drawn first, as the storage bench does
     with tempfile.TemporaryDirectory(prefix="recall-bench-") as tmp:
-        base = Path(tmp)
+        base = args.keep or Path(tmp)
         home = base / "home"
-        home.mkdir()
+        marker = base / "filled.json"
+        filled = json.loads(marker.read_text(encoding="utf-8")) if marker.exists() else None
+        if filled is not None and filled != {"memories": args.memories, "rules": args.rules}:
+            raise SystemExit(f"{base} was filled as {filled}: use another --keep directory")
+        if filled is None and base.exists() and any(base.iterdir()):
+            raise SystemExit(f"{base} is not empty and was not filled by this bench")
+        home.mkdir(parents=True, exist_ok=True)
         (home / "rules.toml").write_text(bench_rules(args.rules), encoding="utf-8")
         (base / "daemon.py").write_text(DAEMON, encoding="utf-8")
         hooks_toml(base / "hooks.toml", "bench-daemon", "daemon", [sys.executable, str(base / "daemon.py")])
@@ -126,16 +134,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cfg = from_dict({"agent_id": AGENT, "home": str(home), "storage": {"synchronous": "normal"},
                          "limits": {"max_db_bytes": 4 * 1024 ** 3},
                          "permissions": {"config": "rules.toml", "reload_check_s": 3600.0}}, env={})
-        keys.generate_identity(cfg.keys_dir, AGENT)
+        if filled is None:
+            keys.generate_identity(cfg.keys_dir, AGENT)
         svc = await open_service(cfg, require_identity=True, hooks=NoHooks())
         daemon = HookPipeline(base / "hooks.toml", cfg.hooks)
         try:
             assert svc.identity is not None and svc.gate is not None and len(svc.gate.index) == args.rules
-            fill_s = await fill(svc, corpus, args.memories)
-            print(f"filled {args.memories} memories in {fill_s:.1f} s", file=sys.stderr)
+            if filled is None:
+                fill_s = await fill(svc, corpus, args.memories)
+                print(f"filled {args.memories} memories in {fill_s:.1f} s", file=sys.stderr)
+                if args.keep:
+                    marker.write_text(json.dumps({"memories": args.memories, "rules": args.rules}), encoding="utf-8")
+            else:
+                fill_s = 0.0
+                print(f"reusing the {args.memories} memories in {base}", file=sys.stderr)
             signed = sum(1 for r in await svc.db.read(memories.list_, None, 100) if r.signature)
             result = await measure(svc, daemon, queries)
-            result["fill_seconds"] = round(fill_s, 1)
+            result["fill_seconds"] = round(fill_s, 1) if filled is None else None
             result["signed_in_newest_100"] = signed
         finally:
             await daemon.close()
@@ -190,6 +205,8 @@ async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[st
     conn.close()
     stats = {name: summarize(s) for name, s in samples.items()}
     by_kind = {kind: {"queries": kinds.count(kind),
+                      "overlap_top10": round(statistics.fmean(o for o, k in zip(overlaps, kinds, strict=True)
+                                                              if k == kind), 4),
                       **{name: summarize([t for t, k in zip(samples[name], kinds, strict=True) if k == kind])
                          for name in ("old query, db.read", "new query, db.read")}}
                for kind in KINDS if kind in kinds}
@@ -230,10 +247,11 @@ def markdown(r: dict[str, Any]) -> str:
               f"{t['overlap']}: {'met' if t['met'] else 'not met'}; everything on: "
               f"{'met' if t['everything_on_met'] else 'not met'}", "",
               "| db.read by query kind (common = in at least half the memories) | queries | old p50 | old p95 | "
-              "new p50 | new p95 |", "|---|---:|---:|---:|---:|---:|"]
+              "new p50 | new p95 | top-10 overlap |", "|---|---:|---:|---:|---:|---:|---:|"]
     for kind, k in r["by_kind"].items():
         o, n = k["old query, db.read"], k["new query, db.read"]
-        lines.append(f"| {kind} | {k['queries']} | {o['p50_ms']} | {o['p95_ms']} | {n['p50_ms']} | {n['p95_ms']} |")
+        lines.append(f"| {kind} | {k['queries']} | {o['p50_ms']} | {o['p95_ms']} | {n['p50_ms']} | {n['p95_ms']} | "
+                     f"{k['overlap_top10']} |")
     return "\n".join(lines)
 
 
@@ -243,6 +261,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--memories", type=int, default=None, help="memories to fill (default 100000)")
     ap.add_argument("--queries", type=int, default=None, help="recall queries per mode (default 1000)")
     ap.add_argument("--rules", type=int, default=1000, help="permission rules in the gate")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="fill the node home under this directory once and reuse it in later runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "recall.json")
     ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,
                     help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets)")

@@ -9,20 +9,24 @@ with the LIMIT inside the FTS subquery, so only ``limit`` rows are joined to mem
 
 bm25 scores every matching row, so a broad query (a word in most memories) would cost O(matches):
 ~100 ms at 100k. When more than RANK_WINDOW rows match, only the RANK_WINDOW most recently inserted
-matches are ranked (found by a cheap unscored walk in rowid order): recency is a fair tie-breaker for
-memories, and the cost is bounded.
+matches are ranked (FTS5 walks matches in rowid order and stops there): recency is a fair tie-breaker
+for memories, and the cost is bounded. Equal scores keep insertion order (the older memory first), as
+FTS5's rank sorter left them.
 
 What remained at 100k (PERFORMANCE.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
 posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
 the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still the
 rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).
-When every word is common their idfs are equal and still order the window by tf, so all of them rank.
-bm25() is called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank
-sorter, with the same scores.
+When every word is common their idfs are all that clamped constant, so the window's order is by term
+counts and row lengths only: those are computed from the window's text and FTS5's %_docsize, the exact
+bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25 ranks as above). bm25() is
+called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank sorter,
+with the same scores; the window is found and ranked in one statement.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 import sqlite3
@@ -51,6 +55,14 @@ DF_MAX_TERMS = 50_000
 _BM25 = "bm25(memories_fts, 2.0, 1.0, 1.5)"
 # SQLite's default bound on host parameters is 32766; stay far below it.
 _CHUNK = 500
+# FTS5's bm25 as _BM25 calls it, for the every-word-common ranking done here (_rank_common): the constants
+# k1 and b, the weights of title, content and tags, and the idf of a word in at least half the rows.
+_K1, _B = 1.2, 0.75
+_WEIGHTS = (2.0, 1.0, 1.5)
+_CLAMPED_IDF = 1e-6
+# _rank_common separates a window's cells with \x01 and stands one of these in for each query word's tokens.
+_CELL = "\x01"
+_TOKEN_MARKS = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -238,7 +250,9 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
     # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
     # words skips their posting-list walk; if every word is common, their (equal) idfs still order by tf.
     ranked = [t for t, c in zip(tokens, common, strict=True) if not c] or tokens
-    hits = _search(conn, tokens, " AND ", ranked, limit, namespace, rank_window)
+    hits = _rank_common(conn, tokens, limit, namespace, rank_window) if all(common) else None
+    if hits is None:
+        hits = _search(conn, tokens, " AND ", ranked, limit, namespace, rank_window)
     if not hits and len(tokens) > 1:
         # OR: a row may hold only common words, so all words rank (the cost of the rarer fallback).
         hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window)
@@ -247,37 +261,116 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
 
 def _search(conn: sqlite3.Connection, tokens: list[str], op: str, ranked: list[str], limit: int,
             namespace: str | None, rank_window: int) -> list[tuple[MemoryRow, float]]:
-    match = op.join(tokens)
-    # Walking matches in rowid order costs no scoring; it finds the window of rows to rank.
-    in_window = ""
-    window_args: tuple[str, ...] = ()
-    if namespace is None and ranked == tokens:
-        start = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rowid DESC "
-                             "LIMIT 1 OFFSET ?", (match, rank_window - 1)).fetchone()
-        floor = start[0] if start else -(2 ** 63)
-    else:
-        if namespace is None:
-            window = conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH ? "
-                                  "ORDER BY rowid DESC LIMIT ?", (match, rank_window)).fetchall()
-        else:
-            window = conn.execute("SELECT f.rowid FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
-                                  "WHERE memories_fts MATCH ? AND m.namespace = ? ORDER BY f.rowid DESC LIMIT ?",
-                                  (match, namespace, rank_window)).fetchall()
-        if not window:
-            return []
-        floor = window[-1][0]
-        # Rank only the window's rows (the namespace and every word already checked); ``+`` keeps the set a
-        # filter rather than one FTS5 lookup, and one idf pass, per rowid.
-        in_window = "AND +f.rowid IN (SELECT value FROM json_each(?))"
-        window_args = (json.dumps([r[0] for r in window]),)
+    """The window (the ``rank_window`` most recent rows matching ``op``-joined ``tokens``, in ``namespace``)
+    ranked by bm25 over ``ranked``, in one statement. Equal scores: the older memory first."""
+    ns_join, ns_where, ns_args = ("", "", ()) if namespace is None else \
+        ("JOIN memories AS m ON m.rowid = f.rowid", "AND m.namespace = ?", (namespace,))
+    window = (f"SELECT f.rowid{{score}} FROM memories_fts AS f {ns_join} WHERE memories_fts MATCH ? {ns_where} "
+              "ORDER BY f.rowid DESC LIMIT ?")
     # bm25() in the select list with SQLite's own top-k sort: about twice as fast as FTS5's ORDER BY rank
     # sorter, with the same scores.
+    if ranked == tokens:
+        # Scored as the window is walked: FTS5 stops after rank_window rows, and bm25 sees only those.
+        with_ = ""
+        top = (f"SELECT rowid, score FROM ({window.format(score=f', {_BM25} AS score')}) "
+               "ORDER BY score, rowid LIMIT ?")
+        args: tuple[Any, ...] = (op.join(tokens), *ns_args, rank_window, limit)
+    else:
+        # The window walked unscored, its rows ranked by the other words: ``+`` keeps the window a filter,
+        # not one FTS5 lookup (and idf pass) per rowid; the floor lets FTS5 skip the older matches.
+        with_ = f"WITH w AS MATERIALIZED ({window.format(score='')}) "
+        top = (f"SELECT f.rowid, {_BM25} AS score FROM memories_fts AS f WHERE memories_fts MATCH ? "
+               "AND f.rowid >= (SELECT min(rowid) FROM w) AND +f.rowid IN w ORDER BY score, f.rowid LIMIT ?")
+        args = (op.join(tokens), *ns_args, rank_window, op.join(ranked), limit)
     cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
-    sql = (f"SELECT {cols}, s.score FROM (SELECT f.rowid, {_BM25} AS score FROM memories_fts AS f "
-           f"WHERE memories_fts MATCH ? AND f.rowid >= ? {in_window} ORDER BY score LIMIT ?) AS s "
-           "JOIN memories AS m ON m.rowid = s.rowid ORDER BY s.score")
-    rows = conn.execute(sql, (op.join(ranked), floor, *window_args, limit))
-    return [(_row(r[:-1]), -r[-1]) for r in rows]
+    sql = (f"{with_}SELECT {cols}, s.score FROM ({top}) AS s JOIN memories AS m ON m.rowid = s.rowid "
+           "ORDER BY s.score, s.rowid")
+    return [(_row(r[:-1]), -r[-1]) for r in conn.execute(sql, args)]
+
+
+def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namespace: str | None,
+                 rank_window: int) -> list[tuple[MemoryRow, float]] | None:
+    """bm25 over the window when every word is in at least half the rows, computed here from the window's text.
+
+    Each word's idf is then the same clamped constant, so a row's score needs only its weighted count of each
+    word (title 2.0, content 1.0, tags 1.5) and its length in tokens (FTS5's %_docsize), with the table's
+    row and token counts (its averages record): FTS5's idf pass, a walk of every word's whole posting list,
+    is skipped. The scores are bm25's, to the bit: the same formula, in the same order of float operations.
+    Words are counted as unicode61 tokenizes ASCII text (runs of letters and digits, case-folded), so this
+    path serves only ASCII words over an all-ASCII window; None tells the caller to rank with bm25 instead.
+    Equal scores: the older memory first. [] when no memory holds every word.
+    """
+    words = [t[1:-1].replace('""', '"').lower() for t in tokens]
+    if len(words) > len(_TOKEN_MARKS) or not all(w.isascii() for w in words):
+        return None
+    averages = conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()
+    if averages is None:
+        return None
+    n_rows, *col_tokens = _varints(averages[0])
+    if n_rows <= 0:
+        return None
+    avgdl = sum(col_tokens) / n_rows
+    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
+    # The window (the rank_window most recent rows holding every word), with each row's cells and length.
+    window = conn.execute(
+        "SELECT f.rowid, m.title || char(1) || m.content || char(1) || m.tags, d.sz FROM memories_fts AS f "
+        "JOIN memories AS m ON m.rowid = f.rowid JOIN memories_fts_docsize AS d ON d.id = f.rowid "
+        f"WHERE memories_fts MATCH ? {ns_where} ORDER BY f.rowid DESC LIMIT ?",
+        (" AND ".join(tokens), *ns_args, rank_window)).fetchall()
+    if not window:
+        return []
+    text = _CELL.join([r[1] for r in window])
+    marks = _TOKEN_MARKS[:len(words)]
+    if not text.isascii() or text.count(_CELL) != 3 * len(window) - 1 or any(mk in text for mk in marks):
+        return None
+    text = text.lower()
+    for word, mark in zip(words, marks, strict=True):
+        text = _token_pattern(word).sub(mark, text)
+    cells = text.split(_CELL)
+    wt, wc, wg = _WEIGHTS
+    # Each word's weighted count in each row: bm25's per-row frequency of the word.
+    freqs = []
+    for mark in marks:
+        n = [cell.count(mark) for cell in cells]
+        freqs.append([wt * t + wc * c + wg * g for t, c, g in zip(n[0::3], n[1::3], n[2::3], strict=True)])
+    # A row's length in tokens is the sum of its %_docsize varints, one per column (one byte each below 128).
+    norms = [_K1 * (1 - _B + _B * (sum(sz) if sz.isascii() else sum(_varints(sz))) / avgdl) for _, _, sz in window]
+    # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+    scores = [0.0] * len(window)
+    for f in freqs:
+        scores = [s + _CLAMPED_IDF * ((x * (_K1 + 1.0)) / (x + n)) for s, x, n in zip(scores, f, norms, strict=True)]
+    best = heapq.nlargest(limit, zip(scores, [r[0] for r in window], strict=True), key=lambda b: (b[0], -b[1]))
+    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
+    marks_sql = ",".join("?" * len(best))
+    found = {r[-1]: _row(r[:-1]) for r in conn.execute(
+        f"SELECT {cols}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
+    # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
+    return [(found[rowid], score) for score, rowid in best if rowid in found]
+
+
+def _token_pattern(word: str) -> re.Pattern[str]:
+    """Matches ``word`` (lower-case ASCII letters and digits) as a whole token of lower-cased ASCII text."""
+    w = re.escape(word)
+    # The word first, so the regex engine scans for it as a literal; then 'no letter or digit on either side'.
+    return re.compile(f"{w}(?![a-z0-9])(?<![a-z0-9]{w})")
+
+
+def _varints(blob: bytes) -> list[int]:
+    """The SQLite varints in ``blob`` (FTS5's averages and %_docsize records)."""
+    out, i = [], 0
+    while i < len(blob):
+        v = 0
+        for j in range(9):
+            c = blob[i]
+            i += 1
+            if j == 8:
+                v = (v << 8) | c
+                break
+            v = (v << 7) | (c & 0x7F)
+            if c < 0x80:
+                break
+        out.append(v)
+    return out
 
 
 class DocFreqs:

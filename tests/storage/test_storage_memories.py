@@ -324,3 +324,78 @@ def test_doc_freqs_on_an_empty_table_call_nothing_common(tmp_path):
     assert memories.DocFreqs().common(conn, ['"the"']) == [False]
     assert memories.recall(conn, "the", 10, None, memories.DocFreqs()) == []
     conn.close()
+
+
+# ---- every word common: bm25 computed from the window's text, not FTS5's idf pass ------------------------
+
+@pytest.fixture(scope="module")
+def common_conn(tmp_path_factory):
+    """300 memories all holding 'the' and 'of' (in any case, between any punctuation, in any column), a few long."""
+    rng = random.Random(61)
+    seps = [" ", ", ", "_", "-", ". ", "\n", "'", "/", ":"]
+    conn = sqlite3.connect(tmp_path_factory.mktemp("common") / "common.db", isolation_level=None)
+    migrate(conn)
+
+    def text(words: list[str]) -> str:
+        return "".join(w + rng.choice(seps) for w in words)
+
+    for i in range(300):
+        words = (rng.choices(["the", "The", "THE"], k=rng.randint(1, 5)) + ["of"] * rng.randint(1, 3)
+                 + rng.choices(["thee", "other", "of2", "x9", "theof", "w1", "w2"], k=rng.randint(0, 30)))
+        rng.shuffle(words)
+        cut = rng.randint(0, len(words))
+        memories.insert(conn, make_memory(namespace=rng.choice(("a", "b")), title=text(words[:cut // 3]),
+                                          # Some contents over 127 tokens: a two-byte %_docsize varint.
+                                          content=text(words[cut // 3:]) + str(i) + " x9" * (140 * (i % 60 == 0)),
+                                          tags=tuple(rng.sample(["the", "of", "tag"], rng.randint(0, 2)))))
+    yield conn
+    conn.close()
+
+
+@pytest.mark.parametrize("query", ["the", "THE of", "of the", "the of the"])
+@pytest.mark.parametrize("namespace", [None, "a"])
+@pytest.mark.parametrize("rank_window", [memories.RANK_WINDOW, 40])
+def test_every_word_common_gives_bm25s_scores(common_conn, query: str, namespace: str | None, rank_window: int):
+    tokens = memories.fts_tokens(query)
+    assert all(memories.DocFreqs().common(common_conn, tokens))
+    ours = memories._rank_common(common_conn, tokens, 10, namespace, rank_window)
+    assert ours is not None  # an all-ASCII window: counted here, not by bm25
+    old = _rank_sorter_recall(common_conn, query, 10, namespace, rank_window)
+    # The same formula in the same order of float operations: the same scores, to the bit.
+    assert [s for _, s in ours] == [s for _, s in old]
+    # Equal scores (same counts, same length) in insertion order, as the rank sorter leaves them.
+    assert [m.id for m, _ in ours] == [i for i, _ in old]
+    assert [m.id for m, _ in memories.recall(common_conn, query, 10, namespace, memories.DocFreqs(),
+                                             rank_window=rank_window)] == [m.id for m, _ in ours]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
+async def test_every_word_common_ranks_the_denser_and_shorter_memory_first(db: Database):
+    dense = make_memory(title="the", content="the of the")
+    sparse = make_memory(content="the of " + " ".join(f"filler{i}" for i in range(30)))
+    medium = make_memory(content="the of the of some words")
+    for r in (dense, sparse, medium):
+        await db.write(memories.insert, r)
+    hits = await db.read(memories.recall, "the of", 10, None, memories.DocFreqs())
+    assert [m.id for m, _ in hits] == [dense.id, medium.id, sparse.id]
+    assert hits[0][1] > hits[1][1] > hits[2][1] > 0
+    # Equal scores: the older memory first, as bm25's rank sorter orders them.
+    twin = make_memory(title="the", content="the of the")
+    await db.write(memories.insert, twin)
+    assert [m.id for m, _ in await db.read(memories.recall, "the of", 2, None, memories.DocFreqs())] == [
+        dense.id, twin.id]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
+async def test_every_word_common_over_non_ascii_text_ranks_with_bm25(db: Database):
+    rows = [make_memory(content="Café the of"), make_memory(content="the the of"), make_memory(content="the of x")]
+    for r in rows:
+        await db.write(memories.insert, r)
+    tokens = memories.fts_tokens("the of")
+    assert await db.read(memories._rank_common, tokens, 10, None, memories.RANK_WINDOW) is None
+    hits = await db.read(memories.recall, "the of", 10, None, memories.DocFreqs())
+    assert [m.id for m, _ in hits][0] == rows[1].id and len(hits) == 3
+    # A marker character in the text, or a non-ASCII word, also leaves the ranking to bm25.
+    await db.write(memories.insert, make_memory(content="the of \x02"))
+    assert await db.read(memories._rank_common, tokens, 10, None, 2) is None
+    assert await db.read(memories._rank_common, memories.fts_tokens("thé"), 10, None, 2) is None
