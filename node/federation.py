@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 import cbor2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
+from a2a import Ack, Envelope, ProtocolError, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
 from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
@@ -38,7 +38,7 @@ from node.permissions.rules import Operation
 from node.ratelimit import RateLimiter
 from node.transcripts import inbound_row, scope_of, spans_of, transcript_wire
 from node.trust import Keyring
-from node.wire import link_dict, link_wire, memory_dict, memory_put_body
+from node.wire import envelope_wires, link_dict, link_wire, memory_dict, memory_put_body
 from storage import changelog, events, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
@@ -237,10 +237,11 @@ class Federation:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
         (a memory version: itself; a link: both its ends). Returns the rows queued."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
+        peers = self._audience(scope)
+        wires = envelope_wires(self.agent_id, peers, payload, ts, ttl_ms)  # validated and encoded once
         queued = []
-        for peer in self._audience(scope):
-            env = new_envelope(self.agent_id, [peer], payload, ts, ttl_ms)
-            row = outbox.enqueue_row(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
+        for peer, (cid, wire) in zip(peers, wires, strict=True):
+            row = outbox.enqueue_row(conn, cid, peer, str(payload["kind"]), wire, ts + ttl_ms, ts, ts)
             if row is not None:  # a fresh correlation id: always, unless uuid4 collided
                 queued.append(row)
         return queued
