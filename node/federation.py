@@ -499,8 +499,8 @@ class Federation:
         """One read for the links of a turn: which are stored, and their ends."""
         def read(conn: Any) -> list[_LinkLookup]:
             ends = memories.get_many(conn, set().union(*(ids for _, ids in asked)))
-            return [_LinkLookup(links.get(conn, link_id) is not None, {i: ends[i] for i in ids if i in ends})
-                    for link_id, ids in asked]
+            here = links.stored_ids(conn, [link_id for link_id, _ in asked])
+            return [_LinkLookup(link_id in here, {i: ends[i] for i in ids if i in ends}) for link_id, ids in asked]
         return await self.db.read(read)
 
     async def _write_links(self, rows: list[tuple[LinkRow, str]]) -> list[bool]:
@@ -509,12 +509,16 @@ class Federation:
         def write(conn: Any) -> list[bool]:
             stored: list[bool] = []
             applied: Counter[str] = Counter()
+            here = links.stored_ids(conn, [row.link_id for row, _ in rows])  # one read for the batch
+            event = None  # the event appended last in this job: the next one chains to it without a read
             for row, level in rows:
-                if links.get(conn, row.link_id) is not None:
+                if row.link_id in here:
                     stored.append(False)
                     continue
                 links.insert(conn, row)
-                events.append(conn, "link", row.link_id, row.observed_by, row.link_id, row.signature, row.created_at)
+                here.add(row.link_id)  # the same link twice in one batch: the second is a duplicate
+                event = events.append(conn, "link", row.link_id, row.observed_by, row.link_id, row.signature,
+                                      row.created_at, after=event)
                 changelog.append(conn, "link", row.link_id, 1, row.created_at)
                 applied[level] += 1
                 stored.append(True)
