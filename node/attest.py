@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import cbor2
@@ -48,6 +48,9 @@ class LinkPayload:
     observed_by: str
     valid_from: int
     valid_until: int | None
+    # The canonical bytes, encoded once: a link's id and its signature are both over them (on a sender and on
+    # every receiver), and each encoding with its field dict cost ~10 us a link (PERFORMANCE.md, issue 16).
+    _canonical: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("src_id", "dst_id", "relation", "observed_by"):
@@ -60,6 +63,7 @@ class LinkPayload:
         if self.valid_until is not None and (not _is_int(self.valid_until) or self.valid_until < self.valid_from):
             raise AttestError("bad_link_field", "valid_until must be null or an integer >= valid_from (unix ms), "
                                                 f"got {self.valid_until!r}")
+        object.__setattr__(self, "_canonical", cbor2.dumps(self.to_dict(), canonical=True))
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> LinkPayload:
@@ -69,10 +73,12 @@ class LinkPayload:
         return cls(**{f: m[f] for f in SIGNED_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The six signed fields (all immutable scalars: no deep copy needed)."""
+        return {"src_id": self.src_id, "dst_id": self.dst_id, "relation": self.relation,
+                "observed_by": self.observed_by, "valid_from": self.valid_from, "valid_until": self.valid_until}
 
     def canonical_bytes(self) -> bytes:
-        return cbor2.dumps(self.to_dict(), canonical=True)
+        return self._canonical
 
     @property
     def link_id(self) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 import cbor2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from a2a import Ack, Envelope, ProtocolError, new_envelope, validate_payload
+from a2a import Ack, Envelope, ProtocolError, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from node import attest
 from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
@@ -38,7 +38,7 @@ from node.permissions.rules import Operation
 from node.ratelimit import RateLimiter
 from node.transcripts import inbound_row, scope_of, spans_of, transcript_wire
 from node.trust import Keyring
-from node.wire import link_dict, link_wire, memory_dict, memory_put_body
+from node.wire import envelope_wires, link_dict, link_wire, memory_dict, memory_put_body
 from storage import changelog, events, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
@@ -237,10 +237,11 @@ class Federation:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
         (a memory version: itself; a link: both its ends). Returns the rows queued."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
+        peers = self._audience(scope)
+        wires = envelope_wires(self.agent_id, peers, payload, ts, ttl_ms)  # validated and encoded once
         queued = []
-        for peer in self._audience(scope):
-            env = new_envelope(self.agent_id, [peer], payload, ts, ttl_ms)
-            row = outbox.enqueue_row(conn, env.correlation_id, peer, env.kind, env.to_wire(), env.expires_at, ts, ts)
+        for peer, (cid, wire) in zip(peers, wires, strict=True):
+            row = outbox.enqueue_row(conn, cid, peer, str(payload["kind"]), wire, ts + ttl_ms, ts, ts)
             if row is not None:  # a fresh correlation id: always, unless uuid4 collided
                 queued.append(row)
         return queued
@@ -498,8 +499,8 @@ class Federation:
         """One read for the links of a turn: which are stored, and their ends."""
         def read(conn: Any) -> list[_LinkLookup]:
             ends = memories.get_many(conn, set().union(*(ids for _, ids in asked)))
-            return [_LinkLookup(links.get(conn, link_id) is not None, {i: ends[i] for i in ids if i in ends})
-                    for link_id, ids in asked]
+            here = links.stored_ids(conn, [link_id for link_id, _ in asked])
+            return [_LinkLookup(link_id in here, {i: ends[i] for i in ids if i in ends}) for link_id, ids in asked]
         return await self.db.read(read)
 
     async def _write_links(self, rows: list[tuple[LinkRow, str]]) -> list[bool]:
@@ -508,12 +509,16 @@ class Federation:
         def write(conn: Any) -> list[bool]:
             stored: list[bool] = []
             applied: Counter[str] = Counter()
+            here = links.stored_ids(conn, [row.link_id for row, _ in rows])  # one read for the batch
+            event = None  # the event appended last in this job: the next one chains to it without a read
             for row, level in rows:
-                if links.get(conn, row.link_id) is not None:
+                if row.link_id in here:
                     stored.append(False)
                     continue
                 links.insert(conn, row)
-                events.append(conn, "link", row.link_id, row.observed_by, row.link_id, row.signature, row.created_at)
+                here.add(row.link_id)  # the same link twice in one batch: the second is a duplicate
+                event = events.append(conn, "link", row.link_id, row.observed_by, row.link_id, row.signature,
+                                      row.created_at, after=event)
                 changelog.append(conn, "link", row.link_id, 1, row.created_at)
                 applied[level] += 1
                 stored.append(True)

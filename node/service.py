@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -50,6 +50,15 @@ def _item_error(exc: BaseException) -> dict[str, Any]:
     """One batch item's failure, as the MCP edge reports a whole call's."""
     d = describe(exc)
     return {"error": {"code": d.code, "message": d.message}}
+
+
+@dataclass(slots=True)
+class _LinkJob:
+    """One memory_link_many write job's running state: the link ids stored (read once, then each one made)
+    and the audit event appended last (the next one chains to it without reading the head)."""
+
+    stored: set[str]
+    event: events.EventRow | None = None
 
 
 class Replicator(Protocol):
@@ -292,9 +301,10 @@ class Service:
         def write(conn: Any) -> list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]]:
             written = []
             ends = memories.get_many(conn, {end for _, (row, _) in planned for end in (row.src_id, row.dst_id)})
+            job = _LinkJob(links.stored_ids(conn, [row.link_id for _, (row, _) in planned]))
             for i, (row, approved) in planned:
                 try:
-                    written.append((i, row, self._write_link(conn, row, approved, ends)))
+                    written.append((i, row, self._write_link(conn, row, approved, ends, job)))
                 except ServiceError as e:  # raised before this item wrote anything: the others stand
                     results[i] = _item_error(e)
             return written
@@ -389,22 +399,29 @@ class Service:
         return row, approved
 
     def _write_link(self, conn: Any, row: LinkRow, approved: approval.Approved | None,
-                    known: dict[str, MemoryRow] | None = None) -> tuple[list[MemoryRow], Queued]:
+                    known: dict[str, MemoryRow] | None = None,
+                    job: _LinkJob | None = None) -> tuple[list[MemoryRow], Queued]:
         """In a write transaction: the link row, its audit event, change-log entry and outbox rows. Raises
         ServiceError (unknown_memory, duplicate_link) before writing anything. ``known``: memories read in
-        this transaction (a batch's ends, read once)."""
+        this transaction (a batch's ends, read once); ``job``: the batch's stored link ids and audit chain head."""
         ids = {row.src_id, row.dst_id}
         ends = ({i: known[i] for i in ids if i in known} if known is not None
                 else memories.get_many(conn, ids))
         missing = sorted({row.src_id, row.dst_id} - set(ends))
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
-        if links.get(conn, row.link_id) is not None:
+        stored = row.link_id in job.stored if job is not None else links.get(conn, row.link_id) is not None
+        if stored:
             raise ServiceError("duplicate_link", f"link {row.link_id} is already stored")
         ts = row.created_at
         self._claim(conn, approved, ts)
         links.insert(conn, row)
-        events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts)
+        # An approval claim appends its own event: the chain head is then read again.
+        after = job.event if job is not None and approved is None else None
+        event = events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts, after=after)
+        if job is not None:
+            job.stored.add(row.link_id)
+            job.event = event
         changelog.append(conn, "link", row.link_id, 1, ts)
         # A link goes only where both of its ends go.
         scope = list(ends.values())

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
+import cbor2
+
+from a2a.envelope import new_envelope
 from node import attest
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -48,3 +53,45 @@ def link_wire(row: LinkRow) -> dict[str, Any]:
     if row.confidence is not None:
         link["confidence"] = row.confidence
     return {"link": link, "signature": row.signature, "signed_by": row.signed_by}
+
+
+# An envelope's fields that differ between the copies of one change sent to several peers.
+_PER_PEER = ("recipients", "correlation_id")
+
+
+# An envelope map's keys in canonical CBOR order, with their encodings, per key set (there is one).
+_KEY_ORDERS: dict[tuple[str, ...], list[tuple[str, bytes]]] = {}
+
+
+def _key_order(keys: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """Canonical CBOR map order (RFC 7049 3.9, as ``cbor2.dumps(canonical=True)``): shorter encoded key first,
+    then bytewise."""
+    order = _KEY_ORDERS.get(keys)
+    if order is None:
+        encoded = sorted((len(k), k, key) for key in keys for k in [cbor2.dumps(key)])
+        order = _KEY_ORDERS[keys] = [(key, k) for _, k, key in encoded]
+    return order
+
+
+def envelope_wires(sender: str, peers: Sequence[str], payload: Mapping[str, Any], now_ms: int,
+                   ttl_ms: int) -> list[tuple[str, bytes]]:
+    """One envelope of ``payload`` per peer (recipients ``[peer]``, a fresh correlation id each), as
+    ``(correlation_id, bytes)``, each byte for byte what ``Envelope.to_wire`` encodes. The payload is
+    validated and encoded once, not once per peer: a canonical map is its entries' encodings in key order,
+    so only the two per-peer entries are encoded per copy (a link.put cost ~25 us a peer to build and
+    encode whole, in the writer's transaction; PERFORMANCE.md, issue 16). ``peers`` are configured peer
+    ids (the first is checked as an envelope recipient; the config checks them all)."""
+    if not peers:
+        return []
+    first = new_envelope(sender, [peers[0]], payload, now_ms, ttl_ms)  # validates payload, sender, times
+    m = first.to_map()
+    order = _key_order(tuple(m))
+    head = bytes([0xA0 | len(m)])  # a map of 7 entries: its head is one byte (major type 5, count < 24)
+    fixed = {key: k + cbor2.dumps(m[key], canonical=True) for key, k in order if key not in _PER_PEER}
+    out = []
+    for i, peer in enumerate(peers):
+        cid = first.correlation_id if i == 0 else str(uuid.uuid4())
+        own = {"recipients": [peer], "correlation_id": cid}
+        out.append((cid, head + b"".join(fixed[key] if key in fixed else k + cbor2.dumps(own[key])
+                                         for key, k in order)))
+    return out

@@ -65,11 +65,16 @@ def _row(r: Row) -> EventRow:
 
 
 def append(conn: sqlite3.Connection, event_type: str, link_id: str | None, agent_id: str, payload_hash: str,
-           signature: bytes | None, created_at: int) -> EventRow:
+           signature: bytes | None, created_at: int, *, after: EventRow | None = None) -> EventRow:
     """Append one event, chained to the newest row. A second 'link' event for the same link_id raises
-    StorageError('duplicate_link'). Must run on the writer (db.write) so appends are serialized."""
-    last = conn.execute("SELECT seq, event_hash FROM signed_events ORDER BY seq DESC LIMIT 1").fetchone()
-    seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
+    StorageError('duplicate_link'). Must run on the writer (db.write) so appends are serialized.
+    ``after``: the newest row when the caller holds it (the event it appended last in this same write job,
+    nothing appended since), saving the read of the chain's head; a stale one collides on ``seq`` and fails."""
+    if after is not None:
+        seq, prev = after.seq + 1, after.event_hash
+    else:
+        last = conn.execute("SELECT seq, event_hash FROM signed_events ORDER BY seq DESC LIMIT 1").fetchone()
+        seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
     h = event_hash(prev, seq, event_type, link_id, agent_id, payload_hash, signature, created_at)
     try:
         conn.execute(f"INSERT INTO signed_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",

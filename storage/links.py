@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -33,6 +34,8 @@ class LinkRow:
     created_at: int                  # unix ms
 
 
+# Ids per IN (...) query: under SQLite's default bound of 999 variables.
+_CHUNK = 500
 _COLUMNS = ("link_id, src_id, dst_id, relation, observed_by, valid_from, valid_until, confidence, "
             "signature, attest_level, signed_by, received_from, created_at")
 
@@ -59,6 +62,17 @@ def insert(conn: sqlite3.Connection, link: LinkRow) -> None:
 def get(conn: sqlite3.Connection, link_id: str) -> LinkRow | None:
     r = conn.execute(f"SELECT {_COLUMNS} FROM memory_links WHERE link_id = ?", (link_id,)).fetchone()
     return _row(r) if r else None
+
+
+def stored_ids(conn: sqlite3.Connection, link_ids: Iterable[str]) -> set[str]:
+    """Those of ``link_ids`` already stored (one query per ``_CHUNK`` ids: a batch's duplicate check)."""
+    wanted = list(dict.fromkeys(link_ids))
+    found: set[str] = set()
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        found.update(r[0] for r in conn.execute(f"SELECT link_id FROM memory_links WHERE link_id IN ({marks})", chunk))
+    return found
 
 
 def list_(conn: sqlite3.Connection, attest_level: str | None = None, limit: int = 50,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from storage.errors import StorageError
 from storage.rows import Row, inserted_id, scalar_int
 
+# Ids per IN (...) statement: under SQLite's default bound of 999 variables.
+_CHUNK = 500
 _OUT = ("id, correlation_id, peer, kind, envelope, expires_at, attempts, next_attempt_at, last_error, "
         "created_at")
 _DEAD = "id, correlation_id, peer, kind, envelope, expires_at, attempts, last_error, created_at, dead_at"
@@ -121,9 +123,16 @@ def mark_attempt(conn: sqlite3.Connection, id: int, attempts: int, next_attempt_
 
 
 def remove_many(conn: sqlite3.Connection, peer: str, correlation_ids: Sequence[str]) -> int:
-    """Delete ``peer``'s rows for the ACKed ``correlation_ids``; returns how many there were."""
-    return sum(conn.execute("DELETE FROM a2a_outbox WHERE correlation_id = ? AND peer = ?", (cid, peer)).rowcount
-               for cid in correlation_ids)
+    """Delete ``peer``'s rows for the ACKed ``correlation_ids``; returns how many there were. One statement
+    per ``_CHUNK`` ids (a group's ACKs: one DELETE each cost ~5 us a row on the sender's writer thread)."""
+    wanted = list(dict.fromkeys(correlation_ids))
+    removed = 0
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        removed += conn.execute(f"DELETE FROM a2a_outbox WHERE peer = ? AND correlation_id IN ({marks})",
+                                (peer, *chunk)).rowcount
+    return removed
 
 
 def remove(conn: sqlite3.Connection, correlation_id: str, peer: str) -> bool:

@@ -1,5 +1,6 @@
 """The normative link-signing vectors, loaded as they are, reproduced byte for byte."""
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -133,3 +134,17 @@ def test_transcript_signature_never_verifies_for_a_changed_field_or_span() -> No
     for field, value in (("namespace", "default"), ("content_hash", "0" * 64), ("agent", "ai:node-2@lab"),
                          ("spans", [[t["spans"][0][0], 6, 24], t["spans"][1]])):
         assert not verify(pk, TranscriptPayload.from_mapping({**t, field: value}), sig)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_canonical_bytes_encoded_once_follow_every_field(case: dict) -> None:
+    """The canonical bytes are kept with the payload: a payload built with one field changed (``replace`` or
+    anew) has its own, so a tampered copy never verifies on the original's bytes."""
+    payload = LinkPayload.from_mapping(case["link"])
+    assert payload.to_dict() == {f: case["link"][f] for f in payload.to_dict()}
+    changed = dataclasses.replace(payload, relation=payload.relation + "x")
+    assert changed.canonical_bytes() == LinkPayload.from_mapping(changed.to_dict()).canonical_bytes()
+    assert changed.canonical_bytes() != payload.canonical_bytes() and changed.link_id != payload.link_id
+    assert changed == LinkPayload.from_mapping({**case["link"], "relation": payload.relation + "x"})
+    sig = bytes.fromhex(case["ed25519_signature_hex"])
+    assert not verify(Ed25519PrivateKey.from_private_bytes(SEED).public_key(), changed, sig)

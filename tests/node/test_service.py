@@ -170,3 +170,21 @@ async def test_update_bumps_version_keeps_other_fields_and_refuses_bad_input(svc
         await svc.memory_update("nope", content="x")
     assert err.value.code == "not_found"
     assert (await svc.memory_get(a["id"]))["version"] == 2
+
+
+async def test_link_many_refuses_links_stored_before_or_earlier_in_the_call_and_chains_each_event(
+        svc: Service) -> None:
+    a, b = await _two(svc)
+    svc.clock = lambda: 1_900_000_000_000  # one ms for all: the same fields make the same link_id
+    stored = await svc.memory_link(a["id"], b["id"], "r0")
+    out = await svc.memory_link_many([{"src_id": a["id"], "dst_id": b["id"], "relation": r}
+                                      for r in ("r0", "r1", "r1", "r2")])
+    assert out["made"] == 2 and out["failed"] == 2
+    codes = [r.get("error", {}).get("code") for r in out["results"]]
+    assert codes == ["duplicate_link", None, "duplicate_link", None]
+    assert out["results"][1]["ok"]["relation"] == "r1" and stored["relation"] == "r0"
+    await svc.memory_link(b["id"], a["id"], "after the batch")
+    audit = await svc.audit_verify()
+    assert audit["ok"] is True and audit["checked"] == 2 + 1 + 2 + 1  # two memories, then four links
+    assert [(await svc.memory_verify(r["ok"]["link_id"]))["signature_verified"] for r in out["results"]
+            if "ok" in r] == [True, True]

@@ -140,3 +140,33 @@ async def test_deleting_a_middle_event_is_detected(db: Database):
     raw.execute("DELETE FROM signed_events WHERE seq = 2")
     raw.close()
     assert (await db.read(events.verify_chain)).first_bad_seq == 3
+
+
+async def test_stored_ids_names_the_stored_links_among_many(db: Database):
+    for i in range(3):
+        await db.write(links.insert, make_link(i))
+    asked = [make_link(i).link_id for i in range(700)]  # past one IN (...) chunk
+    assert await db.read(links.stored_ids, asked + asked[:2]) == {make_link(i).link_id for i in range(3)}
+    assert await db.read(links.stored_ids, []) == set()
+
+
+async def test_append_after_the_event_just_appended_chains_as_a_read_of_the_head(db: Database):
+    def batch(conn: sqlite3.Connection) -> list[events.EventRow]:
+        out: list[events.EventRow] = []
+        for i in range(4):
+            out.append(events.append(conn, "link", f"{i + 50:064x}", "ai:a", f"{i + 9:064x}", None, 1 + i,
+                                     after=out[-1] if out else None))
+        return out
+
+    await _append_n(db, 2)
+    rows = await db.write(batch)
+    assert [r.seq for r in rows] == [3, 4, 5, 6]
+    assert await db.read(events.verify_chain) == events.ChainReport(True, 6, None, None)
+
+
+async def test_append_after_a_stale_event_fails_and_leaves_the_chain_whole(db: Database):
+    first = (await _append_n(db, 2))[0]
+    with pytest.raises(StorageError) as err:  # seq 2 is taken: a stale head never forks the chain
+        await db.write(lambda conn: events.append(conn, "link", "ee" * 32, "ai:a", "ff" * 32, None, 9, after=first))
+    assert err.value.code != "duplicate_link" and "signed_events.seq" in str(err.value)
+    assert await db.read(events.verify_chain) == events.ChainReport(True, 2, None, None)

@@ -43,6 +43,21 @@ async def test_mark_attempt_then_remove_on_ack(db: Database):
     assert await db.read(outbox.depth) == 0
 
 
+async def test_remove_many_deletes_only_that_peers_acked_rows(db: Database):
+    def fill(conn) -> None:
+        for i in range(600):  # past one IN (...) chunk
+            for peer in ("ai:b", "ai:c"):
+                outbox.enqueue(conn, f"c{i}", peer, "link.put", b"\xa1env", 60_000, 1000, 500)
+
+    await db.write(fill)
+    acked = [f"c{i}" for i in range(0, 600, 2)]
+    assert await db.write(outbox.remove_many, "ai:b", [*acked, "c0", "unknown"]) == 300
+    assert await db.write(outbox.remove_many, "ai:b", acked) == 0  # a late ACK again: nothing left to delete
+    assert await db.read(outbox.depth, "ai:b") == 300 and await db.read(outbox.depth, "ai:c") == 600
+    left = {r.correlation_id for r in await db.read(outbox.pending_for_peer, "ai:b", 1000)}
+    assert left == {f"c{i}" for i in range(1, 600, 2)}
+
+
 async def test_exhausted_message_moves_to_dead_letters_and_back(db: Database):
     i = await _enqueue(db, "c1", "ai:b")
     await db.write(outbox.mark_attempt, i, 3, 9000, "connection refused")
