@@ -52,10 +52,10 @@ QUICK_MESSAGES = 200
 MODE_DEFAULT = "default (nodes as `testbed up` lays them out: no hooks, no permission rules, signed memory versions)"
 MODE_EVERYTHING_ON = (
     "everything on (every node: the daemon post_recall hook, 1,000 permission rules in enforce mode, signed memory "
-    "versions; each checked in the node's memory_capabilities before the run). The ping fan-out measured here "
-    "neither recalls nor writes, so it fires no hook, asks the gate nothing and signs nothing: this is the "
-    "fan-out of nodes that carry those loads (hook daemons running, rules loaded), not the per-message cost "
-    "of them")
+    "versions; each checked in the node's memory_capabilities before the run, after one recall per node that "
+    "passes the gate and starts the hook daemon). The ping fan-out measured here neither recalls nor writes, so "
+    "it fires no hook, asks the gate nothing and signs nothing: this is the fan-out of nodes that carry those "
+    "loads (hook daemons running, rules loaded), not the per-message cost of them")
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: 
     """One N: a fresh mesh under ``work`` (started by ``mesh_factory``: local processes or containers),
     our all-ACK figures, then the floor's and NATS's; a result row. ``everything_on``: each node home
     gets the hook daemon and the 1,000 rules first (testbed/everything_on.py), checked on every running
-    node before the first message."""
+    node before the first message after one recall (which starts the hook daemon)."""
     # Short names: each node's unix socket path must stay under the 108-byte limit.
     root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
     layout = build_layout(root, nodes)
@@ -236,13 +236,17 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: 
 
 
 async def _check_everything_on(layout: MeshLayout) -> dict[str, Any]:
-    """Every node's own report (``memory_capabilities`` over its local socket) of the hook, the rules and
-    signing; TestbedError when one does not run all three."""
+    """After one recall on each node (through the gate and the hook, which starts the daemon), every node's
+    own report (``memory_capabilities`` over its local socket) of the hook, the rules and signing;
+    TestbedError when one does not run all three or its daemon is not running."""
     from node.live import ask_node
 
     out = {}
     for spec in layout.nodes:
-        caps = await ask_node(load_config(spec.config_path, env={}), "memory_capabilities")
+        cfg = load_config(spec.config_path, env={})
+        # One recall through the gate and the post_recall hook: the daemon starts on its first call.
+        await ask_node(cfg, "memory_recall", {"query": "everything on", "limit": 1})
+        caps = await ask_node(cfg, "memory_capabilities")
         if not isinstance(caps, dict):
             raise TestbedError("everything_on_not_loaded", f"{spec.agent_id} did not answer memory_capabilities")
         out[spec.agent_id] = everything.check(caps, spec.agent_id)

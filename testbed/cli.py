@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--everything-on", action="store_true",
                     help="local backend: before each mesh starts, give every node the daemon post_recall hook "
                          "(a Python JSON-RPC daemon), 1,000 permission rules in enforce mode that allow the "
-                         "mesh's own agents, and check in each node's memory_capabilities that both are loaded "
-                         "and that it signs memory versions (testbed nodes always do). The pings measured fire "
+                         "mesh's own agents; then make one recall per node (starts the hook daemon) and check in "
+                         "its memory_capabilities that both are loaded and that it signs memory versions "
+                         "(testbed nodes always do). The pings measured fire "
                          "no hook and ask the gate nothing; the report states the mode")
     fl = sub.add_parser("fault", help="inject a fault into a --netns testbed: latency|loss|partition|heal|kill|restart",
                         description="latency NODE 25ms [JITTER]: delay NODE's egress; loss NODE 1%%: drop that share "

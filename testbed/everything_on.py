@@ -89,11 +89,13 @@ def loaded(caps: dict[str, Any]) -> dict[str, Any]:
 
 
 def check(caps: dict[str, Any], agent_id: str) -> dict[str, Any]:
-    """``loaded(caps)``, or TestbedError when the node does not run all three as written."""
+    """``loaded(caps)``, or TestbedError when the node does not run all three as written (the hook's daemon
+    must be running: it starts on the hook's first call, so ask after a recall)."""
     from testbed.build import TestbedError
 
     got = loaded(caps)
+    runner = got["hook_runners"].get(HOOK_NAME) or {}
     if got["hooks"] != [HOOK_NAME] or got["permissions_mode"] != "enforce" or got["rules"] != RULES \
-            or not got["signing"]:
+            or not got["signing"] or runner.get("state") != "running":
         raise TestbedError("everything_on_not_loaded", f"{agent_id} does not run everything on: {got}")
     return got

@@ -35,12 +35,19 @@ def test_mesh_with_everything_on_has_the_files_and_every_node_reports_them_loade
                          "inherit": True}]
     with LocalMesh(layout):
         for spec in layout.nodes:
-            caps = asyncio.run(ask_node(load_config(spec.config_path, env={}), "memory_capabilities"))
+            cfg = load_config(spec.config_path, env={})
+            caps = asyncio.run(ask_node(cfg, "memory_capabilities"))
             assert isinstance(caps, dict)
-            got = everything_on.check(caps, spec.agent_id)  # raises unless all three are on
+            assert everything_on.loaded(caps)["hook_runners"][everything_on.HOOK_NAME]["state"] == "not_started"
+            # The node's own recall passes the 1,000-rule gate and fires the daemon hook, which starts it.
+            assert asyncio.run(ask_node(cfg, "memory_recall", {"query": "anything"})) == []
+            caps = asyncio.run(ask_node(cfg, "memory_capabilities"))
+            assert isinstance(caps, dict)
+            got = everything_on.check(caps, spec.agent_id)  # raises unless all three are on, daemon running
             assert got["rules"] == everything_on.RULES and got["permissions_mode"] == "enforce"
             assert got["hooks"] == [everything_on.HOOK_NAME] and got["signing"] is True
             assert all(p["link_state"] == "up" for p in caps["peers"])
+            assert caps["hooks"]["hooks"][0]["counts"] == {"fired": 1, "allowed": 1}
 
 
 def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: Path) -> None:
