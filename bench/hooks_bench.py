@@ -34,20 +34,13 @@ from node.hooks import HookEvent, NoHooks  # noqa: E402
 from node.hooks.pipeline import HookPipeline  # noqa: E402
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
 from node.service import Service  # noqa: E402
+from testbed.everything_on import DAEMON, hooks_toml  # noqa: E402  (shared with testbed bench --everything-on)
 
 AGENT = "ai:bench@lab"
 DAEMON_P95_OVERHEAD_TARGET_MS = 1.0
 PREFILL_BATCH = 500
 ROUNDS = 50
 
-DAEMON = r'''
-import json, sys
-for line in sys.stdin:
-    msg = json.loads(line)
-    if "id" in msg:
-        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"decision": "allow"}}) + "\n")
-        sys.stdout.flush()
-'''
 EXEC_PY = r'''
 import json, sys
 json.load(sys.stdin)
@@ -68,11 +61,6 @@ def pct(samples_ns: list[int], q: float) -> float:
 def summary(samples_ns: list[int]) -> dict[str, float]:
     return {"n": len(samples_ns), "p50_ms": pct(samples_ns, 0.50), "p95_ms": pct(samples_ns, 0.95),
             "p99_ms": pct(samples_ns, 0.99), "mean_ms": sum(samples_ns) / len(samples_ns) / 1e6}
-
-
-def hooks_toml(path: Path, name: str, mode: str, command: list[str]) -> None:
-    path.write_text(f'[[hooks]]\nname = "{name}"\nevents = ["post_recall"]\nmode = "{mode}"\n'
-                    f"command = {json.dumps(command)}\n", encoding="utf-8")
 
 
 async def run(memories: int, calls: int, exec_calls: int) -> dict[str, Any]:

@@ -32,27 +32,11 @@ from node.config import from_dict  # noqa: E402
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
 from node.permissions.gate import Gate  # noqa: E402
 from node.permissions.rules import Operation, Request, decide_uncached  # noqa: E402
+from testbed.everything_on import BENCH_AGENT as AGENT  # noqa: E402
+from testbed.everything_on import NAMESPACE, rules_toml  # noqa: E402  (shared with testbed bench --everything-on)
 
-AGENT = "ai:bench@lab"
 TARGET_P95_MS = 0.2
-NAMESPACE = "org/unit/team/notes"
 ROUNDS = 40
-
-
-def rules_toml(n: int) -> str:
-    lines = ['mode = "enforce"']
-    ancestors = ["org", "org/unit", "org/unit/team", NAMESPACE]
-    fixed = [("*", "org", "store", "allow", True), (AGENT, "org/unit", "link", "deny", True),
-             ("ai:other@lab", "org/unit/team", "store", "deny", True), ("*", NAMESPACE, "recall", "allow", False)]
-    for i in range(n - len(fixed)):
-        ns = f"tenant{i % 250}/area{i % 7}/team{i}/sub" if i % 10 else ancestors[i % 4]
-        agent = f"ai:agent-{i % 200}@lab" if i % 10 else f"ai:peer-{i}@lab"
-        action = ("allow", "deny", "ask")[i % 3]
-        fixed.append((agent, ns, ("store", "update", "link", "recall")[i % 4], action, True))
-    for agent, ns, op, action, inherit in fixed:
-        lines += ["[[rules]]", f'agent = "{agent}"', f'namespace = "{ns}"', f'operations = ["{op}"]',
-                  f'action = "{action}"', f"inherit = {'true' if inherit else 'false'}"]
-    return "\n".join(lines) + "\n"
 
 
 def pct(xs: list[float], p: float) -> float:

@@ -31,6 +31,7 @@ from a2a import Backoff, new_envelope
 from mesh import keys, tls
 from mesh.link import LinkState, PeerLink
 from node.config import load_config
+from testbed import everything_on as everything
 from testbed import floor, nats_peer
 from testbed.build import MeshLayout, NodeSpec, TestbedError, build_layout
 from testbed.control import check_node_count
@@ -48,6 +49,13 @@ ACK_TIMEOUT_S = 10.0
 TTL_MS = 60_000
 QUICK_NODES = (3,)
 QUICK_MESSAGES = 200
+MODE_DEFAULT = "default (nodes as `testbed up` lays them out: no hooks, no permission rules, signed memory versions)"
+MODE_EVERYTHING_ON = (
+    "everything on (every node: the daemon post_recall hook, 1,000 permission rules in enforce mode, signed memory "
+    "versions; each checked in the node's memory_capabilities before the run, after one recall per node that "
+    "passes the gate and starts the hook daemon). The ping fan-out measured here neither recalls nor writes, so "
+    "it fires no hook, asks the gate nothing and signs nothing: this is the fan-out of nodes that carry those "
+    "loads (hook daemons running, rules loaded), not the per-message cost of them")
 
 
 @dataclass(frozen=True)
@@ -184,17 +192,24 @@ async def _bench_nats(layout: MeshLayout, root: Path, frame: bytes, messages: in
 
 
 def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: str | None = None,
-              mesh_factory: MeshFactory = LocalMesh) -> dict:
+              mesh_factory: MeshFactory = LocalMesh, everything_on: bool = False) -> dict:
     """One N: a fresh mesh under ``work`` (started by ``mesh_factory``: local processes or containers),
-    our all-ACK figures, then the floor's and NATS's; a result row."""
+    our all-ACK figures, then the floor's and NATS's; a result row. ``everything_on``: each node home
+    gets the hook daemon and the 1,000 rules first (testbed/everything_on.py), checked on every running
+    node before the first message after one recall (which starts the hook daemon)."""
     # Short names: each node's unix socket path must stay under the 108-byte limit.
     root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
     layout = build_layout(root, nodes)
+    if everything_on:
+        everything.apply(layout)
     _, frame = ping_frame(layout, int(time.time() * 1000))
     progress = Progress(f"bench {nodes} nodes", messages)
     print(f"bench: starting {nodes} nodes under {root}", file=sys.stderr)
+    loaded = None
     with mesh_factory(layout) as mesh:
         pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
+        if everything_on:
+            loaded = asyncio.run(_check_everything_on(layout))
         ours = asyncio.run(bench_mesh(layout, pids, messages, warmup, progress), debug=False)
     progress.done()
     print(f"bench: floor for {nodes} nodes", file=sys.stderr)
@@ -204,7 +219,7 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: 
     row = {"nodes": nodes, "messages": messages, "warmup": warmup, "frame_bytes": len(frame),
            "budget_p95_ms": budget, "within_budget": None if budget is None else o.p95_ms <= budget,
            "ratio_p95": o.p95_ms / f.p95_ms, "ratio_p50": o.p50_ms / f.p50_ms,
-           "ours": asdict(o), "floor": asdict(f), "nats": None,
+           "ours": asdict(o), "floor": asdict(f), "nats": None, "everything_on_loaded": loaded,
            "ratio_p95_nats": None, "ratio_p50_nats": None, "p95_le_nats": None,
            "_samples": {"ours": sorted(ours[0]), "floor": sorted(fl[0])}}
     if nats_missing is None:
@@ -220,6 +235,24 @@ def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: 
     return row
 
 
+async def _check_everything_on(layout: MeshLayout) -> dict[str, Any]:
+    """After one recall on each node (through the gate and the hook, which starts the daemon), every node's
+    own report (``memory_capabilities`` over its local socket) of the hook, the rules and signing;
+    TestbedError when one does not run all three or its daemon is not running."""
+    from node.live import ask_node
+
+    out = {}
+    for spec in layout.nodes:
+        cfg = load_config(spec.config_path, env={})
+        # One recall through the gate and the post_recall hook: the daemon starts on its first call.
+        await ask_node(cfg, "memory_recall", {"query": "everything on", "limit": 1})
+        caps = await ask_node(cfg, "memory_capabilities")
+        if not isinstance(caps, dict):
+            raise TestbedError("everything_on_not_loaded", f"{spec.agent_id} did not answer memory_capabilities")
+        out[spec.agent_id] = everything.check(caps, spec.agent_id)
+    return out
+
+
 def remove_tree(root: Path) -> None:
     import shutil
 
@@ -228,15 +261,19 @@ def remove_tree(root: Path) -> None:
 
 def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: int | None = None,
         command: str | None = None, plot: bool = True, netem: str | None = None,
-        mesh_factory: MeshFactory = LocalMesh) -> dict:
+        mesh_factory: MeshFactory = LocalMesh, everything_on: bool = False) -> dict:
     """Run the bench for every N in ``nodes_list``; write out/bench.json, out/bench.md and PNG CDFs.
 
     ``mesh_factory`` starts each mesh (a context manager whose ``procs[i].pid`` are the node processes):
     LocalMesh, or testbed.docker's container mesh.
     ``netem`` ("delay 25ms 5ms loss 1%"): run each mesh and floor in network namespaces under that
     emulated WAN (testbed/faults.py); the NATS peer is not run then.
+    ``everything_on``: every node runs the daemon post_recall hook, 1,000 enforcing permission rules and
+    signs its memory versions (testbed/everything_on.py); the floor and NATS are unchanged.
     """
     em = None
+    if everything_on and netem:
+        raise TestbedError("bad_option", "--everything-on is not supported with --netem")
     if netem:
         from testbed import faults, netns
 
@@ -256,11 +293,12 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
     if nats_missing:
         print(f"bench: NATS peer omitted: {nats_missing}", file=sys.stderr)
     rows = [faults.bench_one_netem(work, n, messages, warmup, em) if em else
-            bench_one(work, n, messages, warmup, nats_missing, mesh_factory) for n in nodes_list]
+            bench_one(work, n, messages, warmup, nats_missing, mesh_factory, everything_on) for n in nodes_list]
     report = {"command": command or "testbed " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
               "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
                        "kernel": platform.release()},
+              "mode": MODE_EVERYTHING_ON if everything_on else MODE_DEFAULT,
               "payload": "a2a ping envelope (CBOR), one envelope to all N-1 recipients; the ping schema "
                          "allows no padding field, so frames are ping-sized, not memory.put-sized",
               "nats": {"available": nats_missing is None, "omitted_reason": nats_missing,
@@ -309,6 +347,7 @@ def markdown(report: dict) -> str:
         f"Command: `{report['command']}`  ",
         f"Host: {report['host']['cpus']} CPUs, Python {report['host']['python']}, {report['generated_at']}; "
         f"frame {report['results'][0]['frame_bytes']} B ({report['payload']}).  ",
+        f"Mode: {report.get('mode', MODE_DEFAULT)}.  ",
         (f"NATS peer ({nats['version']}): {nats['shape']}." if nats["available"]
          else f"NATS peer omitted: {nats['omitted_reason']}."),
         "",

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--netem", default=None, metavar="SPEC",
                     help='emulated WAN, e.g. "delay 25ms 5ms loss 1%%": every node (and floor receiver) in its '
                          "own namespace with that delay/loss on its egress; needs root")
+    bn.add_argument("--everything-on", action="store_true",
+                    help="local backend: before each mesh starts, give every node the daemon post_recall hook "
+                         "(a Python JSON-RPC daemon), 1,000 permission rules in enforce mode that allow the "
+                         "mesh's own agents; then make one recall per node (starts the hook daemon) and check in "
+                         "its memory_capabilities that both are loaded and that it signs memory versions "
+                         "(testbed nodes always do). The pings measured fire "
+                         "no hook and ask the gate nothing; the report states the mode")
     fl = sub.add_parser("fault", help="inject a fault into a --netns testbed: latency|loss|partition|heal|kill|restart",
                         description="latency NODE 25ms [JITTER]: delay NODE's egress; loss NODE 1%%: drop that share "
                                     "of NODE's egress packets; partition A B: drop traffic between A and B; heal "
@@ -218,12 +225,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     nodes = args.nodes or (list(bench.QUICK_NODES) if args.quick else [3, 5, 10])
     messages = args.messages or (bench.QUICK_MESSAGES if args.quick else 2000)
     if args.backend == "docker":
-        if args.netem:
-            raise TestbedError("bad_option", "--netem applies to the local backend only")
+        if args.netem or args.everything_on:
+            raise TestbedError("bad_option", f"{'--netem' if args.netem else '--everything-on'} applies to the "
+                                             "local backend only")
         from testbed.docker import run_bench
         report = run_bench(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot)
     else:
-        extra = {"netem": args.netem} if args.netem else {}
+        extra: dict[str, object] = {"netem": args.netem} if args.netem else {}
+        if args.everything_on:
+            extra["everything_on"] = True
         report = bench.run(nodes, messages, args.out, args.dir, warmup=args.warmup, plot=not args.no_plot, **extra)
     print((args.out / "bench.md").read_text(encoding="utf-8"))
     print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'}"
