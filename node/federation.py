@@ -81,50 +81,6 @@ OK_UNCHANGED = Applied(None)
 OK_CHANGED = Applied(None, True)
 
 
-class VerifyBatcher:
-    """Collects signature checks made in one loop turn and runs them as one batch on a thread."""
-
-    def __init__(self, executor: ThreadPoolExecutor) -> None:
-        self.executor = executor
-        self._queue: list[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None,
-                                asyncio.Future[bool]]] = []
-        self._scheduled = False
-        self.batches = 0
-        self.verified = 0
-
-    async def verify(self, keys: tuple[Ed25519PublicKey, ...], payload: LinkPayload | MemoryPayload,
-                     signature: bytes | None) -> bool:
-        """True when ``signature`` verifies under one of ``keys`` (a signer's keyring)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
-        self._queue.append((keys, payload, signature, fut))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
-        return await fut
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        while self._queue:
-            batch, self._queue = self._queue[:VERIFY_BATCH_MAX], self._queue[VERIFY_BATCH_MAX:]
-            self.batches += 1
-            self.verified += len(batch)
-            work = asyncio.get_running_loop().run_in_executor(
-                self.executor, attest.verify_many, [(k, p, s) for k, p, s, _ in batch])
-            work.add_done_callback(lambda done, batch=batch: _settle(done, batch))
-
-
-def _settle(done: asyncio.Future[list[bool]], batch: list[Any]) -> None:
-    exc = done.exception()
-    for i, (*_, fut) in enumerate(batch):
-        if fut.done():
-            continue
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(done.result()[i])
-
-
 class TurnBatch(Generic[I, R]):
     """Calls made in one loop turn, run together as one ``run(items) -> results`` (one reader or writer hop
     for the links of a batch frame instead of one per link). A failed run fails each of its calls."""
@@ -167,6 +123,30 @@ class TurnBatch(Generic[I, R]):
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
+
+
+class VerifyBatcher:
+    """Collects signature checks made in one loop turn and runs them as one batch on a thread."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self.executor = executor
+        self._turn: TurnBatch[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None],
+                              bool] = TurnBatch(self._verify_many)
+        self.verified = 0
+
+    @property
+    def batches(self) -> int:
+        return self._turn.runs
+
+    async def verify(self, keys: tuple[Ed25519PublicKey, ...], payload: LinkPayload | MemoryPayload,
+                     signature: bytes | None) -> bool:
+        """True when ``signature`` verifies under one of ``keys`` (a signer's keyring)."""
+        return await self._turn((keys, payload, signature))
+
+    async def _verify_many(self, items: list[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload,
+                                                    bytes | None]]) -> list[bool]:
+        self.verified += len(items)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, attest.verify_many, items)
 
 
 @dataclass(frozen=True, slots=True)
