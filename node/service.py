@@ -363,7 +363,7 @@ class Service:
                                                   "valid_until": valid_until, "confidence": confidence}}
         p = await self._fire_pre(HookEvent.PRE_LINK, {"src_id": src_id, "dst_id": dst_id, "relation": relation,
                                                       "valid_until": valid_until, "confidence": confidence},
-                                 Operation.LINK, "", call)
+                                 Operation.LINK, lambda: self._namespace_of(src_id), call)
         relation, valid_until, confidence = p["relation"], p["valid_until"], p["confidence"]
         self._check_id("src_id", src_id)
         self._check_id("dst_id", dst_id)
@@ -650,9 +650,10 @@ class Service:
                                      f"{self.cfg.permissions.max_bytes_per_agent} bytes "
                                      "(permissions.max_bytes_per_agent); the memory was not stored")
 
-    async def _fire_pre(self, event: HookEvent, payload: dict[str, Any], operation: Operation, namespace: str,
-                        call: dict[str, Any]) -> dict[str, Any]:
-        """A write's pre hooks; a hook's AskUser parks the call as a rule's ask does (same pending path)."""
+    async def _fire_pre(self, event: HookEvent, payload: dict[str, Any], operation: Operation,
+                        namespace: str | Callable[[], Awaitable[str]], call: dict[str, Any]) -> dict[str, Any]:
+        """A write's pre hooks; a hook's AskUser parks the call as a rule's ask does (same pending path).
+        ``namespace`` may be a read, made only when a hook asks."""
         try:
             return await self.hooks.fire(event, payload)
         except ApprovalRequired as e:
@@ -660,8 +661,15 @@ class Service:
                 return dict(e.payload)
             if self.approvals is None:
                 raise
+            if not isinstance(namespace, str):
+                namespace = await namespace()
             raise await self.approvals.park(self.agent_id, str(operation), namespace, call, e.ask,
                                             f"hook {e.hook!r}") from None
+
+    async def _namespace_of(self, memory_id: str) -> str:
+        """The stored memory's namespace ("" when there is none by that id)."""
+        row = await self.db.read(memories.get, memory_id)
+        return row.namespace if row is not None else ""
 
     def _claim(self, conn: Any, approved: approval.Approved | None, ts: int) -> None:
         """In an approved action's write transaction: mark it applied, or refuse (decided or expired)."""
@@ -683,7 +691,11 @@ class Service:
             raise ServiceError("bad_input", f"remember must be once or forever, got {remember!r}")
         decided = await self._approvals().decide(action_id, choice, decided_by, self._replay)
         if remember == "forever" and choice == approval.APPROVE and self.gate is not None:
-            rule = await self.gate.add_rule({"agent": decided["agent"], "namespace": decided["namespace"] or "*",
+            if not decided["namespace"]:
+                # A rule for every namespace would answer far more asks than this one: not remembered.
+                return {**decided, "remembered": None,
+                        "not_remembered": "the action names no namespace; approve each such ask once"}
+            rule = await self.gate.add_rule({"agent": decided["agent"], "namespace": decided["namespace"],
                                              "operations": [decided["operation"]], "action": "approved"},
                                             decided_by, self.clock())
             decided = {**decided, "remembered": rule.summary()}

@@ -94,6 +94,34 @@ async def test_ask_user_parks_the_store_as_approval_required_with_the_prompt(ope
     assert rows(cfg, "SELECT count(*) FROM memories") == [(0,)]
 
 
+async def test_ask_user_on_a_link_parks_it_under_its_source_namespace(open_service, scripts,
+                                                                        cfg: NodeConfig) -> None:
+    exe, _ = scripts
+    svc = await open_service([hook("ask", ["pre_link"], exe, "ask", "Link these?")])
+    a = await svc.memory_store("a", namespace="team/x")
+    b = await svc.memory_store("b", namespace="free")
+    with pytest.raises(ApprovalPending) as e:
+        await svc.memory_link(a["id"], b["id"], "related_to")
+    assert (await svc.approvals.get(e.value.action_id))["namespace"] == "team/x"
+    decided = await svc.approval_decide(e.value.action_id, "approve", remember="forever")
+    # Remembered for the link's namespace only, not as a rule answering link asks everywhere.
+    assert decided["remembered"].startswith("approved link on team/x for ")
+    assert rows(cfg, "SELECT count(*) FROM memory_links") == [(1,)]
+
+
+async def test_an_asked_link_from_an_unknown_memory_adds_no_rule(open_service, scripts, cfg: NodeConfig) -> None:
+    exe, _ = scripts
+    svc = await open_service([hook("ask", ["pre_link"], exe, "ask", "Link these?")])
+    a = await svc.memory_store("a")
+    with pytest.raises(ApprovalPending) as e:  # its source is not stored here: no namespace to park under
+        await svc.memory_link("0" * 32, a["id"], "related_to")
+    assert (await svc.approvals.get(e.value.action_id))["namespace"] == ""
+    with pytest.raises(Exception) as refused:  # the approved re-run finds no source memory
+        await svc.approval_decide(e.value.action_id, "approve", remember="forever")
+    assert getattr(refused.value, "code", None) == "unknown_memory"
+    assert (await svc.capabilities())["permissions"]["rules"] == 0
+
+
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
 async def test_hanging_hook_is_killed_at_its_deadline(open_service, scripts, tmp_path: Path, cfg: NodeConfig,
                                                       fail_mode: str) -> None:
