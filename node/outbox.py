@@ -207,7 +207,7 @@ class OutboxSender:
         if not live:
             return
         sent = time.perf_counter()
-        answers = await send_group(self.links[peer], [(r.correlation_id, r.envelope) for r in live])
+        answers = await self.links[peer].send_many([(r.correlation_id, r.envelope) for r in live])
         took = time.perf_counter() - sent
         acked, rejected, failed = sort_answers(live, answers)
         if acked:
@@ -296,22 +296,6 @@ def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
         else:
             failed.append((row, answer.reason or "not accepted"))
     return acked, rejected, failed
-
-
-async def send_group(link: PeerLink, frames: list[tuple[str, bytes]]) -> list[Ack | MeshError]:
-    """Each frame's ACK or MeshError, in order; one ``send_many`` call where the link has it."""
-    send_many = getattr(link, "send_many", None)
-    if send_many is not None:
-        answers: list[Ack | MeshError] = await send_many(frames)
-        return answers
-
-    async def one(cid: str, wire: bytes) -> Ack | MeshError:
-        try:
-            return await link.send_wire(cid, wire)
-        except MeshError as e:
-            return e
-
-    return list(await asyncio.gather(*(one(cid, wire) for cid, wire in frames)))
 
 
 def _acked(conn, peer: str, correlation_ids: list[str], now_ms: int) -> None:

@@ -35,6 +35,9 @@ class AckingLink:
             asyncio.get_running_loop().call_later(0.01, self._answer)
         return await fut
 
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
+        return list(await asyncio.gather(*(self.send_wire(cid, w) for cid, w in frames)))
+
     def _answer(self) -> None:
         burst, self._burst = self._burst, []
         for cid, fut in burst:
@@ -99,7 +102,7 @@ class GroupLink(AckingLink):
         if not self.answer:
             self.sent.extend(cid for cid, _ in frames)
             await asyncio.Event().wait()
-        return list(await asyncio.gather(*(self.send_wire(cid, w) for cid, w in frames)))
+        return await super().send_many(frames)
 
 
 async def _enqueued(db: Database, n: int) -> list[OutboxRow]:
