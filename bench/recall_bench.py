@@ -39,9 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from hooks_bench import DAEMON, hooks_toml  # noqa: E402
-from permissions_bench import rules_toml  # noqa: E402
-from storage_bench import Corpus, summarize  # noqa: E402
+from storage_bench import Corpus, report_run, summarize  # noqa: E402
 
 from mesh import keys  # noqa: E402
 from node.assemble import open_service  # noqa: E402
@@ -53,6 +51,7 @@ from storage import memories  # noqa: E402
 
 # The baseline selects and builds rows exactly as recall does, hence the private names.
 from storage.memories import _COLUMNS, MemoryRow, _row, fts_tokens  # noqa: E402
+from testbed.everything_on import DAEMON, hooks_toml, rules_toml  # noqa: E402
 
 AGENT = "ai:bench@lab"
 TARGET_P95_MS = 5.0
@@ -269,13 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     args.memories = args.memories or (10_000 if args.quick else 100_000)
     args.queries = args.queries or (200 if args.quick else 1_000)
-    sys.setswitchinterval(args.switch_interval)
-    report = asyncio.run(run(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(markdown(report))
-    print(f"\nJSON: {args.out}")
-    return report
+    return report_run(args, run, markdown)
 
 
 if __name__ == "__main__":

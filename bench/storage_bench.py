@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -221,6 +222,13 @@ def main(argv: list[str] | None = None) -> dict:
                     help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets; "
                          "Python's own default is 0.005)")
     args = ap.parse_args(argv)
+    return report_run(args, run, markdown)
+
+
+def report_run(args: argparse.Namespace, run: Callable[[argparse.Namespace], Awaitable[dict]],
+               markdown: Callable[[dict], str]) -> dict:
+    """A bench's main after parsing: the node's GIL switch interval, ``run``, its JSON to ``args.out``, its
+    table printed."""
     sys.setswitchinterval(args.switch_interval)
     report = asyncio.run(run(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
