@@ -346,7 +346,8 @@ def _sync(hooks: ServerHooks):
         except Exception as e:
             log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
             code = getattr(e, "code", "internal")
-            return json_error(400 if hasattr(e, "code") else 500, code, getattr(e, "message", str(e)))
+            status = 500 if not hasattr(e, "code") else 429 if code == "rate_limited" else 400
+            return json_error(status, code, getattr(e, "message", str(e)))
         return web.Response(body=cbor2.dumps(dict(page)), content_type=CBOR)
     return handler
 

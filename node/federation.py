@@ -704,10 +704,23 @@ class Federation:
         ``peer`` itself or by the agents in ``skip`` (the puller gets those from their writers).
         """
         limit = min(limit, self.cfg.federation.sync_page_limit)
+        if self.peer_rate is not None:
+            # A page reads up to ``limit`` changes, each one a message's worth of work: they come out of the
+            # peer's limits.peer_requests_per_second budget, as live messages do. A short budget gives a
+            # short page (the peer asks again from ``next``); none at all refuses the page, retryably.
+            limit, wait = self.peer_rate.take_up_to(peer, limit)
+            if not limit:
+                self.counters["rejected:rate_limited"] += 1
+                raise ServiceError("rate_limited", f"sync pages from {peer} are past limits.peer_requests_per_second "
+                                                   f"({self.cfg.limits.peer_requests_per_second}); retry in "
+                                                   f"{wait * 1000:.0f} ms")
         omit = {peer, *skip}
+        read_rows = 0
 
         def read(conn: Any) -> dict[str, Any]:
+            nonlocal read_rows
             rows = changelog.page(conn, since, limit)
+            read_rows = len(rows)
             items: list[dict[str, Any]] = []
             budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
             for r in rows:
@@ -721,7 +734,11 @@ class Federation:
             return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq)}
 
         read_at = self.clock()
-        page = await self.db.read(read)
+        try:
+            page = await self.db.read(read)
+        finally:
+            if self.peer_rate is not None:
+                self.peer_rate.give_back(peer, limit - read_rows)  # a short log used fewer than granted
         if not page["more"]:
             # Only changes the log carries are covered by the catch-up (a dead ping stays for replay), and
             # only letters dead before this page was read: a later one may carry a change made since.

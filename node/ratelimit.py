@@ -25,15 +25,31 @@ class TokenBucket:
         self.clock = clock
         self.stamp = clock()
 
-    def take(self) -> float:
-        """Spend one token; returns 0.0 when allowed, else the seconds until one is available."""
+    def _refill(self) -> None:
         now = self.clock()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
+
+    def take(self) -> float:
+        """Spend one token; returns 0.0 when allowed, else the seconds until one is available."""
+        self._refill()
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / self.rate
+
+    def take_up_to(self, n: int) -> tuple[int, float]:
+        """Spend up to ``n`` whole tokens at once: (how many, 0.0), or (0, seconds until one is available)."""
+        self._refill()
+        got = min(n, int(self.tokens))
+        if got < 1:
+            return 0, (1.0 - self.tokens) / self.rate
+        self.tokens -= got
+        return got, 0.0
+
+    def give_back(self, n: int) -> None:
+        """Return ``n`` tokens taken and not used (never above one second's worth)."""
+        self.tokens = min(self.capacity, self.tokens + n)
 
 
 class RateLimiter:
@@ -47,12 +63,27 @@ class RateLimiter:
 
     def wait_s(self, caller: str) -> float:
         """Spend one of ``caller``'s tokens: 0.0 when allowed, else the seconds until one is available."""
-        bucket = self._buckets.get(caller) or TokenBucket(self.rate, self.clock)
-        self._buckets[caller] = bucket  # re-set so the idle timer counts from the last use
-        wait = bucket.take()
+        wait = self._bucket(caller).take()
         if wait:
             self.refused += 1
         return wait
+
+    def take_up_to(self, caller: str, n: int) -> tuple[int, float]:
+        """Spend up to ``n`` of ``caller``'s tokens: (how many, 0.0), or (0, seconds until one is available)."""
+        got, wait = self._bucket(caller).take_up_to(n)
+        if not got:
+            self.refused += 1
+        return got, wait
+
+    def give_back(self, caller: str, n: int) -> None:
+        """Return ``n`` of ``caller``'s tokens that ``take_up_to`` granted and the work did not use."""
+        if n > 0:
+            self._bucket(caller).give_back(n)
+
+    def _bucket(self, caller: str) -> TokenBucket:
+        bucket = self._buckets.get(caller) or TokenBucket(self.rate, self.clock)
+        self._buckets[caller] = bucket  # re-set so the idle timer counts from the last use
+        return bucket
 
     def check(self, caller: str) -> None:
         """Raise ServiceError ``rate_limited`` when ``caller`` is past its budget."""

@@ -592,6 +592,27 @@ def test_sync_bounds_are_400_with_a_json_error(trust: Trust) -> None:
     assert trust.attacker.sync(trust.n1, since=INT64_MAX).page["items"] == []
 
 
+def test_sync_pages_past_the_peers_request_budget_are_429_and_the_next_page_comes_later(mesh_factory) -> None:
+    mesh = mesh_factory(3, mcp_http=False)
+    n1 = mesh.layout.node(1)
+    add_config(n1, "limits", peer_requests_per_second=1)
+    start(mesh, 1)
+    for i in range(3):
+        ok(n1, "store", f"node 1's memory {i}")
+    peer = Member.of(mesh.layout, 2)
+    before = db_rows(n1)
+    first = peer.sync(n1, since=0, limit=500)
+    # A budget of one change a second gives a page of one, with more to come.
+    assert first.status == 200 and len(first.page["items"]) == 1 and first.page["more"], first
+    refused = peer.sync(n1, since=first.page["next"], limit=500)
+    assert (refused.status, refused.code) == (429, "rate_limited"), refused
+    assert "retry in" in refused.error["error"]["message"]
+    later = wait_for(lambda: (a := peer.sync(n1, since=first.page["next"], limit=500)).status == 200 and a,
+                     "the next page once the budget refills", timeout_s=10.0)
+    assert len(later.page["items"]) == 1 and later.page["items"][0]["seq"] > first.page["items"][0]["seq"]
+    assert diff(before, db_rows(n1)) == {}
+
+
 # ---------------------------------------------------------------- membership
 
 

@@ -12,6 +12,7 @@ from node import attest
 from node.assemble import open_service
 from node.attest import LinkPayload
 from node.config import NodeConfig
+from node.errors import ServiceError
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
 
@@ -202,6 +203,31 @@ async def test_local_writes_enqueue_one_message_per_configured_peer(tmp_path: Pa
         assert a["replicating_to"] == sorted([PEER, OTHER]) and link["replicating_to"] == sorted([PEER, OTHER])
         caps = await svc.capabilities()
         assert caps["outbox_depth"] == 6
+    finally:
+        await svc.close()
+
+
+async def test_sync_pages_come_out_of_the_peers_request_budget(tmp_path: Path) -> None:
+    from node.ratelimit import RateLimiter
+
+    cfg = make_config(tmp_path / "sync", limits={"peer_requests_per_second": 3})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    svc = await open_service(cfg, require_identity=True)
+    svc.replicator.peer_rate = RateLimiter(3, clock=lambda: 0.0)  # time stands still: no token comes back
+    try:
+        await svc.memory_store("one")
+        await svc.memory_store("two")
+        # Three granted, two changes read: the one not used goes back.
+        page = await svc.replicator.sync_page(PEER, 0, 100)
+        assert len(page["items"]) == 2 and not page["more"]
+        # One left: a page of one change, and the peer is told there is more.
+        page = await svc.replicator.sync_page(PEER, 0, 100)
+        assert len(page["items"]) == 1 and page["more"]
+        with pytest.raises(ServiceError) as err:
+            await svc.replicator.sync_page(PEER, page["next"], 100)
+        assert err.value.code == "rate_limited" and "retry in" in err.value.message
+        assert svc.replicator.counters["rejected:rate_limited"] == 1
+        assert len((await svc.replicator.sync_page(OTHER, 0, 100))["items"]) == 2  # the budget is per peer
     finally:
         await svc.close()
 

@@ -32,3 +32,24 @@ def test_limiter_keeps_one_budget_per_caller() -> None:
     assert err.value.code == "rate_limited"
     limiter.check(b)
     assert limiter.refused == 1
+
+
+def test_bucket_grants_up_to_what_it_holds_and_takes_back_what_was_not_used() -> None:
+    clock = Clock()
+    b = TokenBucket(10, clock)
+    assert b.take_up_to(4) == (4, 0.0)
+    assert b.take_up_to(100) == (6, 0.0)  # never more than it holds
+    got, wait = b.take_up_to(5)
+    assert got == 0 and wait == pytest.approx(0.1)
+    b.give_back(3)
+    assert b.take_up_to(5) == (3, 0.0)
+    b.give_back(1000)
+    assert b.take_up_to(100) == (10, 0.0)  # giving back never raises it above one second's worth
+
+
+def test_limiter_counts_a_grant_of_nothing_as_refused() -> None:
+    limiter = RateLimiter(2, Clock())
+    assert limiter.take_up_to("peer", 5) == (2, 0.0)
+    assert limiter.take_up_to("peer", 5)[0] == 0
+    assert limiter.refused == 1
+    assert limiter.take_up_to("other", 1) == (1, 0.0)  # one budget per caller
