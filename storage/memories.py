@@ -63,6 +63,10 @@ _CLAMPED_IDF = 1e-6
 # _rank_common separates a window's cells with \x01 and stands one of these in for each query word's tokens.
 _CELL = "\x01"
 _TOKEN_MARKS = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f"
+# For k query words: every ASCII byte but the cell separator and the first k marks (what _rank_common deletes).
+_ALL_BUT_MARKS = {k: bytes(b for b in range(128) if chr(b) not in _CELL + _TOKEN_MARKS[:k])
+                  for k in range(1, len(_TOKEN_MARKS) + 1)}
+_K1_PLUS_1 = _K1 + 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -326,26 +330,27 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     text = text.lower()
     for word, mark in zip(words, marks, strict=True):
         text = _token_pattern(word).sub(mark, text)
-    cells = text.split(_CELL)
-    wt, wc, wg = _WEIGHTS
-    # Each word's weighted count in each row: bm25's per-row frequency of the word.
-    freqs = []
-    for mark in marks:
-        n = [cell.count(mark) for cell in cells]
-        freqs.append([wt * t + wc * c + wg * g for t, c, g in zip(n[0::3], n[1::3], n[2::3], strict=True)])
+    # Only the marks and the cell separators count from here: bytes.translate deletes the rest (in C), and a
+    # cell's count of a word is how many of its marks are left in it.
+    cells = text.encode("ascii").translate(None, _ALL_BUT_MARKS[len(marks)]).split(_CELL.encode("ascii"))
     # A row's length in tokens is the sum of its %_docsize varints, one per column (one byte each below 128).
     norms = [_K1 * (1 - _B + _B * (sum(sz) if sz.isascii() else sum(_varints(sz))) / avgdl) for _, _, sz in window]
-    # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+    wt, wc, wg = _WEIGHTS
+    # The words' terms are added in the query's order, from 0.0, as bm25 adds them; a word's frequency in a row
+    # is its weighted count there (title 2.0, content 1.0, tags 1.5).
     scores = [0.0] * len(window)
-    for f in freqs:
-        scores = [s + _CLAMPED_IDF * ((x * (_K1 + 1.0)) / (x + n)) for s, x, n in zip(scores, f, norms, strict=True)]
-    best = heapq.nlargest(limit, zip(scores, [r[0] for r in window], strict=True), key=lambda b: (b[0], -b[1]))
+    for mark in marks:
+        n = list(map(len, cells)) if len(marks) == 1 else [cell.count(ord(mark)) for cell in cells]
+        freqs = [wt * t + wc * c + wg * g for t, c, g in zip(n[0::3], n[1::3], n[2::3], strict=True)]
+        scores = [s + _CLAMPED_IDF * ((x * _K1_PLUS_1) / (x + d)) for s, x, d in zip(scores, freqs, norms, strict=True)]
+    # The best first, equal scores older (lower rowid) first: the smallest (-score, rowid).
+    best = heapq.nsmallest(limit, zip([-x for x in scores], [r[0] for r in window], strict=True))
     cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
     marks_sql = ",".join("?" * len(best))
     found = {r[-1]: _row(r[:-1]) for r in conn.execute(
         f"SELECT {cols}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
-    return [(found[rowid], score) for score, rowid in best if rowid in found]
+    return [(found[rowid], -score) for score, rowid in best if rowid in found]
 
 
 def _token_pattern(word: str) -> re.Pattern[str]:

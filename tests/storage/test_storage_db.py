@@ -102,6 +102,21 @@ async def test_reads_are_read_only(db: Database):
     assert err.value.code in ("read_only", "sql_error")
 
 
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # a SQLite pragma
+async def test_readers_map_the_file_and_still_see_every_commit(db: Database):
+    from storage.db import READER_MMAP_BYTES
+
+    assert await db.read(lambda conn: conn.execute("PRAGMA mmap_size").fetchone()[0]) == READER_MMAP_BYTES
+    first = [make_memory(content=f"first {i}") for i in range(50)]
+    await asyncio.gather(*(db.write(memories.insert, r) for r in first))
+    assert await db.read(memories.count) == 50
+    # ~5 MB more: past the WAL's autocheckpoint (1,000 pages), so the file grows past what was mapped before.
+    more = [make_memory(content="more " + "x" * 10_000) for _ in range(500)]
+    await asyncio.gather(*(db.write(memories.insert, r) for r in more))
+    assert await db.read(memories.count) == 550
+    assert set(await db.read(memories.get_many, [r.id for r in more])) == {r.id for r in more}
+
 async def test_close_drains_pending_writes(db_path: Path):
     db = await Database.open(db_path)
     rows = [make_memory() for _ in range(300)]
