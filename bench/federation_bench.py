@@ -347,10 +347,9 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
             for s in a_sessions:
                 await call(s, "memory_load_family", {"family": "graph"})
         sa, sb, sc = [await sessions.open(mcp_url(n)) for n in (a, b, c)]
-        for s in (sa, sb, sc):
-            # The watch sessions poll memory_capabilities (admin family): listed, each poll is one request
-            # to B and C, not a call plus a full tools/list.
-            await call(s, "memory_load_family", {"family": "admin"})
+        # The watch sessions poll memory_capabilities (admin family): listed, each poll is one request
+        # to B and C, not a call plus a full tools/list.
+        await asyncio.gather(*(call(s, "memory_load_family", {"family": "admin"}) for s in (sa, sb, sc)))
 
         # 1. memories on A, replicated to B and C (and, for the control run, memories that go to C only)
         rng = random.Random(11)
