@@ -11,6 +11,10 @@ does not carry: retries coming due, rows from before a restart, rows written by 
 database stays the truth: a row is deleted only on its ACK, and a hand-off lost with the process is
 found by the next start's poll. A group of rows goes out through one ``send_many`` call (the link
 coalesces it into batch frames where the peer supports them) and its ACKs are deleted in one writer job.
+
+A row may carry several links (``links.put``, sent only to a peer that accepts it). When the peer refuses
+one for good, the row is replaced, in one transaction, by one ``link.put`` row per link, which go out at
+once: each link then gets its own answer, and only a link refused on its own is dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from a2a import Ack, RetrySchedule
+from a2a import Ack, ProtocolError, RetrySchedule
 from mesh.errors import MeshError
 from mesh.link import PeerLink
+from node.wire import split_links_put
 from storage import changelog, outbox
 from storage.db import Database
 from storage.outbox import OutboxRow
@@ -89,6 +94,9 @@ class OutboxSender:
         # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it. A row sent in a group
         # is told the group's time (send_many answers when the group's last ACK is in).
         self.on_ack_latency: Callable[[str, float], None] | None = None
+        # Told the peer that answered a links.put ``unknown_kind`` (it reads one link per envelope only).
+        self.on_link_batches_refused: Callable[[str], None] | None = None
+        self.unpacked = 0
 
     def wake(self, peer: str | None = None) -> None:
         """Look in the database now (a link came up, another process queued rows, stopping)."""
@@ -218,7 +226,10 @@ class OutboxSender:
             self.delivered += len(acked)
             await self.on_ack(peer, [r.correlation_id for r in acked])
         for row, reason in rejected:
-            await self._dead_letter(row, reason)
+            if row.kind == "links.put":
+                await self._unpack(peer, row, reason)
+            else:
+                await self._dead_letter(row, reason)
         if failed:
             await self._failed(failed)
 
@@ -253,6 +264,22 @@ class OutboxSender:
     def _close_ack_batch(self, batch: _AckBatch, peer: str) -> None:
         if self._ack_batches.get(peer) is batch:
             del self._ack_batches[peer]  # ACKs from now on open the next batch
+
+    async def _unpack(self, peer: str, row: OutboxRow, reason: str | None) -> None:
+        """A links.put the peer refused for good: its links queued again one per link.put row (in place of the
+        row, one transaction) and sent at once; a peer that does not know the kind gets single links from now on."""
+        if reason == "rejected:unknown_kind" and self.on_link_batches_refused is not None:
+            self.on_link_batches_refused(peer)
+        try:
+            wires = split_links_put(row.envelope)
+        except ProtocolError as e:
+            await self._dead_letter(row, f"{reason}; cannot be split: {e.message}")
+            return
+        rows = await self.db.write(_unpacked, row, wires, self.clock_ms())
+        self.unpacked += 1
+        log.info("links_put_unpacked", extra={"ev": {"peer": peer, "correlation_id": row.correlation_id,
+                                                     "links": len(wires), "reason": reason}})
+        self.hand_off(rows)
 
     async def _failed(self, failed: list[tuple[OutboxRow, str]]) -> None:
         """Schedule the next attempt of each row (one writer job), or dead-letter those out of attempts."""
@@ -301,6 +328,15 @@ def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
 def _acked(conn, peer: str, correlation_ids: list[str], now_ms: int) -> None:
     outbox.remove_many(conn, peer, correlation_ids)
     changelog.set_peer_state(conn, peer, last_ack_at=now_ms)
+
+
+def _unpacked(conn, row: OutboxRow, wires: list[tuple[str, bytes]], now_ms: int) -> list[OutboxRow]:
+    """Replace ``row`` by one link.put row per link (none when the row is gone meanwhile)."""
+    if not outbox.remove(conn, row.correlation_id, row.peer):
+        return []
+    rows = [outbox.enqueue_row(conn, cid, row.peer, "link.put", wire, row.expires_at, now_ms, now_ms)
+            for cid, wire in wires]
+    return [r for r in rows if r is not None]
 
 
 def _mark_attempts(conn, retries: list[tuple[int, int, int, str]]) -> None:
