@@ -38,8 +38,14 @@ log = logging.getLogger("node.outbox")
 
 # Rows in flight to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
 SEND_WINDOW = 256
-# Most rows in one send_many call.
+# Envelope bytes in flight to one peer at once: a links.put row carries up to 100 links, and without this bound
+# 256 of them (25,600 links) reached a peer in one burst, which stalled its event loop for hundreds of ms and
+# outlived the ACK timeout. 256 single-link envelopes are ~100 KiB; four full links.put ~130 KiB. A row larger
+# than the whole window still goes, alone.
+SEND_WINDOW_BYTES = 128 * 1024
+# Most rows, and most envelope bytes, in one send_many call (a full links.put travels in a group of its own).
 GROUP_MAX = 32
+GROUP_MAX_BYTES = 32 * 1024
 # Rows handed over in memory and waiting for room in the window, per peer; past it they are left to the poll.
 HANDOFF_MAX = 4 * SEND_WINDOW
 # Correlation ids whose attempt began lately, per peer: a hand-off arriving after the poll already sent the
@@ -64,8 +70,9 @@ class _Peer:
     """One peer's worker state."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # Outbox ids being sent now.
+    # Outbox ids being sent now, and their envelopes' bytes.
     inflight: set[int] = field(default_factory=set)
+    inflight_bytes: int = 0
     # Rows handed over after their commit, not yet sent, by correlation id (insertion order).
     fresh: OrderedDict[str, OutboxRow] = field(default_factory=OrderedDict)
     attempted: OrderedDict[str, None] = field(default_factory=OrderedDict)
@@ -147,42 +154,52 @@ class OutboxSender:
             while not self._stopping:
                 state.wake.clear()
                 room = SEND_WINDOW - len(state.inflight)
-                rows = self._take_fresh(state, room)
+                budget = _Budget(SEND_WINDOW_BYTES - state.inflight_bytes, first=not state.inflight)
+                rows = self._take_fresh(state, room, budget)
                 room -= len(rows)
-                if room > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
+                if room > 0 and budget.left > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
                     state.poll_wanted = False
                     next_poll = loop.time() + POLL_S
-                    rows += await self._poll(peer, state, room, rows)
-                for i in range(0, len(rows), GROUP_MAX):
-                    group = rows[i:i + GROUP_MAX]
+                    rows += await self._poll(peer, state, room, rows, budget)
+                for group in _groups(rows):
                     state.inflight.update(r.id for r in group)
+                    state.inflight_bytes += sum(len(r.envelope) for r in group)
                     tg.create_task(self._attempt(peer, group))
                 try:
                     await asyncio.wait_for(state.wake.wait(), max(0.0, next_poll - loop.time()))
                 except TimeoutError:
                     pass
 
-    def _take_fresh(self, state: _Peer, room: int) -> list[OutboxRow]:
+    def _take_fresh(self, state: _Peer, room: int, budget: _Budget) -> list[OutboxRow]:
         rows: list[OutboxRow] = []
         while state.fresh and len(rows) < room:
-            cid, row = state.fresh.popitem(last=False)
+            cid, row = next(iter(state.fresh.items()))
             if cid in state.attempted or row.id in state.inflight:
+                del state.fresh[cid]
                 continue  # the poll got there first
+            if not budget.take(len(row.envelope)):
+                break  # stays handed over: sent when ACKs make room
+            del state.fresh[cid]
             self._attempting(state, cid)
             rows.append(row)
         return rows
 
-    async def _poll(self, peer: str, state: _Peer, room: int, taking: list[OutboxRow]) -> list[OutboxRow]:
-        """Due rows not in flight, not waiting in the hand-off and not just taken from it."""
+    async def _poll(self, peer: str, state: _Peer, room: int, taking: list[OutboxRow],
+                    budget: _Budget) -> list[OutboxRow]:
+        """Due rows not in flight, not waiting in the hand-off and not just taken from it, within the window."""
         state.settled.clear()
         held = sorted(state.inflight | {r.id for r in state.fresh.values()} | {r.id for r in taking})
-        polled = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room, held)
-        state.backlog = len(polled) == room
+        limit = min(room, GROUP_MAX)  # each read carries the rows' envelopes: no more than a group's worth
+        polled = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), limit, held)
+        state.backlog = len(polled) == limit
         rows = []
         for row in polled:
             cid = row.correlation_id
             if row.id in state.inflight or cid in state.settled or cid in state.fresh:
                 continue  # sent (or handed over) while the read ran
+            if not budget.take(len(row.envelope)):
+                state.backlog = True  # still due in the database: the next poll reads it again
+                break
             self._attempting(state, cid)
             rows.append(row)
         return rows
@@ -204,6 +221,7 @@ class OutboxSender:
             for row in rows:
                 state.inflight.discard(row.id)
                 state.settled.add(row.correlation_id)
+            state.inflight_bytes -= sum(len(r.envelope) for r in rows)
             state.wake.set()
 
     async def _deliver(self, peer: str, rows: list[OutboxRow]) -> None:
@@ -305,6 +323,35 @@ class OutboxSender:
         log.warning("dead_letter", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,
                                                  "kind": row.kind, "attempts": attempts or row.attempts,
                                                  "error": error}})
+
+
+@dataclass
+class _Budget:
+    """Envelope bytes that may still go out in this turn; with nothing in flight the first row always may."""
+
+    left: int
+    first: bool
+
+    def take(self, n: int) -> bool:
+        if n > self.left and not self.first:
+            return False
+        self.first = False
+        self.left -= n
+        return True
+
+
+def _groups(rows: list[OutboxRow]) -> list[list[OutboxRow]]:
+    """``rows`` in order, in groups of at most GROUP_MAX rows and GROUP_MAX_BYTES (a larger row alone)."""
+    groups: list[list[OutboxRow]] = []
+    size = 0
+    for row in rows:
+        n = len(row.envelope)
+        if not groups or len(groups[-1]) == GROUP_MAX or size + n > GROUP_MAX_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(row)
+        size += n
+    return groups
 
 
 def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
