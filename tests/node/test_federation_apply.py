@@ -299,3 +299,31 @@ async def test_links_put_with_a_bad_item_is_bad_payload_and_stores_nothing(svc: 
         await svc.replicator.apply(_env(PEER, bad), PEER)
     assert info.value.code == "bad_payload" and "payload.links[1]" in info.value.message
     assert await svc.links_list() == []
+
+
+async def test_signatures_use_the_keyring_as_last_read_but_a_new_or_rotated_key_verifies_at_once(
+        svc: Service, cfg: NodeConfig, peer_key, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from node import trust
+    stats = []
+    real = trust.mesh_keys.keyring_stamp
+    monkeypatch.setattr(trust.mesh_keys, "keyring_stamp", lambda d: stats.append(d) or real(d))
+    await _seed(svc)
+    body = _links_put(*(_link_put(peer_key, M1, M2, relation=f"r{i}") for i in range(50)))
+    stats.clear()
+    assert (await svc.replicator.apply(_env(PEER, body), PEER)).accepted
+    assert len(stats) <= 2, "the key directories are read at most once for the 50 signatures, not once each"
+    # A peer rotates its key: a link signed with the new key verifies at once (a failed verify reads the
+    # keyring again before refusing); so does a signer first imported just now.
+    rotated = keys.generate_identity(tmp_path / "rotated", PEER, force=True)
+    keys.import_peer(cfg.peers_dir, rotated.pub_path)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(rotated.private_key, M1, M2, relation="new_key")), PEER)
+    assert ack.accepted
+    other = keys.generate_identity(tmp_path / "other", OTHER)
+    keys.import_peer(cfg.peers_dir, other.pub_path)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(other.private_key, M1, M2, observed_by=OTHER)), PEER)
+    assert ack.accepted
+    levels = {r["relation"]: (r["attest_level"], r["observed_by"]) for r in await svc.links_list()}
+    assert levels["new_key"] == ("peer_attested", PEER) and levels["related_to"] == ("peer_attested", OTHER)
+    # A forged signature is still refused.
+    ack = await svc.replicator.apply(_env(PEER, _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="f")), PEER)
+    assert ack.reason == "rejected:bad_signature"
