@@ -219,8 +219,9 @@ async def test_publishes_that_find_the_subscriber_check_stale_at_once_share_one_
         await hooks.subscribe(f"http://127.0.0.1:{port}/hook", ["link.attested"])
         await check
         await hooks.publish("link.attested", {"second": True})
-        async with asyncio.timeout(WAIT_S):
-            while not any(b"second" in body for _, body in receiver.got):
-                await asyncio.sleep(0.02)
+
+        async def second_delivered() -> bool:
+            return any(b"second" in body for _, body in receiver.got)
+        await _until(second_delivered, "the event published after the subscription delivered")
     finally:
         await receiver.stop()
