@@ -120,6 +120,18 @@ def list_of(inner: Check) -> Check:
     return check
 
 
+def bounded_list_of(inner: Check, *, most: int) -> Check:
+    """A non-empty array of at most ``most`` items, each checked by ``inner``."""
+
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= most:
+            raise _bad(path, f"an array of 1 to {most} items", value if not isinstance(value, (list, tuple))
+                       else f"{len(value)} items")
+        list_of(inner)(path, value)
+
+    return check
+
+
 def record(schema: Mapping[str, Field]) -> Check:
     """A map with exactly the schema's fields (optional ones may be absent); unknown fields are refused."""
 
@@ -164,6 +176,19 @@ LINK = {
     "confidence": Field(nullable(number()), required=False),
 }
 
+# One link as a link.put carries it (without "kind"): the link, its own signature and signer.
+LINK_PUT = {
+    "link": Field(record(LINK)),
+    "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+    "signed_by": Field(nullable(string(nonempty=True))),
+}
+
+# Most links in one links.put envelope (a sender packs fewer when their bytes would pass LINKS_PUT_MAX_BYTES).
+LINKS_PUT_MAX_ITEMS = 100
+# Most bytes a sender packs into one links.put payload (the receiver's envelope limit, 1 MiB by default, is the
+# hard bound; this keeps an envelope well inside it and inside one batch frame).
+LINKS_PUT_MAX_BYTES = 64 * 1024
+
 # The signed fields of a link invalidation (node/attest.py InvalidationPayload).
 INVALIDATION = {
     "link_id": Field(string(nonempty=True)),
@@ -192,11 +217,9 @@ SCHEMAS: dict[str, Mapping[str, Field]] = {
         # The origin's namespace peer list when the namespace is restricted; travels with the memory.
         "share_with": Field(nullable(list_of(string(nonempty=True))), required=False),
     },
-    "link.put": {
-        "link": Field(record(LINK)),
-        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
-        "signed_by": Field(nullable(string(nonempty=True))),
-    },
+    "link.put": LINK_PUT,
+    # Several links in one envelope (negotiated: sent only to a peer that lists it in its sync pages' "accepts").
+    "links.put": {"links": Field(bounded_list_of(record(LINK_PUT), most=LINKS_PUT_MAX_ITEMS))},
     "link.invalidate": {
         "invalidation": Field(record(INVALIDATION)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
@@ -218,10 +241,18 @@ def _signature_pairs_with_signer(payload: Mapping[str, Any]) -> None:
         )
 
 
+def _each_link_pairs_signature(payload: Mapping[str, Any]) -> None:
+    for i, item in enumerate(payload["links"]):
+        if (item["signature"] is None) != (item["signed_by"] is None):
+            raise ProtocolError(ErrorCode.BAD_PAYLOAD, f"payload.links[{i}].signature and .signed_by must be both "
+                                                       "set or both null")
+
+
 # kind -> checks across fields, run after every field passed.
 CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
     "memory.put": (_signature_pairs_with_signer,),
     "link.put": (_signature_pairs_with_signer,),
+    "links.put": (_each_link_pairs_signature,),
     "link.invalidate": (_signature_pairs_with_signer,),
     "transcript.put": (_signature_pairs_with_signer,),
 }

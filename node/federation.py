@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import Ack, Envelope, ProtocolError, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
+from a2a.kinds import LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS
 from node import attest
 from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
 from node.config import NodeConfig
@@ -60,10 +62,18 @@ VERIFY_BATCH_MAX = 256
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 # Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", "link.put", "link.invalidate", "transcript.put")
+SYNCED_KINDS = ("memory.put", "link.put", "links.put", "link.invalidate", "transcript.put")
+# Payload kinds this node reads beyond the ones every node reads, listed in its sync pages (``accepts``): a peer
+# sends it such a payload only once a page said so (an older node's pages say nothing, so it gets one link per
+# envelope).
+ACCEPTS = ("links.put",)
 # Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
 ORPHAN_RECHECK_S = 0.1
+# An inbound signature is checked against the keyring as last read when it was read less than this long ago
+# (as the WebSocket membership check: a removed .pub stops verifying within a second); an unknown signer or a
+# signature that does not verify always reads the key directories again first.
+KEYRING_RECHECK_S = 1.0
 # Pending sync items retried per peer per pull round.
 PENDING_RETRY_MAX = 1000
 
@@ -187,6 +197,9 @@ class Federation:
         self._memory_arrived = asyncio.Condition()
         # Set by the running node: gives its outbox sender the rows a write enqueued, once committed.
         self.on_enqueued: Callable[[Queued], None] | None = None
+        self._keyring_read_at = float("-inf")
+        # What each peer's last sync page said it accepts beyond the common kinds (ACCEPTS); none until then.
+        self.peer_accepts: dict[str, frozenset[str]] = {}
 
     @property
     def agent_id(self) -> str:
@@ -216,8 +229,41 @@ class Federation:
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
         (a memory version: itself; a link: both its ends). Returns the rows queued."""
+        return self._enqueue_to(conn, self._audience(scope), payload, ts, int(self.cfg.a2a.ttl_s * 1000))
+
+    def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
+                      ts: int) -> list[Queued]:
+        """Inside the write transaction: the link.put bodies of one batch of links (each with its scope, both
+        ends), queued per peer that may see them; returns each item's rows (a row may carry several items).
+        A peer that accepts ``links.put`` gets its links packed into as few envelopes as the bounds allow (one
+        outbox row and one ACK for up to LINKS_PUT_MAX_ITEMS links); any other peer gets one link.put each."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
-        peers = self._audience(scope)
+        per_item: list[Queued] = [[] for _ in items]
+        alone: dict[int, list[str]] = {}  # item -> the peers that get it as a link.put of its own
+        packed: dict[str, list[int]] = {}  # peer -> the items it gets in links.put envelopes
+        for i, (_, scope) in enumerate(items):
+            for peer in self._audience(scope):
+                if self.takes_link_batches(peer):
+                    packed.setdefault(peer, []).append(i)
+                else:
+                    alone.setdefault(i, []).append(peer)
+        groups: dict[tuple[int, ...], list[str]] = {}  # peers that get the same items share their envelopes' encoding
+        for peer, idx in packed.items():
+            groups.setdefault(tuple(idx), []).append(peer)
+        for idx, peers in groups.items():
+            for chunk in _link_chunks([items[i][0] for i in idx]):
+                if len(chunk) == 1:
+                    alone.setdefault(idx[chunk[0]], []).extend(peers)
+                    continue
+                payload = {"kind": "links.put", "links": [items[idx[c]][0] for c in chunk]}
+                rows = self._enqueue_to(conn, peers, payload, ts, ttl_ms)
+                for c in chunk:
+                    per_item[idx[c]].extend(rows)
+        for i, peers in alone.items():
+            per_item[i].extend(self._enqueue_to(conn, peers, {"kind": "link.put", **items[i][0]}, ts, ttl_ms))
+        return per_item
+
+    def _enqueue_to(self, conn: Any, peers: Sequence[str], payload: dict[str, Any], ts: int, ttl_ms: int) -> Queued:
         wires = envelope_wires(self.agent_id, peers, payload, ts, ttl_ms)  # validated and encoded once
         queued = []
         for peer, (cid, wire) in zip(peers, wires, strict=True):
@@ -225,6 +271,21 @@ class Federation:
             if row is not None:  # a fresh correlation id: always, unless uuid4 collided
                 queued.append(row)
         return queued
+
+    def takes_link_batches(self, peer: str) -> bool:
+        """``peer`` said (in its last sync page) that it reads ``links.put``."""
+        return "links.put" in self.peer_accepts.get(peer, ())
+
+    def note_accepts(self, peer: str, accepts: Any) -> None:
+        """What ``peer``'s sync page listed under ``accepts`` (absent on an older node: nothing beyond the
+        common kinds)."""
+        listed = accepts if isinstance(accepts, list) else []
+        self.peer_accepts[peer] = frozenset(k for k in listed if isinstance(k, str) and k in ACCEPTS)
+
+    def refuses_link_batches(self, peer: str) -> None:
+        """``peer`` answered a links.put ``unknown_kind`` (e.g. rolled back to an older version): one link per
+        envelope from now on, until its sync pages list ``links.put`` again."""
+        self.peer_accepts[peer] = self.peer_accepts.get(peer, frozenset()) - {"links.put"}
 
     def _audience(self, scope: Sequence[MemoryRow]) -> list[str]:
         """Configured peers that may see every memory in ``scope`` (by policy and by ``share_with``)."""
@@ -293,6 +354,8 @@ class Federation:
             applied = await self.apply_memory(payload, sender)
         elif kind == "link.put":
             applied = await self.apply_link(payload, sender)
+        elif kind == "links.put":
+            return await self.apply_links(payload, sender)  # each link's rejection counted on its own
         elif kind == "link.invalidate":
             applied = await self.apply_invalidation(payload, sender)
         elif kind == "transcript.put":
@@ -382,10 +445,19 @@ class Federation:
                       sender: str, *, what: str) -> AttestLevel | Applied:
         """PEER_ATTESTED when ``signature`` verifies under ``signer``'s keyring; UNSIGNED when the signer
         is unknown here (or did not sign) and sent it itself; otherwise the rejection."""
-        keys = self.keyring.keys_for(signer)
+        fresh = self._keyring_due()
+        keys = self.keyring.keys_for(signer, reload=fresh)
+        if not keys and not fresh:
+            keys, fresh = self.keyring.keys_for(signer), True
         if signature is not None and keys:
             if await self.verifier.verify(keys, payload, signature):
                 return AttestLevel.PEER_ATTESTED
+            if not fresh:  # the key may have been rotated since the last read: look again before refusing
+                generation = self.keyring.generation
+                again = self.keyring.keys_for(signer)
+                if self.keyring.generation != generation and again and \
+                        await self.verifier.verify(again, payload, signature):
+                    return AttestLevel.PEER_ATTESTED
             self.counters["bad_signature"] += 1
             log.warning("bad_signature", extra={"ev": {"peer": sender, "id": what, "claimed_signer": signer}})
             await self.db.write(changelog.incr, "rejected:bad_signature")
@@ -395,6 +467,15 @@ class Federation:
             log.warning("unverified_relay", extra={"ev": {"peer": sender, "id": what, "signer": signer}})
             return Applied("unverified_relay")
         return AttestLevel.UNSIGNED
+
+    def _keyring_due(self) -> bool:
+        """True (and the clock restarts) when the keyring was last read KEYRING_RECHECK_S ago or more: a
+        stat of the key directories per inbound signature was ~4% of a receiving node's CPU."""
+        now = time.monotonic()
+        if now - self._keyring_read_at < KEYRING_RECHECK_S:
+            return False
+        self._keyring_read_at = now
+        return True
 
     async def _store_memory(self, row: MemoryRow, sender: str) -> Applied:
         step = self.cfg.federation.max_version_step
@@ -474,6 +555,30 @@ class Federation:
         if stored:
             await self._tell("link.attested", link_dict(row))
         return OK_CHANGED if stored else OK_UNCHANGED
+
+    async def apply_links(self, body: dict[str, Any], sender: str) -> Applied:
+        """Each link of a links.put applied on its own, exactly as a link.put of its own (its signature verified
+        alone; the links share one lookup read, one verify hop and one write, as a batch frame's links do).
+        A rejected link does not stop the others. The one ACK: accepted when every link is stored (or was);
+        else a retryable code when any link may be retried (the sender resends the envelope; the stored
+        links come back as duplicates), else the first link's permanent code (the sender then resends the
+        links one per envelope, so that each gets its own answer and only the refused ones are dead-lettered)."""
+        self.counters["links.put"] += 1
+        answers = await asyncio.gather(*(self.apply_link(item, sender) for item in body["links"]),
+                                       return_exceptions=True)
+        codes: list[str] = []
+        changed = False
+        for answer in answers:
+            if isinstance(answer, ProtocolError):
+                answer = Applied(answer.code)
+            elif isinstance(answer, BaseException):
+                raise answer  # storage trouble: no ACK, the sender retries the envelope
+            changed = changed or answer.changed
+            if answer.code is not None:
+                self.counters[f"rejected:{answer.code}"] += 1
+                codes.append(answer.code)
+        code = next((c for c in codes if c in RETRYABLE_REJECT_CODES), codes[0] if codes else None)
+        return Applied(code, changed)
 
     async def _lookup_links(self, asked: list[tuple[str, frozenset[str]]]) -> list[_LinkLookup]:
         """One read for the links of a turn: which are stored, and their ends."""
@@ -731,7 +836,8 @@ class Federation:
                     budget -= len(item.get("body", b""))
                 if budget < 0:
                     break  # transcripts filled the page: the rest comes on the next one
-            return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq)}
+            return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq),
+                    "accepts": list(ACCEPTS)}
 
         read_at = self.clock()
         try:
@@ -837,6 +943,27 @@ class Federation:
                                                           "code": code, "rounds": pending.rounds}})
         else:
             outcome["pending"] += 1
+
+
+def _link_chunks(bodies: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Positions of ``bodies`` (link.put bodies) in runs of at most LINKS_PUT_MAX_ITEMS whose encoded size stays
+    under LINKS_PUT_MAX_BYTES (each body's size bounded from above: its strings' UTF-8 bytes plus the keys,
+    integers and signature of a link.put, which take under 200 bytes)."""
+    chunks: list[list[int]] = []
+    run: list[int] = []
+    size = 0
+    for i, body in enumerate(bodies):
+        link = body["link"]
+        n = 200 + sum(len(v.encode()) for v in (link["src_id"], link["dst_id"], link["relation"],
+                                                 link["observed_by"], body["signed_by"] or ""))
+        if run and (len(run) == LINKS_PUT_MAX_ITEMS or size + n > LINKS_PUT_MAX_BYTES):
+            chunks.append(run)
+            run, size = [], 0
+        run.append(i)
+        size += n
+    if run:
+        chunks.append(run)
+    return chunks
 
 
 def _apply_order(item: dict[str, Any]) -> int:

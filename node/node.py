@@ -68,6 +68,7 @@ class Node:
         self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
                                    self.fed.record_ack)
         self.fed.on_enqueued = self.sender.hand_off
+        self.sender.on_link_batches_refused = self.fed.refuses_link_batches
         self.metrics = NodeMetrics(self.scrape)
         self.sender.on_ack_latency = self.metrics.observe_ack
         service.runtime = self
@@ -256,6 +257,7 @@ class Node:
             if not isinstance(page, dict) or not isinstance(page.get("items"), list) \
                     or not isinstance(page.get("next"), int) or not isinstance(page.get("more"), bool):
                 raise MeshError("bad_sync_page", f"{peer} answered a sync page of the wrong shape")
+            self.fed.note_accepts(peer, page.get("accepts"))
             outcome.update(await self.fed.apply_sync_items(peer, page["items"]))
             if page["next"] > since:
                 since = page["next"]
@@ -327,6 +329,8 @@ class Node:
                 "seen_cache_live_evictions": self.seen.evictions_live, "received": dict(self.receiver.counters),
                 "federation": dict(self.fed.counters), "delivered": self.sender.delivered,
                 "dead_lettered": self.sender.dead_lettered, "sync": dict(self.sync_stats),
+                "links_put_to": sorted(p for p in self.links if self.fed.takes_link_batches(p)),
+                "links_put_unpacked": self.sender.unpacked,
                 "signature_batches": self.fed.verifier.batches}
 
 

@@ -11,6 +11,10 @@ does not carry: retries coming due, rows from before a restart, rows written by 
 database stays the truth: a row is deleted only on its ACK, and a hand-off lost with the process is
 found by the next start's poll. A group of rows goes out through one ``send_many`` call (the link
 coalesces it into batch frames where the peer supports them) and its ACKs are deleted in one writer job.
+
+A row may carry several links (``links.put``, sent only to a peer that accepts it). When the peer refuses
+one for good, the row is replaced, in one transaction, by one ``link.put`` row per link, which go out at
+once: each link then gets its own answer, and only a link refused on its own is dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from a2a import Ack, RetrySchedule
+from a2a import Ack, ProtocolError, RetrySchedule
 from mesh.errors import MeshError
 from mesh.link import PeerLink
+from node.wire import split_links_put
 from storage import changelog, outbox
 from storage.db import Database
 from storage.outbox import OutboxRow
@@ -33,8 +38,15 @@ log = logging.getLogger("node.outbox")
 
 # Rows in flight to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
 SEND_WINDOW = 256
-# Most rows in one send_many call.
+# Envelope bytes in flight to one peer at once: a links.put row carries up to 100 links, and without this bound
+# 256 of them (25,600 links) reached a peer in one burst, which stalled its event loop for hundreds of ms and
+# outlived the ACK timeout. The bursts a peer takes in at once are what B's ping tail follows (batched flood,
+# one lock hold, ping p95 on B: 512 KiB 127-165 ms, 128 KiB 30-34 ms, 64 KiB 12-23 ms, at the same links/s):
+# 64 KiB is two full links.put, or ~170 single-link envelopes. A row larger than the window still goes, alone.
+SEND_WINDOW_BYTES = 64 * 1024
+# Most rows, and most envelope bytes, in one send_many call (a full links.put travels in a group of its own).
 GROUP_MAX = 32
+GROUP_MAX_BYTES = 32 * 1024
 # Rows handed over in memory and waiting for room in the window, per peer; past it they are left to the poll.
 HANDOFF_MAX = 4 * SEND_WINDOW
 # Correlation ids whose attempt began lately, per peer: a hand-off arriving after the poll already sent the
@@ -59,8 +71,9 @@ class _Peer:
     """One peer's worker state."""
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # Outbox ids being sent now.
+    # Outbox ids being sent now, and their envelopes' bytes.
     inflight: set[int] = field(default_factory=set)
+    inflight_bytes: int = 0
     # Rows handed over after their commit, not yet sent, by correlation id (insertion order).
     fresh: OrderedDict[str, OutboxRow] = field(default_factory=OrderedDict)
     attempted: OrderedDict[str, None] = field(default_factory=OrderedDict)
@@ -89,6 +102,9 @@ class OutboxSender:
         # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it. A row sent in a group
         # is told the group's time (send_many answers when the group's last ACK is in).
         self.on_ack_latency: Callable[[str, float], None] | None = None
+        # Told the peer that answered a links.put ``unknown_kind`` (it reads one link per envelope only).
+        self.on_link_batches_refused: Callable[[str], None] | None = None
+        self.unpacked = 0
 
     def wake(self, peer: str | None = None) -> None:
         """Look in the database now (a link came up, another process queued rows, stopping)."""
@@ -139,42 +155,52 @@ class OutboxSender:
             while not self._stopping:
                 state.wake.clear()
                 room = SEND_WINDOW - len(state.inflight)
-                rows = self._take_fresh(state, room)
+                budget = _Budget(SEND_WINDOW_BYTES - state.inflight_bytes, first=not state.inflight)
+                rows = self._take_fresh(state, room, budget)
                 room -= len(rows)
-                if room > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
+                if room > 0 and budget.left > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
                     state.poll_wanted = False
                     next_poll = loop.time() + POLL_S
-                    rows += await self._poll(peer, state, room, rows)
-                for i in range(0, len(rows), GROUP_MAX):
-                    group = rows[i:i + GROUP_MAX]
+                    rows += await self._poll(peer, state, room, rows, budget)
+                for group in _groups(rows):
                     state.inflight.update(r.id for r in group)
+                    state.inflight_bytes += sum(len(r.envelope) for r in group)
                     tg.create_task(self._attempt(peer, group))
                 try:
                     await asyncio.wait_for(state.wake.wait(), max(0.0, next_poll - loop.time()))
                 except TimeoutError:
                     pass
 
-    def _take_fresh(self, state: _Peer, room: int) -> list[OutboxRow]:
+    def _take_fresh(self, state: _Peer, room: int, budget: _Budget) -> list[OutboxRow]:
         rows: list[OutboxRow] = []
         while state.fresh and len(rows) < room:
-            cid, row = state.fresh.popitem(last=False)
+            cid, row = next(iter(state.fresh.items()))
             if cid in state.attempted or row.id in state.inflight:
+                del state.fresh[cid]
                 continue  # the poll got there first
+            if not budget.take(len(row.envelope)):
+                break  # stays handed over: sent when ACKs make room
+            del state.fresh[cid]
             self._attempting(state, cid)
             rows.append(row)
         return rows
 
-    async def _poll(self, peer: str, state: _Peer, room: int, taking: list[OutboxRow]) -> list[OutboxRow]:
-        """Due rows not in flight, not waiting in the hand-off and not just taken from it."""
+    async def _poll(self, peer: str, state: _Peer, room: int, taking: list[OutboxRow],
+                    budget: _Budget) -> list[OutboxRow]:
+        """Due rows not in flight, not waiting in the hand-off and not just taken from it, within the window."""
         state.settled.clear()
         held = sorted(state.inflight | {r.id for r in state.fresh.values()} | {r.id for r in taking})
-        polled = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), room, held)
-        state.backlog = len(polled) == room
+        limit = min(room, GROUP_MAX)  # each read carries the rows' envelopes: no more than a group's worth
+        polled = await self.db.read(outbox.due_for_peer, peer, self.clock_ms(), limit, held)
+        state.backlog = len(polled) == limit
         rows = []
         for row in polled:
             cid = row.correlation_id
             if row.id in state.inflight or cid in state.settled or cid in state.fresh:
                 continue  # sent (or handed over) while the read ran
+            if not budget.take(len(row.envelope)):
+                state.backlog = True  # still due in the database: the next poll reads it again
+                break
             self._attempting(state, cid)
             rows.append(row)
         return rows
@@ -196,6 +222,7 @@ class OutboxSender:
             for row in rows:
                 state.inflight.discard(row.id)
                 state.settled.add(row.correlation_id)
+            state.inflight_bytes -= sum(len(r.envelope) for r in rows)
             state.wake.set()
 
     async def _deliver(self, peer: str, rows: list[OutboxRow]) -> None:
@@ -218,7 +245,10 @@ class OutboxSender:
             self.delivered += len(acked)
             await self.on_ack(peer, [r.correlation_id for r in acked])
         for row, reason in rejected:
-            await self._dead_letter(row, reason)
+            if row.kind == "links.put":
+                await self._unpack(peer, row, reason)
+            else:
+                await self._dead_letter(row, reason)
         if failed:
             await self._failed(failed)
 
@@ -254,6 +284,22 @@ class OutboxSender:
         if self._ack_batches.get(peer) is batch:
             del self._ack_batches[peer]  # ACKs from now on open the next batch
 
+    async def _unpack(self, peer: str, row: OutboxRow, reason: str | None) -> None:
+        """A links.put the peer refused for good: its links queued again one per link.put row (in place of the
+        row, one transaction) and sent at once; a peer that does not know the kind gets single links from now on."""
+        if reason == "rejected:unknown_kind" and self.on_link_batches_refused is not None:
+            self.on_link_batches_refused(peer)
+        try:
+            wires = split_links_put(row.envelope)
+        except ProtocolError as e:
+            await self._dead_letter(row, f"{reason}; cannot be split: {e.message}")
+            return
+        rows = await self.db.write(_unpacked, row, wires, self.clock_ms())
+        self.unpacked += 1
+        log.info("links_put_unpacked", extra={"ev": {"peer": peer, "correlation_id": row.correlation_id,
+                                                     "links": len(wires), "reason": reason}})
+        self.hand_off(rows)
+
     async def _failed(self, failed: list[tuple[OutboxRow, str]]) -> None:
         """Schedule the next attempt of each row (one writer job), or dead-letter those out of attempts."""
         now = self.clock_ms()
@@ -280,6 +326,35 @@ class OutboxSender:
                                                  "error": error}})
 
 
+@dataclass
+class _Budget:
+    """Envelope bytes that may still go out in this turn; with nothing in flight the first row always may."""
+
+    left: int
+    first: bool
+
+    def take(self, n: int) -> bool:
+        if n > self.left and not self.first:
+            return False
+        self.first = False
+        self.left -= n
+        return True
+
+
+def _groups(rows: list[OutboxRow]) -> list[list[OutboxRow]]:
+    """``rows`` in order, in groups of at most GROUP_MAX rows and GROUP_MAX_BYTES (a larger row alone)."""
+    groups: list[list[OutboxRow]] = []
+    size = 0
+    for row in rows:
+        n = len(row.envelope)
+        if not groups or len(groups[-1]) == GROUP_MAX or size + n > GROUP_MAX_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(row)
+        size += n
+    return groups
+
+
 def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
                  ) -> tuple[list[OutboxRow], list[tuple[OutboxRow, str | None]], list[tuple[OutboxRow, str]]]:
     """(ACKed: the peer holds it, accepted or duplicate; rejected for good; failed, to retry with the reason)."""
@@ -301,6 +376,15 @@ def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
 def _acked(conn, peer: str, correlation_ids: list[str], now_ms: int) -> None:
     outbox.remove_many(conn, peer, correlation_ids)
     changelog.set_peer_state(conn, peer, last_ack_at=now_ms)
+
+
+def _unpacked(conn, row: OutboxRow, wires: list[tuple[str, bytes]], now_ms: int) -> list[OutboxRow]:
+    """Replace ``row`` by one link.put row per link (none when the row is gone meanwhile)."""
+    if not outbox.remove(conn, row.correlation_id, row.peer):
+        return []
+    rows = [outbox.enqueue_row(conn, cid, row.peer, "link.put", wire, row.expires_at, now_ms, now_ms)
+            for cid, wire in wires]
+    return [r for r in rows if r is not None]
 
 
 def _mark_attempts(conn, retries: list[tuple[int, int, int, str]]) -> None:

@@ -59,6 +59,9 @@ class _LinkJob:
 
     stored: set[str]
     event: events.EventRow | None = None
+    # The made links' link.put bodies and scopes, queued together at the end of the job (enqueue_links), or
+    # None to queue each link as it is made.
+    outgoing: list[tuple[dict[str, Any], list[MemoryRow]]] | None = None
 
 
 class Replicator(Protocol):
@@ -66,6 +69,9 @@ class Replicator(Protocol):
     enqueued to the sender after the commit, wait for a write quorum, and close."""
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued: ...
+
+    def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
+                      ts: int) -> list[Queued]: ...
 
     def hand_off(self, queued: Queued) -> None: ...
 
@@ -297,20 +303,31 @@ class Service:
                                             "(limits.max_links_per_call)")
         results: list[dict[str, Any]] = [{} for _ in items]
         planned = await self._plan_links(items, results)
+        # With a write quorum each link waits for the rows that carry it alone (a links.put a peer refuses is
+        # replaced by single rows: its disappearance would read as an ACK).
+        pack = self.cfg.federation.write_quorum == 1
 
         def write(conn: Any) -> list[tuple[int, LinkRow, tuple[list[MemoryRow], Queued]]]:
             written = []
             ends = memories.get_many(conn, {end for _, (row, _) in planned for end in (row.src_id, row.dst_id)})
-            job = _LinkJob(links.stored_ids(conn, [row.link_id for _, (row, _) in planned]))
+            job = _LinkJob(links.stored_ids(conn, [row.link_id for _, (row, _) in planned]),
+                           outgoing=[] if pack else None)
             for i, (row, approved) in planned:
                 try:
                     written.append((i, row, self._write_link(conn, row, approved, ends, job)))
                 except ServiceError as e:  # raised before this item wrote anything: the others stand
                     results[i] = _item_error(e)
+            if job.outgoing and self.replicator is not None:
+                # One envelope per peer for many links where the peer reads them (links.put); each keeps
+                # its own signature. Each made link's rows: the ones that carry it.
+                ts = max(row.created_at for _, row, _ in written)
+                per_link = self.replicator.enqueue_links(conn, job.outgoing, ts)
+                written = [(i, row, (scope, rows))
+                           for (i, row, (scope, _)), rows in zip(written, per_link, strict=True)]
             return written
 
         made = await self.db.write(write) if planned else []
-        queued: Queued = [q for _, _, (_, rows) in made for q in rows]
+        queued: Queued = list({q.id: q for _, _, (_, rows) in made for q in rows}.values())  # a row carries many
         for i, row, _ in made:
             results[i] = {"ok": await self._link_made(row)}
         out: dict[str, Any] = {"made": len(made), "failed": len(items) - len(made), "results": results}
@@ -425,6 +442,9 @@ class Service:
         changelog.append(conn, "link", row.link_id, 1, ts)
         # A link goes only where both of its ends go.
         scope = list(ends.values())
+        if job is not None and job.outgoing is not None:
+            job.outgoing.append((link_wire(row), scope))  # queued with the job's other links
+            return scope, []
         return scope, self._replicate(conn, "link.put", link_wire(row), scope, ts)
 
     async def _link_made(self, row: LinkRow) -> dict[str, Any]:

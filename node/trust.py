@@ -44,9 +44,11 @@ class Keyring:
         self._reload_if_changed()
         return self._peer_keys
 
-    def keys_for(self, agent_id: str) -> tuple[Ed25519PublicKey, ...]:
-        """Keys a signature by ``agent_id`` may verify under: current first, then retired; () if unknown."""
-        self._reload_if_changed()
+    def keys_for(self, agent_id: str, *, reload: bool = True) -> tuple[Ed25519PublicKey, ...]:
+        """Keys a signature by ``agent_id`` may verify under: current first, then retired; () if unknown.
+        ``reload=False``: as of the last reload, without looking at the key directories (no stat)."""
+        if reload:
+            self._reload_if_changed()
         if self.identity is not None and agent_id == self.identity.agent_id:
             return (self.identity.public_key, *self._own_retired)
         return self._peer_rings.get(agent_id, ())

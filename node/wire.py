@@ -9,7 +9,8 @@ from typing import Any
 
 import cbor2
 
-from a2a.envelope import new_envelope
+from a2a import ErrorCode, ProtocolError, validate_payload
+from a2a.envelope import Envelope, decode_frame, new_envelope
 from node import attest
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -94,4 +95,20 @@ def envelope_wires(sender: str, peers: Sequence[str], payload: Mapping[str, Any]
         own = {"recipients": [peer], "correlation_id": cid}
         out.append((cid, head + b"".join(fixed[key] if key in fixed else k + cbor2.dumps(own[key])
                                          for key, k in order)))
+    return out
+
+
+def split_links_put(envelope: bytes) -> list[tuple[str, bytes]]:
+    """A queued links.put envelope as one link.put envelope per link (same sender, recipients and expiry, a
+    fresh correlation id each), as ``(correlation_id, bytes)``: what the outbox sends instead when the peer
+    refused the packed envelope. Raises ProtocolError when ``envelope`` is not a links.put this node queued."""
+    env = decode_frame(envelope, len(envelope))
+    if not isinstance(env, Envelope) or env.kind != "links.put":
+        raise ProtocolError(ErrorCode.BAD_TYPE, "not a links.put envelope")
+    validate_payload(env.payload)
+    out = []
+    for item in env.payload["links"]:
+        one = Envelope(correlation_id=str(uuid.uuid4()), sender=env.sender, recipients=env.recipients,
+                       payload={"kind": "link.put", **item}, expires_at=env.expires_at)
+        out.append((one.correlation_id, one.to_wire()))
     return out

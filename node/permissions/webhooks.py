@@ -62,6 +62,10 @@ class Webhooks:
         self.dead = 0
         self._wake = asyncio.Event()
         self._subscribed: tuple[float, bool] = (0.0, False)
+        # The subscriber check in progress: every publish that finds the answer stale awaits this one read
+        # (the links of one batch publish in one turn: each used to make its own reader-thread hop).
+        self._checking: asyncio.Future[bool] | None = None
+        self._subscribed_changes = 0
 
     async def subscribe(self, url: str, events: list[str]) -> dict[str, Any]:
         """Add a subscription; returns it with its secret (shown once)."""
@@ -73,20 +77,38 @@ class Webhooks:
         secret = secrets.token_hex(32)
         sid = await self.db.write(subs.add, url, events, secret, self.clock())
         self._subscribed = (0.0, True)
+        self._subscribed_changes += 1  # a check already in flight may predate this subscription
         return {"id": sid, "url": url, "events": sorted(events), "secret": secret}
 
     async def publish(self, event: str, data: dict[str, Any]) -> None:
         """Queue ``event`` for every subscriber to it (durably; delivered by the running node)."""
-        checked_at, any_ = self._subscribed
-        if time.monotonic() - checked_at > SUBSCRIBERS_CHECK_S:
-            any_ = bool(await self.db.read(subs.list_))
-            self._subscribed = (time.monotonic(), any_)
-        if not any_:
+        if not await self._any_subscribers():
             return
         now = self.clock()
         body = json.dumps({"event": event, "data": data, "created_at": now}, sort_keys=True, default=str).encode()
         if await self.db.write(subs.enqueue, event, body, now):
             self._wake.set()
+
+    async def _any_subscribers(self) -> bool:
+        """Whether anyone subscribes, read again at most every SUBSCRIBERS_CHECK_S (one read shared by all
+        the publishes that find the answer stale at once)."""
+        checked_at, any_ = self._subscribed
+        if time.monotonic() - checked_at <= SUBSCRIBERS_CHECK_S:
+            return any_
+        if self._checking is None:
+            self._checking = asyncio.ensure_future(self._check_subscribers())
+        return await asyncio.shield(self._checking)
+
+    async def _check_subscribers(self) -> bool:
+        changes = self._subscribed_changes
+        try:
+            any_ = bool(await self.db.read(subs.list_))
+        finally:
+            self._checking = None
+        if changes != self._subscribed_changes:
+            return True  # subscribed meanwhile: the next publish reads again
+        self._subscribed = (time.monotonic(), any_)
+        return any_
 
     async def deliveries(self, status: str | None, limit: int) -> list[Delivery]:
         """Deliveries (of one status, or all), oldest first; ``limit`` 1..LIST_MAX."""

@@ -32,7 +32,24 @@ def code_of(payload: object) -> tuple[str, str]:
 
 
 def test_first_kinds_are_known() -> None:
-    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "link.invalidate", "transcript.put"}
+    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "links.put", "link.invalidate", "transcript.put"}
+
+
+def test_links_put_carries_1_to_100_links_each_checked_as_a_link_put() -> None:
+    one = {"link": link(), "signature": b"s" * 64, "signed_by": "ai:node-1@lab"}
+    ok = {"kind": "links.put", "links": [one, {"link": link(), "signature": None, "signed_by": None}]}
+    assert validate_payload(ok) is ok
+    assert validate_payload({"kind": "links.put", "links": [one] * 100})
+    assert code_of({"kind": "links.put", "links": [one] * 101}) == (
+        "bad_payload", "payload.links must be an array of 1 to 100 items, got '101 items'")
+    assert code_of({"kind": "links.put", "links": []})[0] == "bad_payload"
+    assert code_of({"kind": "links.put", "links": one})[0] == "bad_payload"
+    # Each item is a whole link.put body: a bad field is named with its index, and the signature pairs per item.
+    assert code_of({"kind": "links.put", "links": [one, {**one, "link": {**link(), "relation": ""}}]}) == (
+        "bad_payload", "payload.links[1].link.relation must be a non-empty string, got ''")
+    assert code_of({"kind": "links.put", "links": [one, {**one, "signed_by": None}]}) == (
+        "bad_payload", "payload.links[1].signature and .signed_by must be both set or both null")
+    assert code_of({"kind": "links.put", "links": [{**one, "kind": "link.put"}]})[0] == "bad_payload"
 
 
 @pytest.mark.parametrize(
@@ -109,7 +126,7 @@ def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
 @settings(max_examples=1000)
 @given(
     st.sampled_from(sorted(KNOWN_KINDS)),
-    st.sampled_from(["memory", "link", "invalidation", "signature", "signed_by", "sent_at"]),
+    st.sampled_from(["memory", "link", "links", "invalidation", "signature", "signed_by", "sent_at"]),
     st.sampled_from(list(memory()) + list(link()) + ["link_id"]),
     plain_values,
 )
@@ -119,6 +136,7 @@ def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind:
         "ping": {"kind": "ping", "sent_at": 1},
         "memory.put": {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},
         "link.put": {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
+        "links.put": {"kind": "links.put", "links": [{"link": link(), "signature": None, "signed_by": None}]},
         "link.invalidate": {"kind": "link.invalidate", "signature": None, "signed_by": None,
                             "invalidation": {"link_id": "ab" * 32, "observed_by": "ai:a@lab", "valid_until": 5}},
         "transcript.put": dict(TRANSCRIPT_PUT, transcript=dict(TRANSCRIPT_PUT["transcript"])),

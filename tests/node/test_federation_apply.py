@@ -275,3 +275,81 @@ async def test_a_peer_past_its_request_rate_is_refused_retryably_and_others_are_
         assert other.accepted  # the budget is per peer
     finally:
         await s.close()
+
+
+def _links_put(*bodies: dict) -> dict:
+    return {"kind": "links.put", "links": [{k: v for k, v in b.items() if k != "kind"} for b in bodies]}
+
+
+async def test_links_put_applies_each_link_on_its_own_and_a_forged_one_is_refused_alone(svc: Service,
+                                                                                        peer_key) -> None:
+    await _seed(svc)
+    good = [_link_put(peer_key, M1, M2, relation=f"rel_{i}") for i in range(4)]
+    forged = _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="forged")
+    ack = await svc.replicator.apply(_env(PEER, _links_put(*good[:2], forged, *good[2:])), PEER)
+    # One ACK for the envelope: the forged link's permanent code (the sender then resends them one by one)...
+    assert ack.reason == "rejected:bad_signature" and ack.permanent
+    # ...but every other link was verified on its own and stored.
+    stored = {link["relation"]: link for link in await svc.links_list()}
+    assert sorted(stored) == [f"rel_{i}" for i in range(4)]
+    assert all(link["attest_level"] == "peer_attested" and link["received_from"] == PEER for link in stored.values())
+    assert svc.replicator.counters["rejected:bad_signature"] == 1
+    # Sent again one per envelope (as the sender does after such an answer): duplicates ACK ok, the forged one alone
+    # is refused.
+    for body in good:
+        assert (await svc.replicator.apply(_env(PEER, body), PEER)).accepted
+    assert (await svc.replicator.apply(_env(PEER, forged), PEER)).reason == "rejected:bad_signature"
+    assert len(await svc.links_list()) == 4
+    # All good: accepted; all duplicates: accepted and nothing more stored.
+    assert (await svc.replicator.apply(_env(PEER, _links_put(*good)), PEER)).accepted
+    fresh = [_link_put(peer_key, M2, M1, relation=f"back_{i}") for i in range(3)]
+    assert (await svc.replicator.apply(_env(PEER, _links_put(*fresh)), PEER)).accepted
+    assert len(await svc.links_list()) == 7
+
+
+async def test_links_put_with_a_link_to_a_missing_memory_answers_retryable(svc: Service, peer_key) -> None:
+    await _seed(svc)
+    missing = "33333333-3333-4333-8333-333333333333"
+    body = _links_put(_link_put(peer_key, M1, M2), _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="x"),
+                      _link_put(peer_key, M1, missing))
+    ack = await svc.replicator.apply(_env(PEER, body), PEER)
+    # A retryable code wins over a permanent one: the sender resends the envelope, the stored link is a duplicate.
+    assert ack.reason == "rejected:unknown_memory" and not ack.permanent
+    assert [link["dst_id"] for link in await svc.links_list()] == [M2]
+
+
+async def test_links_put_with_a_bad_item_is_bad_payload_and_stores_nothing(svc: Service, peer_key) -> None:
+    await _seed(svc)
+    bad = _links_put(_link_put(peer_key, M1, M2), {**_link_put(peer_key, M1, M2), "signed_by": None})
+    with pytest.raises(ProtocolError) as info:  # the receiver answers it rejected:bad_payload
+        await svc.replicator.apply(_env(PEER, bad), PEER)
+    assert info.value.code == "bad_payload" and "payload.links[1]" in info.value.message
+    assert await svc.links_list() == []
+
+
+async def test_signatures_use_the_keyring_as_last_read_but_a_new_or_rotated_key_verifies_at_once(
+        svc: Service, cfg: NodeConfig, peer_key, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from node import trust
+    stats = []
+    real = trust.mesh_keys.keyring_stamp
+    monkeypatch.setattr(trust.mesh_keys, "keyring_stamp", lambda d: stats.append(d) or real(d))
+    await _seed(svc)
+    body = _links_put(*(_link_put(peer_key, M1, M2, relation=f"r{i}") for i in range(50)))
+    stats.clear()
+    assert (await svc.replicator.apply(_env(PEER, body), PEER)).accepted
+    assert len(stats) <= 2, "the key directories are read at most once for the 50 signatures, not once each"
+    # A peer rotates its key: a link signed with the new key verifies at once (a failed verify reads the
+    # keyring again before refusing); so does a signer first imported just now.
+    rotated = keys.generate_identity(tmp_path / "rotated", PEER, force=True)
+    keys.import_peer(cfg.peers_dir, rotated.pub_path)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(rotated.private_key, M1, M2, relation="new_key")), PEER)
+    assert ack.accepted
+    other = keys.generate_identity(tmp_path / "other", OTHER)
+    keys.import_peer(cfg.peers_dir, other.pub_path)
+    ack = await svc.replicator.apply(_env(PEER, _link_put(other.private_key, M1, M2, observed_by=OTHER)), PEER)
+    assert ack.accepted
+    levels = {r["relation"]: (r["attest_level"], r["observed_by"]) for r in await svc.links_list()}
+    assert levels["new_key"] == ("peer_attested", PEER) and levels["related_to"] == ("peer_attested", OTHER)
+    # A forged signature is still refused.
+    ack = await svc.replicator.apply(_env(PEER, _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="f")), PEER)
+    assert ack.reason == "rejected:bad_signature"

@@ -12,7 +12,7 @@ from typing import Any
 
 from a2a import Ack, RetrySchedule
 from mesh.errors import MeshError
-from node.outbox import OutboxSender
+from node.outbox import SEND_WINDOW_BYTES, OutboxSender
 from storage import Database, outbox
 from storage.outbox import OutboxRow
 
@@ -175,5 +175,56 @@ async def test_rows_handed_over_to_a_sender_that_dies_are_delivered_after_a_rest
         await _run_until(second, done)
         assert sorted(link.sent) == sorted(r.correlation_id for r in rows)
         assert sorted(acked) == sorted(link.sent)
+    finally:
+        await db.close()
+
+
+class WindowLink(AckingLink):
+    """Records the envelope bytes in flight at once (ACKs come 10 ms after a burst, as in AckingLink)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inflight = self.most = 0
+
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
+        size = sum(len(w) for _, w in frames)
+        self.inflight += size
+        self.most = max(self.most, self.inflight)
+        try:
+            return await super().send_many(frames)
+        finally:
+            self.inflight -= size
+
+
+async def test_envelope_bytes_in_flight_stay_within_the_window_handed_over_or_polled(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        big = b"\xa0" + b"\x00" * 30_000  # about a full links.put
+
+        def write(conn: Any) -> list[OutboxRow]:
+            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "links.put", big, 10**13, 0, i)
+                    for i in range(20)]
+            return [r for r in rows if r is not None]
+        rows = await db.write(write)
+        link, acked = WindowLink(), []
+        sender = _sender(db, link, acked)
+        sender.hand_off(rows[:10])  # the other ten only in the database
+
+        async def done() -> bool:
+            return len(acked) == 20 and await db.read(outbox.depth) == 0
+        await _run_until(sender, done)
+        assert sorted(link.sent) == sorted(r.correlation_id for r in rows)
+        assert 0 < link.most <= SEND_WINDOW_BYTES
+        # A row larger than the whole window still goes (alone).
+        huge = await db.write(outbox.enqueue_row, str(uuid.uuid4()), PEER, "links.put",
+                              b"\x00" * (SEND_WINDOW_BYTES + 1), 10**13, 0, 99)
+        link2, acked2 = WindowLink(), []
+        sender2 = _sender(db, link2, acked2)
+        sender2.hand_off([huge])
+
+        async def done2() -> bool:
+            return acked2 == [huge.correlation_id]
+        await _run_until(sender2, done2)
+        assert link2.sent == [huge.correlation_id]
     finally:
         await db.close()

@@ -194,3 +194,34 @@ async def test_links_a_pre_store_hook_makes_reach_link_attested_subscribers(tmp_
             ("link.attested", link["link_id"])]
     finally:
         await svc.close()
+
+
+async def test_publishes_that_find_the_subscriber_check_stale_at_once_share_one_read(node, monkeypatch) -> None:
+    svc, _ = node
+    hooks = svc.webhooks
+    reads: list[Any] = []
+    real = hooks.db.read
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        reads.append(fn)
+        return await real(fn, *args)
+    monkeypatch.setattr(hooks.db, "read", counted)
+    hooks._subscribed = (0.0, False)  # stale
+    await asyncio.gather(*(hooks.publish("link.attested", {"i": i}) for i in range(200)))
+    assert reads.count(subscriptions.list_) == 1
+    # A subscription made while a check is in flight is not hidden by that check's older answer.
+    hooks._subscribed = (0.0, False)
+    port = _free_port()
+    receiver = Receiver()
+    await receiver.start(port)
+    try:
+        check = asyncio.ensure_future(hooks.publish("link.attested", {"first": True}))
+        await hooks.subscribe(f"http://127.0.0.1:{port}/hook", ["link.attested"])
+        await check
+        await hooks.publish("link.attested", {"second": True})
+
+        async def second_delivered() -> bool:
+            return any(b"second" in body for _, body in receiver.got)
+        await _until(second_delivered, "the event published after the subscription delivered")
+    finally:
+        await receiver.stop()
