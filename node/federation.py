@@ -336,9 +336,15 @@ class Federation:
     async def apply(self, env: Envelope, sender: str) -> Ack:
         """The mesh receiver's apply: commit the change, then answer Ack.ok / Ack.rejected(code)."""
         cid, me = env.correlation_id, self.agent_id
-        if self.peer_rate is not None and self.peer_rate.wait_s(sender):
-            self.counters["rejected:rate_limited"] += 1
-            return Ack.rejected(cid, me, "rate_limited")
+        if self.peer_rate is not None:
+            if self.peer_rate.wait_s(sender):
+                self.counters["rejected:rate_limited"] += 1
+                return Ack.rejected(cid, me, "rate_limited")
+            packed = env.payload.get("links") if env.payload.get("kind") == "links.put" else None
+            if isinstance(packed, list):
+                # A links.put is as many messages as it carries links: the envelope got in on one token,
+                # the rest is charged now (into debt, so the peer's next messages wait for it).
+                self.peer_rate.charge(sender, len(packed) - 1)
         applied = await self.apply_payload(env.payload, sender)
         if applied.code is None:
             return Ack.ok(cid, me)

@@ -51,6 +51,12 @@ class TokenBucket:
         """Return ``n`` tokens taken and not used (never above one second's worth)."""
         self.tokens = min(self.capacity, self.tokens + n)
 
+    def charge(self, n: int) -> None:
+        """Spend ``n`` more tokens for work already admitted, into debt if need be: the caller's next
+        requests wait until the budget has paid for it."""
+        self._refill()
+        self.tokens -= n
+
 
 class RateLimiter:
     """One bucket per caller (an MCP session id), forgotten after a minute without calls."""
@@ -79,6 +85,11 @@ class RateLimiter:
         """Return ``n`` of ``caller``'s tokens that ``take_up_to`` granted and the work did not use."""
         if n > 0:
             self._bucket(caller).give_back(n)
+
+    def charge(self, caller: str, n: int) -> None:
+        """Spend ``n`` more of ``caller``'s tokens for a request admitted on one (may leave it in debt)."""
+        if n > 0:
+            self._bucket(caller).charge(n)
 
     def _bucket(self, caller: str) -> TokenBucket:
         bucket = self._buckets.get(caller) or TokenBucket(self.rate, self.clock)

@@ -353,3 +353,18 @@ async def test_signatures_use_the_keyring_as_last_read_but_a_new_or_rotated_key_
     # A forged signature is still refused.
     ack = await svc.replicator.apply(_env(PEER, _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="f")), PEER)
     assert ack.reason == "rejected:bad_signature"
+
+
+async def test_a_links_put_costs_its_peer_one_message_per_link(svc: Service, peer_key) -> None:
+    from node.ratelimit import RateLimiter
+
+    await _seed(svc)
+    svc.replicator.peer_rate = RateLimiter(3, clock=lambda: 0.0)  # time stands still: no token comes back
+    ack = await svc.replicator.apply(_env(PEER, _links_put(*(_link_put(peer_key, M1, M2, relation=f"r{i}")
+                                                              for i in range(5)))), PEER)
+    assert ack.accepted and len(await svc.links_list()) == 5  # let in on one message of budget...
+    # ...and charged for five: the peer is in debt, so its next message is refused (retryably).
+    ack = await svc.replicator.apply(_env(PEER, _link_put(peer_key, M1, M2, relation="next")), PEER)
+    assert ack.reason == "rejected:rate_limited" and not ack.permanent
+    ping = _env(OTHER, {"kind": "ping", "sent_at": now_ms()})
+    assert (await svc.replicator.apply(ping, OTHER)).accepted  # the budget is per peer

@@ -53,3 +53,13 @@ def test_limiter_counts_a_grant_of_nothing_as_refused() -> None:
     assert limiter.take_up_to("peer", 5)[0] == 0
     assert limiter.refused == 1
     assert limiter.take_up_to("other", 1) == (1, 0.0)  # one budget per caller
+
+
+def test_a_charge_may_leave_the_bucket_in_debt_until_time_pays_it() -> None:
+    clock = Clock()
+    b = TokenBucket(10, clock)
+    assert b.take() == 0.0
+    b.charge(19)  # 20 spent on a bucket of 10: 10 in debt
+    assert b.take() == pytest.approx(1.1)
+    clock.t += 1.1
+    assert b.take() == 0.0
