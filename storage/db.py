@@ -88,6 +88,8 @@ class Database:
         self._wrote = True
         self._merge_steps = 0
         self._merges_done = 0
+        self._merge_s = 0.0
+        self._merge_step_max_s = 0.0
         if batch_max < 1 or readers < 1:
             raise ValueError("batch_max and readers must be >= 1")
         self.path = path
@@ -170,9 +172,10 @@ class Database:
     @property
     def merge_stats(self) -> dict[str, Any]:
         """Idle FTS5 merging: the pages per step (0 = off), steps run and full merges finished since open,
-        and whether one is under way."""
+        whether one is under way, the writer's seconds in them and its longest step (what a write may wait)."""
         return {"pages_per_step": self._fts_merge_pages, "steps": self._merge_steps,
-                "merges": self._merges_done, "merging": self._merging}
+                "merges": self._merges_done, "merging": self._merging, "seconds": round(self._merge_s, 3),
+                "max_step_ms": round(self._merge_step_max_s * 1000, 2)}
 
     async def close(self) -> None:
         """Drain every queued write, then close all connections. Idempotent."""
@@ -292,7 +295,7 @@ class Database:
     def _merge_step(self, conn: sqlite3.Connection) -> None:
         """One transaction merging at most ``fts_merge_pages`` pages (a negative N: every segment into one);
         FTS5 changes fewer than 2 rows when it found nothing to merge, which ends the merge."""
-        self._batch_started = time.monotonic()
+        started = self._batch_started = time.monotonic()
         try:
             before = conn.total_changes
             conn.execute("BEGIN IMMEDIATE")
@@ -312,6 +315,9 @@ class Database:
                     pass
             self._merging = False
         finally:
+            took = time.monotonic() - started
+            self._merge_s += took
+            self._merge_step_max_s = max(self._merge_step_max_s, took)
             self._batch_started = None
 
     # The backend seam: storage/pg.py overrides these three for Postgres.

@@ -27,9 +27,13 @@ def _segments(path: Path) -> int:
         conn.close()
 
 
-async def _fill(db: Database, commits: int, per_commit: int, seed: int = 7) -> None:
-    """``commits`` write transactions (one segment each, before FTS5's automerge) of Zipf-ish text."""
+async def _fill(db: Database, commits: int, per_commit: int, seed: int = 7, pgsz: int | None = None) -> None:
+    """``commits`` write transactions (one segment each, before FTS5's automerge) of Zipf-ish text; ``pgsz``
+    shrinks FTS5's pages (bytes) so that a merge of one page a step takes many steps."""
     rng = random.Random(seed)
+    if pgsz is not None:
+        await db.write(lambda conn: conn.execute("INSERT INTO memories_fts(memories_fts, rank) VALUES('pgsz', ?)",
+                                                 (pgsz,)))
 
     def text(n: int) -> str:
         return " ".join(WORDS[min(int(rng.paretovariate(1.1)) - 1, len(WORDS) - 1)] for _ in range(n))
@@ -39,12 +43,12 @@ async def _fill(db: Database, commits: int, per_commit: int, seed: int = 7) -> N
         await db.write_per_commit(lambda conn, rows=rows: [memories.insert(conn, r) for r in rows])
 
 
-async def _wait(cond, what: str, limit_s: float = 30.0) -> None:
+async def _wait(cond, what: str, limit_s: float = 60.0) -> None:
     """Poll ``cond`` (bounded): a hang guard, not a timing claim."""
-    for _ in range(int(limit_s / 0.02)):
+    for _ in range(int(limit_s / 0.005)):
         if cond():
             return
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.005)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -59,9 +63,10 @@ async def _results(db: Database) -> list[list[tuple[str, float]]]:
 async def test_a_full_idle_merge_leaves_one_segment_and_recall_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
     async with await Database.open(path, synchronous="normal") as db:  # merging off
-        await _fill(db, commits=40, per_commit=25)
+        await _fill(db, commits=40, per_commit=25, pgsz=512)
         before = await _results(db)
-        assert db.merge_stats == {"pages_per_step": 0, "steps": 0, "merges": 0, "merging": False}
+        assert db.merge_stats == {"pages_per_step": 0, "steps": 0, "merges": 0, "merging": False,
+                                  "seconds": 0.0, "max_step_ms": 0.0}
     assert _segments(path) > 1
     async with await Database.open(path, synchronous="normal", fts_merge_pages=8) as db:
         await _wait(lambda: db.merge_stats["merges"] >= 1 and not db.merge_stats["merging"], "the merge")
@@ -75,14 +80,15 @@ async def test_a_full_idle_merge_leaves_one_segment_and_recall_unchanged(tmp_pat
 async def test_a_write_arriving_mid_merge_commits_and_the_merge_goes_on(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
     async with await Database.open(path, synchronous="normal") as db:
-        await _fill(db, commits=60, per_commit=30)
+        await _fill(db, commits=60, per_commit=30, pgsz=64)
     async with await Database.open(path, synchronous="normal", fts_merge_pages=1) as db:
         await _wait(lambda: db.merge_stats["merging"], "the merge to start")
         row = make_memory(title="arrived mid merge", content="zzunique")
         await asyncio.wait_for(db.write(memories.insert, row), 30)
         assert await db.read(memories.get, row.id) == row
-        await _wait(lambda: not db.merge_stats["merging"], "the merge to finish")
+        await _wait(lambda: not db.merge_stats["merging"], f"the merge to finish ({db.merge_stats})")
         assert [m.id for m, _ in await db.read(memories.recall, "zzunique", 10)] == [row.id]
+        assert db.merge_stats["steps"] > 10
     conn = sqlite3.connect(path)
     try:
         conn.execute("INSERT INTO memories_fts(memories_fts) VALUES('integrity-check')")
@@ -93,7 +99,7 @@ async def test_a_write_arriving_mid_merge_commits_and_the_merge_goes_on(tmp_path
 async def test_close_does_not_wait_for_the_merge_and_leaves_a_sound_index(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
     async with await Database.open(path, synchronous="normal") as db:
-        await _fill(db, commits=60, per_commit=30)
+        await _fill(db, commits=60, per_commit=30, pgsz=64)
         before = await _results(db)
     db = await Database.open(path, synchronous="normal", fts_merge_pages=1)
     await _wait(lambda: db.merge_stats["merging"], "the merge to start")
