@@ -55,7 +55,7 @@ class LimitsConfig:
 
 
 # storage.fts_merge_pages' default: PERFORMANCE.md "Recall at 100k" says what one step costs.
-FTS_MERGE_PAGES = 64
+FTS_MERGE_PAGES = 16
 
 
 @dataclass(frozen=True)
