@@ -44,14 +44,16 @@ READER_MMAP_BYTES = 256 * 1024 * 1024
 # PRAGMA synchronous values by setting name.
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 # Idle FTS5 merging (``fts_merge_pages``): each write transaction adds a segment to the full-text index and
-# FTS5's automerge leaves ~10 of them at 100k memories; every recall walks all of them, and one segment makes
-# recall ~12% faster (PERFORMANCE.md "Recall at 100k"). After the writer has had no job for IDLE_MERGE_S it
-# merges, one bounded step (one short transaction) at a time, so a write arriving waits for at most one
-# step. A full merge rewrites the whole index, so it starts only when the segments other than the largest
-# hold at least MERGE_WHEN_FRACTION of the largest's pages: the rewriting then costs at most ~1/fraction
-# pages per page written, not a whole index per trickled write.
+# FTS5's automerge leaves ~10 of them at 100k memories; every recall walks all of them, and on one segment
+# recall measured p50 -8 to -11%, p95 -14 to -22%, same results (PERFORMANCE.md "Recall at 100k"). After
+# the writer has had no job for IDLE_MERGE_S it merges, one bounded step (one short transaction) at a time,
+# so a write arriving waits for at most one step. A full merge rewrites the whole index, so it starts only
+# when the segments other than the largest hold at least MERGE_WHEN_FRACTION of the largest's pages: the
+# rewriting then costs at most ~1/fraction pages per page written, not a whole index per trickled write.
 IDLE_MERGE_S = 0.2
 MERGE_WHEN_FRACTION = 0.125
+# Steps one merge may take before it is given up until the next write (a bound, far above any real index).
+MAX_MERGE_STEPS = 1_000_000
 # An FTS5 data rowid is (segment id << 37) + (dlidx << 36) + (height << 31) + page (fts5_index.c, the file
 # format): the pages of each segment, counted from the rowids alone.
 _SEGMENT_PAGES_SQL = ("SELECT id >> 37, count(*) FROM memories_fts_data WHERE id >= (1 << 37) "
@@ -84,6 +86,7 @@ class Database:
         self._fts_merge_pages = 0
         # True from when an idle merge starts until a step finds nothing left to merge.
         self._merging = False
+        self._steps_this_merge = 0
         # True after a commit, until the next idle check: only writes can give the merge work.
         self._wrote = True
         self._merge_steps = 0
@@ -270,7 +273,9 @@ class Database:
                     return self._queue.get(timeout=IDLE_MERGE_S)
                 except queue.Empty:
                     self._wrote = False
-                self._merging = self._merging or self._merge_due(conn)
+                if not self._merging:
+                    self._merging = self._merge_due(conn)
+                    self._steps_this_merge = 0
             elif not self._merging:
                 return self._queue.get()
             else:
@@ -303,7 +308,10 @@ class Database:
                          (-self._fts_merge_pages,))
             conn.execute("COMMIT")
             self._merge_steps += 1
-            if conn.total_changes - before < 2:
+            self._steps_this_merge += 1
+            if self._steps_this_merge >= MAX_MERGE_STEPS:
+                self._merging = False
+            elif conn.total_changes - before < 2:
                 self._merging = False
                 self._merges_done += 1
         except sqlite3.Error:
