@@ -1,7 +1,7 @@
 """Recall at 100k memories: the old query against today's, and the Service with everything on, in one run.
 
     flock /tmp/bench.lock .venv/bin/python bench/recall_bench.py [--quick] [--memories N] [--queries N]
-        [--keep DIR]
+        [--keep DIR] [--settle-s S]
 
 One node home with a key (memory versions signed), a permission gate of 1,000 rules (enforce) and a
 daemon ``post_recall`` hook; its database is filled through ``Service.memory_store`` with the storage
@@ -17,6 +17,8 @@ machine's drift spreads over all of them:
 
 Overlap: mean over the queries of |old top-10 ∩ new top-10| / 10 (target >= 0.9); also how many queries
 give the same ten scores to 1e-5 (a common word adds at most ~1e-6 to a score, so the rest are ties).
+Between the fill and the queries the bench settles (``--settle-s``, 1 s, then for as long as the writer's
+idle FTS5 merge runs; 0 queries at once, beside it): the JSON says how long and how far the merge had got.
 Prints a markdown table; writes bench/out/recall.json. Target: new-query p95 <= 5 ms at 100k.
 """
 
@@ -147,8 +149,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 fill_s = 0.0
                 print(f"reusing the {args.memories} memories in {base}", file=sys.stderr)
+            settle = await settle_writer(svc.db, args.settle_s) if args.settle_s else None
             signed = sum(1 for r in await svc.db.read(memories.list_, None, 100) if r.signature)
+            merge_at_queries = dict(getattr(svc.db, "merge_stats", {}))
             result = await measure(svc, daemon, queries)
+            result["settle"] = settle
+            result["fts_merge_at_queries"] = merge_at_queries
+            result["fts_merge_after_queries"] = dict(getattr(svc.db, "merge_stats", {}))
             result["fill_seconds"] = round(fill_s, 1) if filled is None else None
             result["signed_in_newest_100"] = signed
         finally:
@@ -159,6 +166,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                    "sqlite": sqlite3.sqlite_version, "python": platform.python_version(),
                    "machine": platform.machine()})
     return result
+
+
+async def settle_writer(db: Any, min_s: float, max_s: float = 300.0) -> dict[str, Any]:
+    """Wait ``min_s``, then while the writer's idle FTS5 merge is under way (bounded by ``max_s``), so the
+    queries measure the index as the node leaves it rather than the merge running beside them. Code without
+    idle merging only waits ``min_s``. Returns the seconds waited and the merge counters."""
+    t0 = time.perf_counter()
+    await asyncio.sleep(min_s)
+    for _ in range(int(max_s / 0.05)):
+        if not getattr(db, "merge_stats", {}).get("merging"):
+            break
+        await asyncio.sleep(0.05)
+    waited = time.perf_counter() - t0
+    print(f"settled for {waited:.1f} s: {getattr(db, 'merge_stats', None)}", file=sys.stderr)
+    return {"seconds": round(waited, 2), "fts_merge": dict(getattr(db, "merge_stats", {}))}
 
 
 async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[str, Any]:
@@ -245,6 +267,9 @@ def markdown(r: dict[str, Any]) -> str:
               f"{r['everything_on_same_ids_as_new']}); target p95 <= {t['p95_ms']} ms and overlap >= "
               f"{t['overlap']}: {'met' if t['met'] else 'not met'}; everything on: "
               f"{'met' if t['everything_on_met'] else 'not met'}", "",
+              f"settle: {r.get('settle')}; FTS5 idle merge when the queries started: "
+              f"{r.get('fts_merge_at_queries') or 'none (no idle merging in this code)'}, after: "
+              f"{r.get('fts_merge_after_queries') or 'none'}", "",
               "| db.read by query kind (common = in at least half the memories) | queries | old p50 | old p95 | "
               "new p50 | new p95 | top-10 overlap |", "|---|---:|---:|---:|---:|---:|---:|"]
     for kind, k in r["by_kind"].items():
@@ -263,6 +288,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--keep", type=Path, default=None,
                     help="fill the node home under this directory once and reuse it in later runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "recall.json")
+    ap.add_argument("--settle-s", type=float, default=1.0,
+                    help="after the fill, wait this long and then until the writer's idle FTS5 merge is done "
+                         "before querying (0: query at once, beside the merge)")
     ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,
                     help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets)")
     args = ap.parse_args(argv)

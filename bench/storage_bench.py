@@ -1,13 +1,15 @@
 """Storage benchmark: group commit vs commit-per-row, and FTS recall latency at 10k and 100k memories.
 
-    .venv/bin/python bench/storage_bench.py [--quick] [--out bench/out/storage.json]
+    .venv/bin/python bench/storage_bench.py [--quick] [--out bench/out/storage.json] [--fts-merge-pages N]
 
 Writes go through ``Database.write`` (group commit) or ``Database.write_per_commit`` (one transaction per
 row) from N concurrent writers, each on a fresh database file in a temp dir. Recall runs 1-3 word
 queries drawn from the same Zipf-ish vocabulary as the corpus. Prints a markdown table, writes JSON.
 
 The write path is a ``Target`` (an async ``store(row)``): storage directly (group commit, commit per row)
-and the node service's ``memory_store`` (validation, UUID, change log, on group commit), same rows.
+and the node service's ``memory_store`` (validation, UUID, change log, on group commit), same rows. Every
+database merges its FTS5 segments when the writer is idle, as a node does (``--fts-merge-pages``, 0 = off);
+after each recall fill the bench settles (1 s, then until that merge is done) before the queries.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from node import config as node_config  # noqa: E402
 from node.assemble import open_service  # noqa: E402
 from node.config import from_dict  # noqa: E402
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
@@ -163,29 +166,51 @@ def summarize(samples_s: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(ms), 3), "max_ms": round(max(ms), 3)}
 
 
-async def bench_writes(tmp: Path, corpus: Corpus, sizes: Sizes) -> tuple[dict, Database]:
+def merge_stats(db: Database) -> dict | None:
+    """The writer's idle FTS5 merge counters (None on code without idle merging)."""
+    stats = getattr(db, "merge_stats", None)
+    return dict(stats) if stats is not None else None
+
+
+async def settle(db: Database, min_s: float = 1.0, max_s: float = 300.0) -> float:
+    """Wait ``min_s``, then while the writer's idle FTS5 merge runs (bounded): recall then measures the index
+    as the node leaves it, not the merge beside it. Code without idle merging waits ``min_s``. Returns s."""
+    t0 = time.perf_counter()
+    await asyncio.sleep(min_s)
+    for _ in range(int(max_s / 0.05)):
+        if not (merge_stats(db) or {}).get("merging"):
+            break
+        await asyncio.sleep(0.05)
+    return round(time.perf_counter() - t0, 2)
+
+
+async def bench_writes(tmp: Path, corpus: Corpus, sizes: Sizes, fts_merge_pages: int) -> tuple[dict, Database]:
     now = int(time.time() * 1000)
     rows = [corpus.memory(now + i) for i in range(sizes.write_rows)]
     result = {}
-    per_db = await Database.open(tmp / "per_commit.db")
+    # The node's idle FTS5 merging (storage.fts_merge_pages); 0 leaves the argument out, for older code.
+    opts = {"fts_merge_pages": fts_merge_pages} if fts_merge_pages else {}
+    per_db = await Database.open(tmp / "per_commit.db", **opts)
     try:
         secs = await run_writers(PerCommitTarget(per_db), rows, sizes.writers)
         result["per_commit"] = {"rows": len(rows), "seconds": round(secs, 3), "inserts_per_s": round(len(rows) / secs),
-                                "commits": per_db.commit_stats[0]}
+                                "commits": per_db.commit_stats[0], "fts_merge": merge_stats(per_db)}
     finally:
         await per_db.close()
-    group_db = await Database.open(tmp / "group_commit.db")
+    group_db = await Database.open(tmp / "group_commit.db", **opts)
     secs = await run_writers(GroupCommitTarget(group_db), rows, sizes.writers)
     commits, jobs = group_db.commit_stats
     result["group_commit"] = {"rows": len(rows), "seconds": round(secs, 3), "inserts_per_s": round(len(rows) / secs),
-                              "commits": commits, "mean_batch": round(jobs / max(commits, 1), 1)}
+                              "commits": commits, "mean_batch": round(jobs / max(commits, 1), 1),
+                              "fts_merge": merge_stats(group_db)}
     result["ratio"] = round(result["group_commit"]["inserts_per_s"] / result["per_commit"]["inserts_per_s"], 2)
     svc = await open_service(from_dict({"agent_id": "ai:bench@local", "home": str(tmp / "svc")}, env={}))
     try:
         secs = await run_writers(ServiceTarget(svc), rows, sizes.writers)
         commits, jobs = svc.db.commit_stats
         result["service"] = {"rows": len(rows), "seconds": round(secs, 3), "inserts_per_s": round(len(rows) / secs),
-                             "commits": commits, "mean_batch": round(jobs / max(commits, 1), 1)}
+                             "commits": commits, "mean_batch": round(jobs / max(commits, 1), 1),
+                             "fts_merge": merge_stats(svc.db)}
     finally:
         await svc.close()
     result["writers"] = sizes.writers
@@ -218,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "storage.json")
+    ap.add_argument("--fts-merge-pages", type=int, default=getattr(node_config, "FTS_MERGE_PAGES", 0),
+                    help="the databases' idle FTS5 merge pages per step (default: the node's; 0 = off)")
     ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,
                     help=f"GIL switch interval in seconds (default {GIL_SWITCH_INTERVAL_S}, as a running node sets; "
                          "Python's own default is 0.005)")
@@ -246,13 +273,15 @@ async def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="storage-bench-") as d:
         tmp = Path(d)
-        writes, db = await bench_writes(tmp, corpus, sizes)
+        writes, db = await bench_writes(tmp, corpus, sizes, args.fts_merge_pages)
         recall = []
         try:
             now = int(time.time() * 1000)
             for n in sizes.recall_sizes:
                 await fill(db, corpus, n, now)
-                recall.append(await bench_recall(db, corpus, queries))
+                settled = await settle(db)
+                recall.append(await bench_recall(db, corpus, queries)
+                              | {"settle_s": settled, "fts_merge": merge_stats(db)})
         finally:
             await db.close()
     return {"bench": "storage", "quick": args.quick, "switch_interval_s": args.switch_interval,

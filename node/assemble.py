@@ -32,7 +32,8 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
         hooks = HookPipeline.open(cfg)
     st = cfg.storage
     db = await open_database(backend=st.backend, path=cfg.db_path, dsn=st.dsn, batch_max=st.batch_max,
-                             readers=st.readers, synchronous=st.synchronous, age=st.age)
+                             readers=st.readers, synchronous=st.synchronous, age=st.age,
+                             fts_merge_pages=st.fts_merge_pages)
     # One permission gate for local operations and peer writes (docs/permissions.md).
     try:
         gate = await Gate.open(cfg, db)

@@ -55,11 +55,13 @@ def _profiles(svc: Any) -> dict[str, Any]:
 
 
 def _storage(svc: Any) -> dict[str, Any]:
-    """The database: its schema version, size on disk and the writer's time in its current batch."""
+    """The database: its schema version, size on disk, the writer's time in its current batch and its idle
+    full-text merging."""
     busy = svc.db.writer_busy_s()
     return {"schema_version": svc.db.schema_version, "bytes": svc.db.bytes_used(),
             "max_bytes": svc.cfg.limits.max_db_bytes,
-            "writer_busy_s": round(busy, 3) if busy != float("inf") else None}
+            "writer_busy_s": round(busy, 3) if busy != float("inf") else None,
+            "fts_merge": svc.db.merge_stats}
 
 
 def _readiness(svc: Any) -> dict[str, Any] | None:

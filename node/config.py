@@ -54,6 +54,10 @@ class LimitsConfig:
     max_db_bytes: int = 100 * 1024 * 1024
 
 
+# storage.fts_merge_pages' default: PERFORMANCE.md "Recall at 100k" says what one step costs.
+FTS_MERGE_PAGES = 16
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     path: Path = Path("data/memory.db")
@@ -62,6 +66,9 @@ class StorageConfig:
     readers: int = 2
     # "full": an ACK (and a local commit) survives power loss; "normal": a process crash only, faster.
     synchronous: str = "full"
+    # SQLite: pages of full-text index merged per step while the writer is idle (fewer FTS5 segments, faster
+    # recall; a write waits for at most one step). 0 = no idle merging.
+    fts_merge_pages: int = FTS_MERGE_PAGES
     # "sqlite" (the file at ``path``) or "postgres" (the database at ``dsn``).
     backend: str = "sqlite"
     dsn: str = ""
@@ -612,6 +619,9 @@ def _validate_sync_mode_and_backoff(cfg: NodeConfig) -> None:
     if cfg.storage.synchronous not in ("full", "normal"):
         raise ConfigError("config_invalid", f"storage.synchronous must be full|normal, got {cfg.storage.synchronous!r}")
     _validate_backend(cfg.storage)
+    if not 0 <= cfg.storage.fts_merge_pages <= 1_000_000:
+        raise ConfigError("config_invalid",
+                          f"storage.fts_merge_pages must be in 0..1000000, got {cfg.storage.fts_merge_pages!r}")
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
         raise ConfigError("config_invalid", f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
                                             f"mesh.reconnect_max_s ({cfg.mesh.reconnect_max_s})")

@@ -43,6 +43,21 @@ BUSY_TIMEOUT_MS = 5_000
 READER_MMAP_BYTES = 256 * 1024 * 1024
 # PRAGMA synchronous values by setting name.
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+# Idle FTS5 merging (``fts_merge_pages``): each write transaction adds a segment to the full-text index and
+# FTS5's automerge leaves ~10 of them at 100k memories; every recall walks all of them, and on one segment
+# recall measured p50 -8 to -11%, p95 -14 to -22%, same results (PERFORMANCE.md "Recall at 100k"). After
+# the writer has had no job for IDLE_MERGE_S it merges, one bounded step (one short transaction) at a time,
+# so a write arriving waits for at most one step. A full merge rewrites the whole index, so it starts only
+# when the segments other than the largest hold at least MERGE_WHEN_FRACTION of the largest's pages: the
+# rewriting then costs at most ~1/fraction pages per page written, not a whole index per trickled write.
+IDLE_MERGE_S = 0.2
+MERGE_WHEN_FRACTION = 0.125
+# Steps one merge may take before it is given up until the next write (a bound, far above any real index).
+MAX_MERGE_STEPS = 1_000_000
+# An FTS5 data rowid is (segment id << 37) + (dlidx << 36) + (height << 31) + page (fts5_index.c, the file
+# format): the pages of each segment, counted from the rowids alone.
+_SEGMENT_PAGES_SQL = ("SELECT id >> 37, count(*) FROM memories_fts_data WHERE id >= (1 << 37) "
+                      "GROUP BY id >> 37")
 
 
 @dataclass(eq=False)
@@ -67,6 +82,17 @@ class Database:
 
     def __init__(self, path: Path, batch_max: int, readers: int) -> None:
         self._synchronous = "full"
+        # Pages of FTS5 merge work per idle step; 0 = no idle merging (see IDLE_MERGE_S).
+        self._fts_merge_pages = 0
+        # True from when an idle merge starts until a step finds nothing left to merge.
+        self._merging = False
+        self._steps_this_merge = 0
+        # True after a commit, until the next idle check: only writes can give the merge work.
+        self._wrote = True
+        self._merge_steps = 0
+        self._merges_done = 0
+        self._merge_s = 0.0
+        self._merge_step_max_s = 0.0
         if batch_max < 1 or readers < 1:
             raise ValueError("batch_max and readers must be >= 1")
         self.path = path
@@ -92,18 +118,22 @@ class Database:
 
     @classmethod
     async def open(cls, path: Path, *, batch_max: int = 512, readers: int = 2,
-                   synchronous: str = "full") -> Database:
+                   synchronous: str = "full", fts_merge_pages: int = 0) -> Database:
         """Open (creating it and its parent directory if needed) and migrate the database at ``path``.
 
         ``synchronous`` "full" (default) fsyncs each commit, so a committed write survives an OS crash or
-        power loss; "normal" survives a process crash only and commits faster.
+        power loss; "normal" survives a process crash only and commits faster. ``fts_merge_pages`` > 0 merges
+        the full-text index's segments while the writer is idle, at most that many pages a step (0: never).
 
         Raises StorageError not_a_database / foreign_database / schema_too_new, leaving the file unchanged.
         """
         if synchronous not in SYNCHRONOUS:
             raise StorageError("bad_setting", f"synchronous must be one of {sorted(SYNCHRONOUS)}, got {synchronous!r}")
+        if fts_merge_pages < 0:
+            raise StorageError("bad_setting", f"fts_merge_pages must be >= 0, got {fts_merge_pages!r}")
         db = cls(Path(path), batch_max, readers)
         db._synchronous = synchronous
+        db._fts_merge_pages = fts_merge_pages
         db._loop = asyncio.get_running_loop()
         opened: concurrent.futures.Future[int] = concurrent.futures.Future()
         db._writer = threading.Thread(target=db._writer_main, args=(opened,),
@@ -141,6 +171,14 @@ class Database:
     def commit_stats(self) -> tuple[int, int]:
         """(write transactions committed, jobs committed in them) since open: their ratio is the mean batch."""
         return self._commits, self._committed_jobs
+
+    @property
+    def merge_stats(self) -> dict[str, Any]:
+        """Idle FTS5 merging: the pages per step (0 = off), steps run and full merges finished since open,
+        whether one is under way, the writer's seconds in them and its longest step (what a write may wait)."""
+        return {"pages_per_step": self._fts_merge_pages, "steps": self._merge_steps,
+                "merges": self._merges_done, "merging": self._merging, "seconds": round(self._merge_s, 3),
+                "max_step_ms": round(self._merge_step_max_s * 1000, 2)}
 
     async def close(self) -> None:
         """Drain every queued write, then close all connections. Idempotent."""
@@ -197,7 +235,7 @@ class Database:
         try:
             while True:
                 if not pending:
-                    pending.append(self._queue.get())
+                    pending.append(self._next_job(conn))
                 while len(pending) < self._batch_max:
                     try:
                         pending.append(self._queue.get_nowait())
@@ -223,6 +261,72 @@ class Database:
                 pass  # best effort: statistics only
             conn.close()
             self._writer_done.set_result(None)
+
+    def _next_job(self, conn: sqlite3.Connection) -> Any:
+        """The next queued job; while none comes, merge the FTS5 index one bounded step at a time."""
+        if self._fts_merge_pages <= 0:
+            return self._queue.get()
+        while True:
+            if self._wrote:
+                # Writes are (or were just) coming: merge only once none has come for IDLE_MERGE_S.
+                try:
+                    return self._queue.get(timeout=IDLE_MERGE_S)
+                except queue.Empty:
+                    self._wrote = False
+                if not self._merging:
+                    self._merging = self._merge_due(conn)
+                    self._steps_this_merge = 0
+            elif not self._merging:
+                return self._queue.get()
+            else:
+                try:
+                    return self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+            if self._merging:
+                self._merge_step(conn)
+
+    def _merge_due(self, conn: sqlite3.Connection) -> bool:
+        """Whether the segments besides the largest hold MERGE_WHEN_FRACTION of its pages (worth a rewrite)."""
+        try:
+            pages = [int(n) for _, n in conn.execute(_SEGMENT_PAGES_SQL)]
+        except sqlite3.Error:
+            return False  # no FTS5 index here (or unreadable): nothing to merge
+        if len(pages) < 2:
+            return False
+        largest = max(pages)
+        return sum(pages) - largest >= largest * MERGE_WHEN_FRACTION
+
+    def _merge_step(self, conn: sqlite3.Connection) -> None:
+        """One transaction merging at most ``fts_merge_pages`` pages (a negative N: every segment into one);
+        FTS5 changes fewer than 2 rows when it found nothing to merge, which ends the merge."""
+        started = self._batch_started = time.monotonic()
+        try:
+            before = conn.total_changes
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO memories_fts(memories_fts, rank) VALUES('merge', ?)",
+                         (-self._fts_merge_pages,))
+            conn.execute("COMMIT")
+            self._merge_steps += 1
+            self._steps_this_merge += 1
+            if self._steps_this_merge >= MAX_MERGE_STEPS:
+                self._merging = False
+            elif conn.total_changes - before < 2:
+                self._merging = False
+                self._merges_done += 1
+        except sqlite3.Error:
+            # Best effort (e.g. disk full): the index stays as it was; try again after the next write.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            self._merging = False
+        finally:
+            took = time.monotonic() - started
+            self._merge_s += took
+            self._merge_step_max_s = max(self._merge_step_max_s, took)
+            self._batch_started = None
 
     # The backend seam: storage/pg.py overrides these three for Postgres.
 
@@ -289,6 +393,7 @@ class Database:
         else:
             self._commits += 1
             self._committed_jobs += len(uncommitted)
+            self._wrote = True
             self._after_commit(conn)
 
     def _deliver(self, jobs: list[_Job]) -> None:

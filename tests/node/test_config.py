@@ -92,6 +92,7 @@ def test_namespaces_and_peers_parse() -> None:
     ({"agent_id": "ai:me", "mesh": {"peers": [{"agent_id": "ai:me", "url": "https://a:1"}]}}, "itself"),
     ({"federation": {"orphan_hold_s": -1}}, "orphan_hold_s"),
     ({"storage": {"synchronous": "off"}}, "storage.synchronous"),
+    ({"storage": {"fts_merge_pages": -1}}, "storage.fts_merge_pages"),
 ])
 def test_inconsistent_settings_are_refused(raw: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
