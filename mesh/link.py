@@ -16,7 +16,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -37,6 +37,7 @@ from a2a import (
     plan_batches,
 )
 from mesh.errors import MeshError
+from mesh.receive import Resumed
 from mesh.tls import verify_peer
 
 log = logging.getLogger("mesh.link")
@@ -155,6 +156,8 @@ class PeerLink:
         self.batch_frames = False
         self._up = asyncio.Event()
         self._pending: dict[str, asyncio.Future[Ack]] = {}
+        # send_wire's ACK deadline per correlation_id: cancelled when the ACK comes or the link goes down.
+        self._ack_timers: dict[str, tuple[asyncio.TimerHandle, asyncio.Future[Ack]]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._on_up: list[Callable[[], None]] = []
 
@@ -281,6 +284,9 @@ class PeerLink:
             log.warning("unexpected_envelope", extra={"ev": {"peer": self.agent_id,
                                                              "correlation_id": msg.correlation_id}})
             return
+        timer = self._ack_timers.pop(msg.correlation_id, None)
+        if timer is not None:
+            timer[0].cancel()
         fut = self._pending.pop(msg.correlation_id, None)
         if fut is not None and not fut.done():
             self.last_ack_at = time.time()
@@ -293,6 +299,9 @@ class PeerLink:
             if not fut.done():
                 fut.set_exception(MeshError("link_down", f"link to {self.agent_id} went down before the ACK"))
         self._pending.clear()
+        for timer, _ in self._ack_timers.values():
+            timer.cancel()
+        self._ack_timers.clear()
 
     async def send(self, env: Envelope, *, timeout_s: float | None = None) -> Ack:
         """Send one envelope and wait for its ACK (at most ``timeout_s``, default the ACK timeout).
@@ -302,33 +311,78 @@ class PeerLink:
         """
         return await self.send_wire(env.correlation_id, env.to_wire(), timeout_s=timeout_s)
 
-    async def send_wire(self, correlation_id: str, frame: bytes, *, timeout_s: float | None = None) -> Ack:
+    def send_wire(self, correlation_id: str, frame: bytes, *, timeout_s: float | None = None) -> Awaitable[Ack]:
+        """Send one envelope's wire bytes; await the result for its ACK (at most ``timeout_s``, default the
+        ACK timeout), as ``send`` does, with the same errors.
+
+        While the link is up and the socket takes the frame at once, this writes it now and returns the
+        future the ACK settles, bounded by one timer: a caller fanning out with ``asyncio.gather`` spends no
+        task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns a coroutine that waits.
+        """
         timeout = self.ack_timeout_s if timeout_s is None else timeout_s
-        deadline = asyncio.get_running_loop().time() + timeout
+        ws = self._ws
+        if ws is None or ws.closed or not self._up.is_set():
+            return self._send_wire_waiting(correlation_id, frame, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        fut = self._future(correlation_id)
+        sending = ws.send_bytes(frame)
+        try:
+            yielded = sending.send(None)
+        except StopIteration:  # written
+            pass
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
+            self._pending.pop(correlation_id, None)
+            return self._failed(MeshError("link_down", f"send to {self.agent_id} failed: {e}"))
+        else:  # the transport is over its high-water mark: the rest of the send waits for it to drain
+            return self._finish_send(correlation_id, fut, Resumed(sending, yielded), deadline, timeout)
+        self._arm_ack_timer(correlation_id, fut, deadline, timeout)
+        return fut
+
+    @staticmethod
+    def _failed(error: MeshError) -> asyncio.Future[Ack]:
+        fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        fut.set_exception(error)
+        return fut
+
+    def _arm_ack_timer(self, correlation_id: str, fut: asyncio.Future[Ack], deadline: float, timeout: float) -> None:
+        """End ``fut`` as ``ack_timeout`` at ``deadline`` (loop time) unless its ACK comes first."""
+        timer = asyncio.get_running_loop().call_at(deadline, self._ack_late, correlation_id, fut, timeout)
+        # A second send of an id still waiting keeps the first's timer here; its own only ends a settled future.
+        self._ack_timers.setdefault(correlation_id, (timer, fut))
+
+    def _ack_late(self, correlation_id: str, fut: asyncio.Future[Ack], timeout: float) -> None:
+        entry = self._ack_timers.get(correlation_id)
+        if entry is not None and entry[1] is fut:
+            del self._ack_timers[correlation_id]
+        if self._pending.get(correlation_id) is fut:
+            del self._pending[correlation_id]
+        if not fut.done():
+            fut.set_exception(MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s"))
+
+    async def _finish_send(self, correlation_id: str, fut: asyncio.Future[Ack], sending: Awaitable[None],
+                           deadline: float, wait_s: float) -> Ack:
+        try:
+            await sending
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
+            self._pending.pop(correlation_id, None)
+            raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
+        self._arm_ack_timer(correlation_id, fut, deadline, wait_s)
+        return await fut
+
+    async def _send_wire_waiting(self, correlation_id: str, frame: bytes, wait_s: float) -> Ack:
+        """send_wire when the link is not up yet: wait for it (within ``wait_s``), then send."""
+        deadline = asyncio.get_running_loop().time() + wait_s
         if not self._up.is_set():
             try:
-                await asyncio.wait_for(self._up.wait(), timeout)
+                await asyncio.wait_for(self._up.wait(), wait_s)
             except TimeoutError:
                 raise MeshError("link_down", f"no connection to {self.agent_id} ({self.last_error})") from None
         ws = self._ws
         if ws is None or ws.closed:
             raise MeshError("link_down", f"no connection to {self.agent_id}")
-        fut = self._pending.get(correlation_id)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._pending[correlation_id] = fut
-        try:
-            await ws.send_bytes(frame)
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
-            self._pending.pop(correlation_id, None)
-            raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
-        try:
-            # Cancelling fut on timeout is harmless: it is popped below, and a resend makes a new one.
-            async with asyncio.timeout_at(deadline):
-                return await fut
-        except TimeoutError:
-            self._pending.pop(correlation_id, None)
-            raise MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s") from None
+        fut = self._future(correlation_id)
+        return await self._finish_send(correlation_id, fut, ws.send_bytes(frame), deadline, wait_s)
 
     async def send_many(self, frames: Sequence[tuple[str, bytes]], *,
                         timeout_s: float | None = None) -> list[Ack | MeshError]:

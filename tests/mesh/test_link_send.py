@@ -1,0 +1,79 @@
+"""PeerLink.send_wire over real mutual-TLS sockets: the ACK, its deadline, a lost link, and what it leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from a2a import Ack, Envelope, new_envelope
+from mesh.errors import MeshError
+from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair, until
+
+
+def _live() -> Envelope:
+    now = int(time.time() * 1000)
+    return new_envelope(CLIENT_ID, [SERVER_ID], {"kind": "ping"}, now, 60_000)
+
+
+async def _ok(env: Envelope, sender: str) -> Ack:
+    return Ack.ok(env.correlation_id, SERVER_ID)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+async def test_a_fan_of_send_wire_calls_is_acked_and_leaves_no_pending_state(pki) -> None:
+    async with pair(pki, _ok) as p:
+        envs = [_live() for _ in range(50)]
+        acks = await asyncio.gather(*(p.link.send_wire(e.correlation_id, e.to_wire()) for e in envs))
+        assert [a.correlation_id for a in acks] == [e.correlation_id for e in envs]
+        assert all(a.accepted for a in acks)
+        assert p.link.in_flight == 0 and not p.link._ack_timers  # noqa: SLF001
+
+
+async def test_send_wire_without_an_ack_ends_as_ack_timeout_and_the_link_still_works(pki) -> None:
+    never = asyncio.Event()
+
+    async def stuck(env: Envelope, sender: str) -> Ack:
+        await never.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, stuck, apply_timeout_s=5.0) as p:
+        env = _live()
+        with pytest.raises(MeshError) as info:
+            await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2)
+        assert info.value.code == "ack_timeout"
+        assert p.link.in_flight == 0 and not p.link._ack_timers  # noqa: SLF001
+        never.set()
+
+
+async def test_send_wire_on_a_closed_link_is_link_down(pki) -> None:
+    async with pair(pki, _ok) as p:
+        await p.link.close()
+        env = _live()
+        with pytest.raises(MeshError) as info:
+            await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2)
+        assert info.value.code == "link_down"
+
+
+async def test_a_link_lost_while_waiting_for_the_ack_is_link_down(pki) -> None:
+    never = asyncio.Event()
+
+    async def stuck(env: Envelope, sender: str) -> Ack:
+        await never.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, stuck) as p:
+        env = _live()
+        waiting = asyncio.ensure_future(p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=10.0))
+        await until(lambda: p.link.in_flight == 1, "the send to be in flight")
+        await p.link.close()
+        with pytest.raises(MeshError) as info:
+            await waiting
+        assert info.value.code == "link_down"
+        assert not p.link._ack_timers  # noqa: SLF001
+        never.set()
