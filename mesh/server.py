@@ -253,8 +253,31 @@ class _FrameSinkResponse(web.WebSocketResponse):
         self._parser = WebSocketReader(self._reader, self._max_msg_size, compress=False, decode_text=False)
         self._sock.reading = request.protocol
         cb = None if self._heartbeat is None else self._on_data_received
-        request.protocol.set_parser(self._parser, data_received_cb=cb)
+        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock), data_received_cb=cb)
         request.protocol.keep_alive(False)
+
+
+class _FlushAfterParse:
+    """The parser as the connection calls it, writing the ACKs of what one read carried once it is parsed
+    (rather than from a loop callback a turn later)."""
+
+    __slots__ = ("parser", "sock")
+
+    def __init__(self, parser: WebSocketReader, sock: _Socket) -> None:
+        self.parser, self.sock = parser, sock
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        sock = self.sock
+        sock.parsing = True
+        try:
+            return self.parser.feed_data(data)
+        finally:
+            sock.parsing = False
+            if sock.acks:
+                sock.flush()
+
+    def feed_eof(self) -> None:
+        self.parser.feed_eof()
 
 
 class _Socket:
@@ -263,7 +286,8 @@ class _Socket:
     A message whose apply needs no waiting is answered inline (no task, no timer); one that waits (on
     storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the socket stops reading and
     the rest of what was read waits in ``backlog``, which pushes back on the sender over TCP). ACKs produced
-    in one loop turn are written together, as one batch frame when the peer negotiated them. An ACK write
+    in one read (or, for applies that waited, one loop turn) are written together, as one batch frame when the
+    peer negotiated them. An ACK write
     the transport cannot take (the peer does not read) stops reading until it drains, bounded by
     ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
     """
@@ -281,6 +305,7 @@ class _Socket:
         self.loop = asyncio.get_running_loop()
         self.acks: list[bytes] = []
         self.flush_at_turn_end = False
+        self.parsing = False  # inside the parser's call: the ACKs are written when it returns
         self.draining: asyncio.Task[None] | None = None
         self.waiting_applies = 0
         self.backlog: deque[Envelope | Received] = deque()
@@ -400,12 +425,16 @@ class _Socket:
         if result.ack is None:
             return
         self.acks.append(result.ack.to_wire())
-        if not self.flush_at_turn_end:
+        if not self.parsing and not self.flush_at_turn_end:
             self.flush_at_turn_end = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush_at_turn_end)
 
-    def _flush(self) -> None:
-        """Write the ACKs gathered this loop turn; runs as a loop callback (no task)."""
+    def _flush_at_turn_end(self) -> None:
+        if self.flush_at_turn_end:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the ACKs gathered so far (at the end of a read, or of a loop turn for applies that waited)."""
         self.flush_at_turn_end = False
         if self.draining is not None:
             return  # the drain task writes them once the transport takes data again
