@@ -18,9 +18,12 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.http_websocket import WebSocketReader
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import (
@@ -39,6 +42,7 @@ from a2a import (
 from mesh.errors import MeshError
 from mesh.receive import Resumed
 from mesh.tls import verify_peer
+from mesh.wsframes import FrameQueue
 
 log = logging.getLogger("mesh.link")
 
@@ -80,6 +84,51 @@ class PinnedConnector(aiohttp.TCPConnector):
             transport.close()
             raise
         return transport, proto
+
+
+class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
+    """The link's client WebSocket: aiohttp's, with the parser the session gives it reading into a
+    ``FrameQueue`` (mesh/wsframes.py), so each ACK frame reaches ``PeerLink.on_ack_frame`` in the parser's call
+    (no queue, no task wake-up, no ``receive()`` per frame). The frames on the wire are the same. It replaces
+    aiohttp's private ``_parser`` and ``_reader`` (pinned version in constraints.txt; tests/mesh drive it).
+    ``link`` is set on a subclass per PeerLink (``_socket_class``)."""
+
+    link: PeerLink
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        self.peer = self.link.agent_id
+        # Set when the socket ends: None for the peer's close or the end of the stream, else the parse error.
+        self.ended: asyncio.Future[BaseException | None] = loop.create_future()
+        self._reader = FrameQueue(self, self._response.connection.protocol, DEFAULT_CHUNK_SIZE, loop)
+
+    @property  # type: ignore[override]
+    def _parser(self) -> WebSocketReader | None:
+        return self.__dict__.get("_mesh_parser")
+
+    @_parser.setter
+    def _parser(self, parser: WebSocketReader | None) -> None:
+        if parser is not None:  # the session's parser for its own queue: read into ours instead
+            parser = WebSocketReader(self._reader, self.link.ws_max_msg_size, compress=False, decode_text=False)
+        self.__dict__["_mesh_parser"] = parser
+
+    def on_frame(self, data: bytes) -> None:
+        self.link.on_ack_frame(data)
+
+    def on_ping(self, data: bytes) -> None:
+        if self.closed:
+            return
+        sending = self.pong(data)
+        try:
+            sending.send(None)
+        except (StopIteration, ConnectionError, RuntimeError):
+            return
+        sending.close()  # written; not waiting for the transport to drain
+
+    def end(self, error: BaseException | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(error)
 
 
 class LinkState(enum.StrEnum):
@@ -143,6 +192,7 @@ class PeerLink:
         self.backoff = backoff
         self.ack_timeout_s = ack_timeout_s
         self.max_bytes = max_bytes
+        self.ws_max_msg_size = max(max_bytes, BATCH_MAX_BYTES) * 4
         self.state = LinkState.CONNECTING
         self.health = LinkHealth(settle_s)
         # "code: message" of the last failure; a refusal carries the peer's own code and message.
@@ -173,7 +223,8 @@ class PeerLink:
         """Keep the link up until ``close()``; owned by the node's task group."""
         connector = PinnedConnector(expected_agent_id=self.agent_id, pinned=self.pinned,
                                     ssl_context=self.ssl_context, limit=0)
-        self._session = aiohttp.ClientSession(connector=connector)
+        socket_class = type("LinkWebSocket", (_LinkWebSocket,), {"link": self})
+        self._session = aiohttp.ClientSession(connector=connector, ws_response_class=socket_class)
         try:
             while self.state is not LinkState.CLOSED:
                 error: MeshError | None = None
@@ -241,8 +292,9 @@ class PeerLink:
             raise MeshError("not_a_member", f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
                                             "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
-                                            max_msg_size=max(self.max_bytes, BATCH_MAX_BYTES) * 4, heartbeat=15.0,
+                                            max_msg_size=self.ws_max_msg_size, heartbeat=15.0, compress=0,
                                             autoping=True, protocols=(BATCH_SUBPROTOCOL,))
+        assert isinstance(ws, _LinkWebSocket)
         self._ws = ws
         self.batch_frames = ws.protocol == BATCH_SUBPROTOCOL
         self.state = LinkState.UP
@@ -256,14 +308,17 @@ class PeerLink:
         log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
-        async for msg in ws:
-            if msg.type is aiohttp.WSMsgType.BINARY:
-                self._on_frame(msg.data)
-            elif msg.type is aiohttp.WSMsgType.ERROR:
-                raise MeshError("ws_error", str(ws.exception()))
+        error = await ws.ended  # ACK frames arrive meanwhile, in the parser's call (on_ack_frame)
+        if error is not None:
+            await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.PROTOCOL_ERROR))
+            raise MeshError("ws_error", str(error))
+        if ws.exception() is not None:  # the heartbeat's pong did not come: aiohttp closed the connection
+            raise MeshError("ws_error", str(ws.exception()))
+        await ws.close()  # answers the peer's close frame (or returns at once after our own close)
         raise MeshError("link_closed", f"peer closed the socket (code {ws.close_code})")
 
-    def _on_frame(self, data: bytes) -> None:
+    def on_ack_frame(self, data: bytes) -> None:
+        """One frame the peer sent on this link's socket: an ACK or a batch of them."""
         try:
             msg = decode_wire(data, self.max_bytes)
         except ProtocolError as e:

@@ -19,8 +19,7 @@ from typing import Any
 
 import cbor2
 import orjson
-from aiohttp import WSCloseCode, WSMsgType, web
-from aiohttp._websocket.reader import WebSocketDataQueue
+from aiohttp import WSCloseCode, web
 from aiohttp.helpers import DEFAULT_CHUNK_SIZE
 from aiohttp.http_websocket import WebSocketError, WebSocketReader, WebSocketWriter
 from aiohttp.web_request import BaseRequest
@@ -30,6 +29,7 @@ from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Envelope, Outcome, encode_ba
 from mesh.errors import MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.tls import verify_peer
+from mesh.wsframes import FrameQueue
 
 log = logging.getLogger("mesh.server")
 
@@ -198,44 +198,9 @@ def _websocket(hooks: ServerHooks):
     return handler
 
 
-class _FrameQueue(WebSocketDataQueue):
-    """Where aiohttp's WebSocket parser puts each message it reads: data frames go to the socket's
-    ``on_frame`` at once, in the parser's call (no queue, no task wake-up, no ``receive()`` per frame);
-    pings are answered, pongs dropped (any data resets the heartbeat); a close, the end of the stream
-    and a parse error are queued as aiohttp's own queue does, for ``WebSocketResponse.close`` to read,
-    and end the socket's ``serve``."""
-
-    def __init__(self, sock: _Socket, protocol: Any, limit: int, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(protocol, limit, loop=loop)
-        self.sock = sock
-
-    def feed_data(self, data: Any, size: int) -> None:
-        kind = data[0]
-        if kind is WSMsgType.BINARY:
-            self.sock.on_frame(data[1])
-        elif kind is WSMsgType.PING:
-            self.sock.on_ping(data[1])
-        elif kind is WSMsgType.PONG:
-            pass
-        elif kind is WSMsgType.TEXT:
-            log.warning("protocol_error", extra={"ev": {"peer": self.sock.peer, "code": "text_frame"}})
-        else:
-            super().feed_data(data, size)
-            if kind is WSMsgType.CLOSE:
-                self.sock.end(None)
-
-    def feed_eof(self) -> None:
-        super().feed_eof()
-        self.sock.end(None)
-
-    def set_exception(self, exc: BaseException, *args: Any) -> None:
-        super().set_exception(exc, *args)
-        self.sock.end(exc)
-
-
 class _FrameSinkResponse(web.WebSocketResponse):
     """aiohttp's WebSocket response (handshake, heartbeat, frame parser and writer) with its message queue
-    replaced by ``_FrameQueue``. The frames on the wire are the same. This overrides aiohttp's private
+    replaced by ``FrameQueue`` (mesh/wsframes.py). The frames on the wire are the same. This overrides aiohttp's private
     ``_post_start`` (pinned version in constraints.txt; tests/mesh drive it over real sockets)."""
 
     def __init__(self, sock: _Socket, **kwargs: Any) -> None:
@@ -249,7 +214,7 @@ class _FrameSinkResponse(web.WebSocketResponse):
         self._reset_heartbeat()
         loop = self._loop
         assert loop is not None
-        self._reader = _FrameQueue(self._sock, request.protocol, DEFAULT_CHUNK_SIZE, loop)
+        self._reader = FrameQueue(self._sock, request.protocol, DEFAULT_CHUNK_SIZE, loop)
         self._parser = WebSocketReader(self._reader, self._max_msg_size, compress=False, decode_text=False)
         self._sock.reading = request.protocol
         cb = None if self._heartbeat is None else self._on_data_received

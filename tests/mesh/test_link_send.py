@@ -77,3 +77,41 @@ async def test_a_link_lost_while_waiting_for_the_ack_is_link_down(pki) -> None:
         assert info.value.code == "link_down"
         assert not p.link._ack_timers  # noqa: SLF001
         never.set()
+
+
+async def test_the_links_socket_answers_a_ping_and_reports_the_peers_close(pki) -> None:
+    from aiohttp import WSMsgType, web
+
+    from a2a import Backoff
+    from mesh.link import LinkState, PeerLink
+
+    seen: list[object] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=False, protocols=("a2a-batch.1",))
+        await ws.prepare(request)
+        await ws.ping(b"heartbeat")
+        msg = await asyncio.wait_for(ws.receive(), 10)
+        seen.append((msg.type, msg.data))
+        await ws.close(code=4000, message=b"bye")
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/a2a/v1/ws", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
+    await site.start()
+    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
+    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
+                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
+    task = asyncio.create_task(link.run())
+    try:
+        await until(lambda: link.last_error is not None, "the peer's close to take the link down")
+        assert seen[0] == (WSMsgType.PONG, b"heartbeat")
+        assert link.state is not LinkState.UP and link.last_error_code == "link_closed"
+        assert "4000" in (link.last_error or "")
+    finally:
+        await link.close()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+        await runner.cleanup()
