@@ -42,7 +42,7 @@ from a2a import (
 from mesh.errors import MeshError
 from mesh.receive import Resumed
 from mesh.tls import verify_peer
-from mesh.wsframes import FrameQueue
+from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.link")
 
@@ -99,6 +99,7 @@ class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
         super().__init__(*args, **kwargs)
         loop = asyncio.get_running_loop()
         self.peer = self.link.agent_id
+        self.heard = False  # a message was read since the heartbeat last looked
         # Set when the socket ends: None for the peer's close or the end of the stream, else the parse error.
         self.ended: asyncio.Future[BaseException | None] = loop.create_future()
         self._reader = FrameQueue(self, self._response.connection.protocol, DEFAULT_CHUNK_SIZE, loop)
@@ -117,14 +118,12 @@ class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
         self.link.on_ack_frame(data)
 
     def on_ping(self, data: bytes) -> None:
-        if self.closed:
-            return
-        sending = self.pong(data)
-        try:
-            sending.send(None)
-        except (StopIteration, ConnectionError, RuntimeError):
-            return
-        sending.close()  # written; not waiting for the transport to drain
+        if not self.closed:
+            send_now(self.pong(data))
+
+    def send_ping(self) -> None:
+        if not self.closed:
+            send_now(self.ping(b""))
 
     def end(self, error: BaseException | None) -> None:
         if not self.ended.done():
@@ -292,7 +291,7 @@ class PeerLink:
             raise MeshError("not_a_member", f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
                                             "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
-                                            max_msg_size=self.ws_max_msg_size, heartbeat=15.0, compress=0,
+                                            max_msg_size=self.ws_max_msg_size, heartbeat=None, compress=0,
                                             autoping=True, protocols=(BATCH_SUBPROTOCOL,))
         assert isinstance(ws, _LinkWebSocket)
         self._ws = ws
@@ -308,12 +307,15 @@ class PeerLink:
         log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
-        error = await ws.ended  # ACK frames arrive meanwhile, in the parser's call (on_ack_frame)
+        heartbeat = Heartbeat(ws, ws.send_ping, lambda: ws.end(TimeoutError(
+            f"no pong from {self.agent_id} within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
+        try:
+            error = await ws.ended  # ACK frames arrive meanwhile, in the parser's call (on_ack_frame)
+        finally:
+            heartbeat.stop()
         if error is not None:
-            await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.PROTOCOL_ERROR))
+            await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.ABNORMAL_CLOSURE))
             raise MeshError("ws_error", str(error))
-        if ws.exception() is not None:  # the heartbeat's pong did not come: aiohttp closed the connection
-            raise MeshError("ws_error", str(ws.exception()))
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
         raise MeshError("link_closed", f"peer closed the socket (code {ws.close_code})")
 

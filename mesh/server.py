@@ -29,7 +29,7 @@ from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Envelope, Outcome, encode_ba
 from mesh.errors import MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.tls import verify_peer
-from mesh.wsframes import FrameQueue
+from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.server")
 
@@ -180,7 +180,7 @@ def _websocket(hooks: ServerHooks):
         protocols = (BATCH_SUBPROTOCOL,) if hooks.batch_frames else ()
         peer = request[PEER_KEY]
         sock = _Socket(hooks, peer)
-        ws = sock.ws = _FrameSinkResponse(sock, heartbeat=15.0, protocols=protocols, compress=False,
+        ws = sock.ws = _FrameSinkResponse(sock, heartbeat=None, protocols=protocols, compress=False,
                                           max_msg_size=max(hooks.receiver.max_bytes, BATCH_MAX_BYTES) * WS_READ_SLACK)
         await ws.prepare(request)
         sockets = request.app[SOCKETS_KEY]
@@ -199,9 +199,10 @@ def _websocket(hooks: ServerHooks):
 
 
 class _FrameSinkResponse(web.WebSocketResponse):
-    """aiohttp's WebSocket response (handshake, heartbeat, frame parser and writer) with its message queue
-    replaced by ``FrameQueue`` (mesh/wsframes.py). The frames on the wire are the same. This overrides aiohttp's private
-    ``_post_start`` (pinned version in constraints.txt; tests/mesh drive it over real sockets)."""
+    """aiohttp's WebSocket response (handshake, frame parser and writer) with its message queue replaced by
+    ``FrameQueue`` (mesh/wsframes.py); the heartbeat is ``wsframes.Heartbeat``, run by ``_Socket.serve``.
+    The frames on the wire are the same. This overrides aiohttp's private ``_post_start`` (pinned version in
+    constraints.txt; tests/mesh drive it over real sockets)."""
 
     def __init__(self, sock: _Socket, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -217,8 +218,7 @@ class _FrameSinkResponse(web.WebSocketResponse):
         self._reader = FrameQueue(self._sock, request.protocol, DEFAULT_CHUNK_SIZE, loop)
         self._parser = WebSocketReader(self._reader, self._max_msg_size, compress=False, decode_text=False)
         self._sock.reading = request.protocol
-        cb = None if self._heartbeat is None else self._on_data_received
-        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock), data_received_cb=cb)
+        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock))
         request.protocol.keep_alive(False)
 
 
@@ -275,6 +275,7 @@ class _Socket:
         self.waiting_applies = 0
         self.backlog: deque[Envelope | Received] = deque()
         self.paused = False
+        self.heard = False
         self.ended: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.close_with: tuple[int, bytes] | None = None
         self.checked_generation: object = None
@@ -285,7 +286,12 @@ class _Socket:
         we close it), then close it."""
         self.tg = tg
         self._resume()
-        error = await self.ended
+        heartbeat = Heartbeat(self, self._ping, lambda: self.end(TimeoutError(
+            f"no pong within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
+        try:
+            error = await self.ended
+        finally:
+            heartbeat.stop()
         ws = self.ws
         assert ws is not None
         if self.close_with is not None:
@@ -303,17 +309,16 @@ class _Socket:
         if not self.ended.done():
             self.ended.set_result(error)
 
+    def _ping(self) -> None:
+        assert self.ws is not None
+        if not self.ws.closed:
+            send_now(self.ws.ping(b""))
+
     def on_ping(self, data: bytes) -> None:
         """Answer a ping now, without waiting for the transport to drain (a task per ping is not worth it)."""
         assert self.ws is not None
-        if self.ws.closed:
-            return
-        sending = self.ws.pong(data)
-        try:
-            sending.send(None)
-        except (StopIteration, ConnectionError, RuntimeError):
-            return
-        sending.close()
+        if not self.ws.closed:
+            send_now(self.ws.pong(data))
 
     def on_frame(self, data: bytes) -> None:
         """One data frame, in the parser's call."""

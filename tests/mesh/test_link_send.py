@@ -115,3 +115,43 @@ async def test_the_links_socket_answers_a_ping_and_reports_the_peers_close(pki) 
         await link.close()
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
         await runner.cleanup()
+
+
+async def test_the_link_pings_a_silent_peer_and_goes_down_when_no_pong_comes(pki, monkeypatch) -> None:
+    from aiohttp import WSMsgType, web
+
+    from a2a import Backoff
+    from mesh import link as link_module
+    from mesh.link import PeerLink
+
+    monkeypatch.setattr(link_module, "HEARTBEAT_S", 0.2)
+    pings: list[object] = []
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=False)
+        await ws.prepare(request)
+        msg = await ws.receive()
+        pings.append(msg.type)
+        await release.wait()  # never answers, never closes
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/a2a/v1/ws", handler)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
+    await site.start()
+    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
+    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
+                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
+    task = asyncio.create_task(link.run())
+    try:
+        await until(lambda: link.last_error_code == "ws_error", "the link to give up on the silent peer")
+        assert pings[0] is WSMsgType.PING
+        assert "no pong" in (link.last_error or "")
+    finally:
+        release.set()
+        await link.close()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+        await runner.cleanup()

@@ -89,3 +89,27 @@ async def test_more_waiting_applies_than_ws_inflight_wait_for_room_and_all_are_a
         acks = [await _ack(ws) for _ in envs]
         assert sorted(a.correlation_id for a in acks) == sorted(e.correlation_id for e in envs)
         assert started == [e.correlation_id for e in envs]  # in order
+
+
+async def test_a_silent_socket_is_pinged_and_closed_when_no_pong_comes(pki, monkeypatch) -> None:
+    monkeypatch.setattr(server, "HEARTBEAT_S", 0.2)
+    async with pair(pki, _ok) as p, aiohttp.ClientSession() as s, \
+            s.ws_connect(p.link.url + "/a2a/v1/ws", ssl=pki.ctx(CLIENT_ID), autoping=False) as ws:
+        msg = await asyncio.wait_for(ws.receive(), 10)
+        assert msg.type is aiohttp.WSMsgType.PING  # silent for an interval: pinged
+        msg = await asyncio.wait_for(ws.receive(), 10)  # never answered: the server gives up on the socket
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+
+
+async def test_a_socket_that_answers_its_pings_stays_open(pki, monkeypatch) -> None:
+    monkeypatch.setattr(server, "HEARTBEAT_S", 0.1)
+    async with pair(pki, _ok) as p, aiohttp.ClientSession() as s, \
+            s.ws_connect(p.link.url + "/a2a/v1/ws", ssl=pki.ctx(CLIENT_ID), autoping=True) as ws:
+        reading = asyncio.ensure_future(ws.receive())  # answers each ping while it waits for a data frame
+        await asyncio.sleep(0.5)  # several heartbeat intervals
+        assert not reading.done()  # no close came
+        env = _live()
+        await ws.send_bytes(env.to_wire())
+        msg = await asyncio.wait_for(reading, 10)
+        assert msg.type is aiohttp.WSMsgType.BINARY
+        assert decode_frame(msg.data, 1 << 20).correlation_id == env.correlation_id
