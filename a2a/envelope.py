@@ -54,6 +54,7 @@ _BATCH_KEYS = frozenset({"v", "type", "items"})
 _UUID4_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _CODE_RE = re.compile(r"[a-z][a-z0-9_]*")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_ONLY_STR = {str}
 
 
 def _short(value: Any) -> str:
@@ -132,6 +133,70 @@ def _check_plain(path: str, value: object, depth: int, cid: str | None) -> None:
     )
 
 
+class _NotFast(Exception):
+    """Raised by ``_plain_copy`` for anything off its fast path; the full check then decides."""
+
+
+def _plain_copy(value: Any, depth: int) -> Any:
+    """Copy of ``value`` when it is plain CBOR data made only of exact builtin types (dict with str keys,
+    list, str, int in the 64-bit range, float, bool, bytes, None) within ``MAX_PAYLOAD_DEPTH``; else
+    ``_NotFast``. One pass for what ``_check_plain`` and ``_thaw`` do in two, with no path strings built."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise _NotFast
+    t = type(value)
+    if t is str or t is float or t is bool or t is bytes or value is None:
+        return value
+    if t is int:
+        if _INT_MIN <= value <= _INT_MAX:
+            return value
+        raise _NotFast
+    if t is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotFast
+            out[key] = _plain_copy(item, depth + 1)
+        return out
+    if t is list:
+        return [_plain_copy(item, depth + 1) for item in value]
+    raise _NotFast
+
+
+def _agent_ids_fast(values: Sequence[Any]) -> bool:
+    """True when every value is a str of 1..MAX_AGENT_ID_CHARS characters without control characters
+    (what ``_check_agent_id`` accepts, checked for the whole list at once); False means check each."""
+    return (bool(values) and set(map(type, values)) == _ONLY_STR and min(map(len, values)) > 0
+            and max(map(len, values)) <= MAX_AGENT_ID_CHARS and _CONTROL_RE.search("".join(values)) is None)
+
+
+def _check_recipients(recipients: object, cid: str) -> None:
+    if isinstance(recipients, (str, bytes)) or not isinstance(recipients, (list, tuple)):
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD, f"recipients must be a list of agent ids, got {_short(recipients)}",
+            correlation_id=cid,
+        )
+    if not recipients or len(recipients) > MAX_RECIPIENTS:
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"recipients must hold 1 to {MAX_RECIPIENTS} agent ids, got {len(recipients)}",
+            correlation_id=cid,
+        )
+    if not _agent_ids_fast(recipients):
+        for i, recipient in enumerate(recipients):
+            _check_agent_id(f"recipients[{i}]", recipient, cid)
+    if len(set(recipients)) != len(recipients):
+        raise ProtocolError(ErrorCode.BAD_FIELD, "recipients lists an agent id twice", correlation_id=cid)
+
+
+def _payload_copy(payload: Mapping[str, Any], cid: str) -> Any:
+    """The checked payload as a plain dict (never the caller's object); ProtocolError when not plain data."""
+    try:
+        return _plain_copy(payload, 1)
+    except _NotFast:  # a subclass, a tuple, or something wrong: the full check says which
+        _check_plain("payload", payload, 1, cid)
+        return _thaw(payload)
+
+
 def _thaw(value: Any) -> Any:
     """Plain dict/list copy, so an Envelope never shares mutable state with its caller."""
     if isinstance(value, Mapping):
@@ -162,21 +227,7 @@ class Envelope:
         cid = check_correlation_id(self.correlation_id)
         _check_agent_id("sender", self.sender, cid)
         recipients = self.recipients
-        if isinstance(recipients, (str, bytes)) or not isinstance(recipients, (list, tuple)):
-            raise ProtocolError(
-                ErrorCode.BAD_FIELD, f"recipients must be a list of agent ids, got {_short(recipients)}",
-                correlation_id=cid,
-            )
-        if not recipients or len(recipients) > MAX_RECIPIENTS:
-            raise ProtocolError(
-                ErrorCode.BAD_FIELD,
-                f"recipients must hold 1 to {MAX_RECIPIENTS} agent ids, got {len(recipients)}",
-                correlation_id=cid,
-            )
-        for i, recipient in enumerate(recipients):
-            _check_agent_id(f"recipients[{i}]", recipient, cid)
-        if len(set(recipients)) != len(recipients):
-            raise ProtocolError(ErrorCode.BAD_FIELD, "recipients lists an agent id twice", correlation_id=cid)
+        _check_recipients(recipients, cid)
         if not is_int(self.expires_at) or not 0 <= self.expires_at <= _INT_MAX:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD,
@@ -184,7 +235,7 @@ class Envelope:
                 correlation_id=cid,
             )
         payload = self.payload
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise ProtocolError(
                 ErrorCode.BAD_PAYLOAD, f"payload must be a map, got {type(payload).__name__}", correlation_id=cid
             )
@@ -194,9 +245,10 @@ class Envelope:
                 ErrorCode.BAD_PAYLOAD, f"payload.kind must be a non-empty string, got {_short(kind)}",
                 correlation_id=cid,
             )
-        _check_plain("payload", payload, 1, cid)
-        object.__setattr__(self, "recipients", tuple(recipients))
-        object.__setattr__(self, "payload", _thaw(payload))
+        plain = _payload_copy(payload, cid)
+        if type(recipients) is not tuple:
+            object.__setattr__(self, "recipients", tuple(recipients))
+        object.__setattr__(self, "payload", plain)
 
     @property
     def kind(self) -> str:
@@ -380,7 +432,9 @@ def _loads_one(data: bytes) -> Any:
     return obj
 
 
-def _check_keys(obj: Mapping[Any, Any], expected: frozenset[str], what: str, cid: str | None) -> None:
+def _check_keys(obj: dict[Any, Any], expected: frozenset[str], what: str, cid: str | None) -> None:
+    if obj.keys() == expected:
+        return
     keys = set(obj)
     missing = expected - keys
     if missing:

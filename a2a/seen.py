@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
-from cachetools import TLRUCache
+# The expiry heap may hold stale entries (ids evicted by size or remembered again for longer); past this
+# multiple of maxsize it is rebuilt from the live entries, so its size stays bounded.
+HEAP_SLACK = 4
 
 
 def wall_clock_ms() -> float:
@@ -13,39 +17,13 @@ def wall_clock_ms() -> float:
     return time.time() * 1000.0
 
 
-def _until_expires_at(_key: str, expires_at_ms: int, _now: float) -> int:
-    return expires_at_ms
-
-
-class _CountingTLRU(TLRUCache[str, int]):
-    """TLRUCache that counts why entries left: pushed out by size while live, or expired."""
-
-    def __init__(self, maxsize: int, timer: Callable[[], float],
-                 on_evict: Callable[[str, int], None] | None = None) -> None:
-        super().__init__(maxsize=maxsize, ttu=_until_expires_at, timer=timer)
-        self.evictions_live = 0
-        self.on_evict = on_evict
-        self.expired_dropped = 0
-
-    def popitem(self) -> tuple[str, int]:
-        # TLRUCache.popitem first drops expired entries, so what it returns was still live.
-        item = super().popitem()
-        self.evictions_live += 1
-        if self.on_evict is not None:
-            self.on_evict(item[0], item[1])
-        return item
-
-    def expire(self, time: float | None = None) -> list[tuple[str, int]]:
-        expired = super().expire(time)
-        self.expired_dropped += len(expired)
-        return expired
-
-
 class SeenCache:
     """Bounded set of correlation_ids with per-entry expiry at the message's ``expires_at`` (unix ms).
 
     ``clock`` returns unix ms. Membership tests never reorder or insert; only ``remember`` mutates,
-    and the receiver calls it after the apply committed.
+    and the receiver calls it after the apply committed. Entries leave when their expiry passes (swept
+    from a heap in expiry order, only when the earliest one is due: no scan per insert) or, least
+    recently remembered first, when the size bound needs room.
     """
 
     def __init__(self, maxsize: int = 10_000, clock: Callable[[], float] = wall_clock_ms,
@@ -53,36 +31,79 @@ class SeenCache:
         """``on_evict(correlation_id, expires_at_ms)`` is called for each live entry the size bound pushes out."""
         if maxsize < 1:
             raise ValueError(f"maxsize must be at least 1, got {maxsize}")
-        self._cache = _CountingTLRU(maxsize, clock, on_evict)
         self.maxsize = maxsize
+        self.on_evict = on_evict
+        self._clock = clock
+        self._entries: OrderedDict[str, int] = OrderedDict()  # id -> expires_at, least recently remembered first
+        self._expiries: list[tuple[int, str]] = []  # heap of (expires_at, id); stale pairs are skipped
+        self._evictions_live = 0
+        self._expired_dropped = 0
 
     def remember(self, correlation_id: str, expires_at_ms: int) -> None:
         """Record an applied message until ``expires_at_ms``; an already expired one is not stored."""
-        previous = self._cache.get(correlation_id)
-        if previous is not None and previous > expires_at_ms:
-            expires_at_ms = previous  # never shorten a live entry
-        self._cache[correlation_id] = expires_at_ms
+        now = self._clock()
+        expiries = self._expiries
+        if expiries and expiries[0][0] <= now:
+            self._sweep(now)
+        entries = self._entries
+        previous = entries.get(correlation_id)
+        if previous is not None:  # live (the sweep dropped it otherwise)
+            entries.move_to_end(correlation_id)
+            if previous >= expires_at_ms:
+                return  # never shorten a live entry
+        elif expires_at_ms <= now:
+            return
+        entries[correlation_id] = expires_at_ms
+        heapq.heappush(expiries, (expires_at_ms, correlation_id))
+        if len(entries) > self.maxsize:
+            self._evict()
+        if len(expiries) > HEAP_SLACK * self.maxsize:
+            self._expiries = [(exp, cid) for cid, exp in entries.items()]
+            heapq.heapify(self._expiries)
+
+    def _sweep(self, now: float) -> None:
+        """Drop every entry whose expiry is at or before ``now``."""
+        expiries, entries = self._expiries, self._entries
+        while expiries and expiries[0][0] <= now:
+            exp, cid = heapq.heappop(expiries)
+            if entries.get(cid) == exp:
+                del entries[cid]
+                self._expired_dropped += 1
+
+    def _evict(self) -> None:
+        """Push out least recently remembered live entries until the size bound holds."""
+        while len(self._entries) > self.maxsize:
+            cid, exp = self._entries.popitem(last=False)
+            self._evictions_live += 1
+            if self.on_evict is not None:
+                self.on_evict(cid, exp)
 
     def seen(self, correlation_id: str) -> bool:
         """True while ``correlation_id`` is remembered and unexpired."""
-        return correlation_id in self._cache
+        exp = self._entries.get(correlation_id)
+        return exp is not None and exp > self._clock()
 
     def __contains__(self, correlation_id: object) -> bool:
-        return correlation_id in self._cache
+        if not isinstance(correlation_id, str):
+            return False
+        return self.seen(correlation_id)
 
     def __len__(self) -> int:
-        return len(self._cache)
+        self._sweep(self._clock())
+        return len(self._entries)
 
     @property
     def evictions_live(self) -> int:
         """Entries pushed out by the size bound before their expiry (a sign maxsize is too small)."""
-        return self._cache.evictions_live
+        return self._evictions_live
 
     @property
     def expired_dropped(self) -> int:
         """Entries removed because their expires_at passed."""
-        return self._cache.expired_dropped
+        return self._expired_dropped
 
     def expire(self) -> int:
         """Drop expired entries now; returns how many. (They are also dropped lazily.)"""
-        return len(self._cache.expire())
+        before = self._expired_dropped
+        self._sweep(self._clock())
+        return self._expired_dropped - before

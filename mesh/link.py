@@ -16,11 +16,14 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.http_websocket import WebSocketReader
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import (
@@ -37,7 +40,9 @@ from a2a import (
     plan_batches,
 )
 from mesh.errors import MeshError
+from mesh.receive import Resumed
 from mesh.tls import verify_peer
+from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.link")
 
@@ -79,6 +84,50 @@ class PinnedConnector(aiohttp.TCPConnector):
             transport.close()
             raise
         return transport, proto
+
+
+class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
+    """The link's client WebSocket: aiohttp's, with the parser the session gives it reading into a
+    ``FrameQueue`` (mesh/wsframes.py), so each ACK frame reaches ``PeerLink.on_ack_frame`` in the parser's call
+    (no queue, no task wake-up, no ``receive()`` per frame). The frames on the wire are the same. It replaces
+    aiohttp's private ``_parser`` and ``_reader`` (pinned version in constraints.txt; tests/mesh drive it).
+    ``link`` is set on a subclass per PeerLink (``_socket_class``)."""
+
+    link: PeerLink
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        self.peer = self.link.agent_id
+        self.heard = False  # a message was read since the heartbeat last looked
+        # Set when the socket ends: None for the peer's close or the end of the stream, else the parse error.
+        self.ended: asyncio.Future[BaseException | None] = loop.create_future()
+        self._reader = FrameQueue(self, self._response.connection.protocol, DEFAULT_CHUNK_SIZE, loop)
+
+    @property  # type: ignore[override]
+    def _parser(self) -> WebSocketReader | None:
+        return self.__dict__.get("_mesh_parser")
+
+    @_parser.setter
+    def _parser(self, parser: WebSocketReader | None) -> None:
+        if parser is not None:  # the session's parser for its own queue: read into ours instead
+            parser = WebSocketReader(self._reader, self.link.ws_max_msg_size, compress=False, decode_text=False)
+        self.__dict__["_mesh_parser"] = parser
+
+    def on_frame(self, data: bytes) -> None:
+        self.link.on_ack_frame(data)
+
+    def on_ping(self, data: bytes) -> None:
+        if not self.closed:
+            send_now(self.pong(data))
+
+    def send_ping(self) -> None:
+        if not self.closed:
+            send_now(self.ping(b""))
+
+    def end(self, error: BaseException | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(error)
 
 
 class LinkState(enum.StrEnum):
@@ -142,6 +191,7 @@ class PeerLink:
         self.backoff = backoff
         self.ack_timeout_s = ack_timeout_s
         self.max_bytes = max_bytes
+        self.ws_max_msg_size = max(max_bytes, BATCH_MAX_BYTES) * 4
         self.state = LinkState.CONNECTING
         self.health = LinkHealth(settle_s)
         # "code: message" of the last failure; a refusal carries the peer's own code and message.
@@ -155,6 +205,8 @@ class PeerLink:
         self.batch_frames = False
         self._up = asyncio.Event()
         self._pending: dict[str, asyncio.Future[Ack]] = {}
+        # send_wire's ACK deadline per correlation_id: cancelled when the ACK comes or the link goes down.
+        self._ack_timers: dict[str, tuple[asyncio.TimerHandle, asyncio.Future[Ack]]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._on_up: list[Callable[[], None]] = []
 
@@ -170,7 +222,8 @@ class PeerLink:
         """Keep the link up until ``close()``; owned by the node's task group."""
         connector = PinnedConnector(expected_agent_id=self.agent_id, pinned=self.pinned,
                                     ssl_context=self.ssl_context, limit=0)
-        self._session = aiohttp.ClientSession(connector=connector)
+        socket_class = type("LinkWebSocket", (_LinkWebSocket,), {"link": self})
+        self._session = aiohttp.ClientSession(connector=connector, ws_response_class=socket_class)
         try:
             while self.state is not LinkState.CLOSED:
                 error: MeshError | None = None
@@ -238,8 +291,9 @@ class PeerLink:
             raise MeshError("not_a_member", f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
                                             "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
-                                            max_msg_size=max(self.max_bytes, BATCH_MAX_BYTES) * 4, heartbeat=15.0,
+                                            max_msg_size=self.ws_max_msg_size, heartbeat=None, compress=0,
                                             autoping=True, protocols=(BATCH_SUBPROTOCOL,))
+        assert isinstance(ws, _LinkWebSocket)
         self._ws = ws
         self.batch_frames = ws.protocol == BATCH_SUBPROTOCOL
         self.state = LinkState.UP
@@ -253,14 +307,20 @@ class PeerLink:
         log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
-        async for msg in ws:
-            if msg.type is aiohttp.WSMsgType.BINARY:
-                self._on_frame(msg.data)
-            elif msg.type is aiohttp.WSMsgType.ERROR:
-                raise MeshError("ws_error", str(ws.exception()))
+        heartbeat = Heartbeat(ws, ws.send_ping, lambda: ws.end(TimeoutError(
+            f"no pong from {self.agent_id} within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
+        try:
+            error = await ws.ended  # ACK frames arrive meanwhile, in the parser's call (on_ack_frame)
+        finally:
+            heartbeat.stop()
+        if error is not None:
+            await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.ABNORMAL_CLOSURE))
+            raise MeshError("ws_error", str(error))
+        await ws.close()  # answers the peer's close frame (or returns at once after our own close)
         raise MeshError("link_closed", f"peer closed the socket (code {ws.close_code})")
 
-    def _on_frame(self, data: bytes) -> None:
+    def on_ack_frame(self, data: bytes) -> None:
+        """One frame the peer sent on this link's socket: an ACK or a batch of them."""
         try:
             msg = decode_wire(data, self.max_bytes)
         except ProtocolError as e:
@@ -281,6 +341,9 @@ class PeerLink:
             log.warning("unexpected_envelope", extra={"ev": {"peer": self.agent_id,
                                                              "correlation_id": msg.correlation_id}})
             return
+        timer = self._ack_timers.pop(msg.correlation_id, None)
+        if timer is not None:
+            timer[0].cancel()
         fut = self._pending.pop(msg.correlation_id, None)
         if fut is not None and not fut.done():
             self.last_ack_at = time.time()
@@ -293,6 +356,9 @@ class PeerLink:
             if not fut.done():
                 fut.set_exception(MeshError("link_down", f"link to {self.agent_id} went down before the ACK"))
         self._pending.clear()
+        for timer, _ in self._ack_timers.values():
+            timer.cancel()
+        self._ack_timers.clear()
 
     async def send(self, env: Envelope, *, timeout_s: float | None = None) -> Ack:
         """Send one envelope and wait for its ACK (at most ``timeout_s``, default the ACK timeout).
@@ -302,33 +368,78 @@ class PeerLink:
         """
         return await self.send_wire(env.correlation_id, env.to_wire(), timeout_s=timeout_s)
 
-    async def send_wire(self, correlation_id: str, frame: bytes, *, timeout_s: float | None = None) -> Ack:
+    def send_wire(self, correlation_id: str, frame: bytes, *, timeout_s: float | None = None) -> Awaitable[Ack]:
+        """Send one envelope's wire bytes; await the result for its ACK (at most ``timeout_s``, default the
+        ACK timeout), as ``send`` does, with the same errors.
+
+        While the link is up and the socket takes the frame at once, this writes it now and returns the
+        future the ACK settles, bounded by one timer: a caller fanning out with ``asyncio.gather`` spends no
+        task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns a coroutine that waits.
+        """
         timeout = self.ack_timeout_s if timeout_s is None else timeout_s
-        deadline = asyncio.get_running_loop().time() + timeout
+        ws = self._ws
+        if ws is None or ws.closed or not self._up.is_set():
+            return self._send_wire_waiting(correlation_id, frame, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        fut = self._future(correlation_id)
+        sending = ws.send_bytes(frame)
+        try:
+            yielded = sending.send(None)
+        except StopIteration:  # written
+            pass
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
+            self._pending.pop(correlation_id, None)
+            return self._failed(MeshError("link_down", f"send to {self.agent_id} failed: {e}"))
+        else:  # the transport is over its high-water mark: the rest of the send waits for it to drain
+            return self._finish_send(correlation_id, fut, Resumed(sending, yielded), deadline, timeout)
+        self._arm_ack_timer(correlation_id, fut, deadline, timeout)
+        return fut
+
+    @staticmethod
+    def _failed(error: MeshError) -> asyncio.Future[Ack]:
+        fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        fut.set_exception(error)
+        return fut
+
+    def _arm_ack_timer(self, correlation_id: str, fut: asyncio.Future[Ack], deadline: float, timeout: float) -> None:
+        """End ``fut`` as ``ack_timeout`` at ``deadline`` (loop time) unless its ACK comes first."""
+        timer = asyncio.get_running_loop().call_at(deadline, self._ack_late, correlation_id, fut, timeout)
+        # A second send of an id still waiting keeps the first's timer here; its own only ends a settled future.
+        self._ack_timers.setdefault(correlation_id, (timer, fut))
+
+    def _ack_late(self, correlation_id: str, fut: asyncio.Future[Ack], timeout: float) -> None:
+        entry = self._ack_timers.get(correlation_id)
+        if entry is not None and entry[1] is fut:
+            del self._ack_timers[correlation_id]
+        if self._pending.get(correlation_id) is fut:
+            del self._pending[correlation_id]
+        if not fut.done():
+            fut.set_exception(MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s"))
+
+    async def _finish_send(self, correlation_id: str, fut: asyncio.Future[Ack], sending: Awaitable[None],
+                           deadline: float, wait_s: float) -> Ack:
+        try:
+            await sending
+        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
+            self._pending.pop(correlation_id, None)
+            raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
+        self._arm_ack_timer(correlation_id, fut, deadline, wait_s)
+        return await fut
+
+    async def _send_wire_waiting(self, correlation_id: str, frame: bytes, wait_s: float) -> Ack:
+        """send_wire when the link is not up yet: wait for it (within ``wait_s``), then send."""
+        deadline = asyncio.get_running_loop().time() + wait_s
         if not self._up.is_set():
             try:
-                await asyncio.wait_for(self._up.wait(), timeout)
+                await asyncio.wait_for(self._up.wait(), wait_s)
             except TimeoutError:
                 raise MeshError("link_down", f"no connection to {self.agent_id} ({self.last_error})") from None
         ws = self._ws
         if ws is None or ws.closed:
             raise MeshError("link_down", f"no connection to {self.agent_id}")
-        fut = self._pending.get(correlation_id)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._pending[correlation_id] = fut
-        try:
-            await ws.send_bytes(frame)
-        except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
-            self._pending.pop(correlation_id, None)
-            raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
-        try:
-            # Cancelling fut on timeout is harmless: it is popped below, and a resend makes a new one.
-            async with asyncio.timeout_at(deadline):
-                return await fut
-        except TimeoutError:
-            self._pending.pop(correlation_id, None)
-            raise MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s") from None
+        fut = self._future(correlation_id)
+        return await self._finish_send(correlation_id, fut, ws.send_bytes(frame), deadline, wait_s)
 
     async def send_many(self, frames: Sequence[tuple[str, bytes]], *,
                         timeout_s: float | None = None) -> list[Ack | MeshError]:

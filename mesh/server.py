@@ -12,19 +12,24 @@ import asyncio
 import errno
 import logging
 import ssl
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import cbor2
 import orjson
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+from aiohttp.http_websocket import WebSocketError, WebSocketReader, WebSocketWriter
+from aiohttp.web_request import BaseRequest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Outcome, encode_batch, plan_batches
+from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Envelope, Outcome, encode_batch, plan_batches
 from mesh.errors import MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.tls import verify_peer
+from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.server")
 
@@ -173,17 +178,17 @@ def _messages(hooks: ServerHooks):
 def _websocket(hooks: ServerHooks):
     async def handler(request: web.Request) -> web.StreamResponse:
         protocols = (BATCH_SUBPROTOCOL,) if hooks.batch_frames else ()
-        ws = web.WebSocketResponse(max_msg_size=max(hooks.receiver.max_bytes, BATCH_MAX_BYTES) * WS_READ_SLACK,
-                                   heartbeat=15.0, protocols=protocols)
-        await ws.prepare(request)
         peer = request[PEER_KEY]
+        sock = _Socket(hooks, peer)
+        ws = sock.ws = _FrameSinkResponse(sock, heartbeat=None, protocols=protocols, compress=False,
+                                          max_msg_size=max(hooks.receiver.max_bytes, BATCH_MAX_BYTES) * WS_READ_SLACK)
+        await ws.prepare(request)
         sockets = request.app[SOCKETS_KEY]
         sockets.add(ws)
-        batch = ws.ws_protocol == BATCH_SUBPROTOCOL
-        log.info("ws_accepted", extra={"ev": {"peer": peer, "batch_frames": batch}})
+        log.info("ws_accepted", extra={"ev": {"peer": peer, "batch_frames": sock.batch}})
         try:
             async with asyncio.TaskGroup() as tg:
-                await _Socket(hooks, ws, peer, batch, tg).serve()
+                await sock.serve(tg)
         except (ConnectionResetError, ConnectionError) as e:
             log.info("ws_reset", extra={"ev": {"peer": peer, "error": str(e)}})
         finally:
@@ -193,63 +198,175 @@ def _websocket(hooks: ServerHooks):
     return handler
 
 
+class _FrameSinkResponse(web.WebSocketResponse):
+    """aiohttp's WebSocket response (handshake, frame parser and writer) with its message queue replaced by
+    ``FrameQueue`` (mesh/wsframes.py); the heartbeat is ``wsframes.Heartbeat``, run by ``_Socket.serve``.
+    The frames on the wire are the same. This overrides aiohttp's private ``_post_start`` (pinned version in
+    constraints.txt; tests/mesh drive it over real sockets)."""
+
+    def __init__(self, sock: _Socket, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sock = sock
+
+    def _post_start(self, request: BaseRequest, protocol: str | None, writer: WebSocketWriter) -> None:
+        self._sock.batch = protocol == BATCH_SUBPROTOCOL
+        self._ws_protocol = protocol
+        self._writer = writer
+        self._reset_heartbeat()
+        loop = self._loop
+        assert loop is not None
+        self._reader = FrameQueue(self._sock, request.protocol, DEFAULT_CHUNK_SIZE, loop)
+        self._parser = WebSocketReader(self._reader, self._max_msg_size, compress=False, decode_text=False)
+        self._sock.reading = request.protocol
+        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock))
+        request.protocol.keep_alive(False)
+
+
+class _FlushAfterParse:
+    """The parser as the connection calls it, writing the ACKs of what one read carried once it is parsed
+    (rather than from a loop callback a turn later)."""
+
+    __slots__ = ("parser", "sock")
+
+    def __init__(self, parser: WebSocketReader, sock: _Socket) -> None:
+        self.parser, self.sock = parser, sock
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        sock = self.sock
+        sock.parsing = True
+        try:
+            return self.parser.feed_data(data)
+        finally:
+            sock.parsing = False
+            if sock.acks:
+                sock.flush()
+
+    def feed_eof(self) -> None:
+        self.parser.feed_eof()
+
+
 class _Socket:
-    """One inbound WebSocket: reads frames in order, applies their envelopes and writes the ACKs.
+    """One inbound WebSocket: takes frames in order from the parser, applies their envelopes and writes the ACKs.
 
     A message whose apply needs no waiting is answered inline (no task, no timer); one that waits (on
-    storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the socket is not read, which
-    pushes back on the sender over TCP). ACKs produced in one loop turn are written together, as one batch
-    frame when the peer negotiated them. An ACK write the transport cannot take (the peer does not read)
-    stops reading until it drains, bounded by ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
+    storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the socket stops reading and
+    the rest of what was read waits in ``backlog``, which pushes back on the sender over TCP). ACKs produced
+    in one read (or, for applies that waited, one loop turn) are written together, as one batch frame when the
+    peer negotiated them. An ACK write
+    the transport cannot take (the peer does not read) stops reading until it drains, bounded by
+    ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
     """
 
-    def __init__(self, hooks: ServerHooks, ws: web.WebSocketResponse, peer: str, batch: bool,
-                 tg: asyncio.TaskGroup) -> None:
+    def __init__(self, hooks: ServerHooks, peer: str) -> None:
         self.receiver = hooks.receiver
         self.member = hooks.member
         self.member_generation = hooks.member_generation
-        self.ws, self.peer, self.batch, self.tg = ws, peer, batch, tg
+        self.peer = peer
+        self.ws: _FrameSinkResponse | None = None
+        # Set by serve(): frames the parser hands over before it (with the upgrade) wait in the backlog.
+        self.tg: asyncio.TaskGroup | None = None
+        self.batch = False
+        self.reading: Any = None  # the connection's protocol: pause_reading / resume_reading
         self.loop = asyncio.get_running_loop()
         self.acks: list[bytes] = []
         self.flush_at_turn_end = False
+        self.parsing = False  # inside the parser's call: the ACKs are written when it returns
         self.draining: asyncio.Task[None] | None = None
         self.waiting_applies = 0
-        self.room = asyncio.Event()
-        self.room.set()
+        self.backlog: deque[Envelope | Received] = deque()
+        self.paused = False
+        self.heard = False
+        self.ended: asyncio.Future[BaseException | None] = self.loop.create_future()
+        self.close_with: tuple[int, bytes] | None = None
         self.checked_generation: object = None
         self.member_recheck_at = 0.0
 
-    async def serve(self) -> None:
+    async def serve(self, tg: asyncio.TaskGroup) -> None:
+        """Apply frames (tasks in ``tg``) until the socket ends (the peer closed or went away, a parse error, or
+        we close it), then close it."""
+        self.tg = tg
+        self._resume()
+        heartbeat = Heartbeat(self, self._ping, lambda: self.end(TimeoutError(
+            f"no pong within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
+        try:
+            error = await self.ended
+        finally:
+            heartbeat.stop()
         ws = self.ws
-        async for msg in ws:
-            if self.member is not None and not self._still_member():
-                # Membership is read again when peers/ changes: a removed member's open socket ends too.
-                log.warning("not_a_member", extra={"ev": {"peer": self.peer, "route": "ws", "closing": True}})
-                await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"not_a_member")
-                break
-            if msg.type is WSMsgType.BINARY:
-                await self._on_frame(msg.data)
-            elif msg.type is WSMsgType.TEXT:
-                log.warning("protocol_error", extra={"ev": {"peer": self.peer, "code": "text_frame"}})
-            elif msg.type is WSMsgType.ERROR:
-                log.warning("ws_error", extra={"ev": {"peer": self.peer, "error": str(ws.exception())}})
+        assert ws is not None
+        if self.close_with is not None:
+            await ws.close(code=self.close_with[0], message=self.close_with[1])
+        elif isinstance(error, WebSocketError):
+            log.warning("ws_error", extra={"ev": {"peer": self.peer, "error": str(error)}})
+            await ws.close(code=error.code)
+        elif error is not None:
+            log.warning("ws_error", extra={"ev": {"peer": self.peer, "error": f"{type(error).__name__}: {error}"}})
+            await ws.close(code=WSCloseCode.ABNORMAL_CLOSURE)
+        else:
+            await ws.close(drain=False)
 
-    async def _on_frame(self, data: bytes) -> None:
-        for unit in self.receiver.units(data, self.peer):
+    def end(self, error: BaseException | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(error)
+
+    def _ping(self) -> None:
+        assert self.ws is not None
+        if not self.ws.closed:
+            send_now(self.ws.ping(b""))
+
+    def on_ping(self, data: bytes) -> None:
+        """Answer a ping now, without waiting for the transport to drain (a task per ping is not worth it)."""
+        assert self.ws is not None
+        if not self.ws.closed:
+            send_now(self.ws.pong(data))
+
+    def on_frame(self, data: bytes) -> None:
+        """One data frame, in the parser's call."""
+        if self.ended.done():
+            return
+        if self.member is not None and not self._still_member():
+            # Membership is read again when peers/ changes: a removed member's open socket ends too.
+            log.warning("not_a_member", extra={"ev": {"peer": self.peer, "route": "ws", "closing": True}})
+            self.close_with = (WSCloseCode.POLICY_VIOLATION, b"not_a_member")
+            self.end(None)
+            return
+        units = self.receiver.units(data, self.peer)
+        if self.backlog or self.tg is None:
+            self.backlog.extend(units)
+        else:
+            self._take(units)
+        if self.draining is not None or self.backlog:
+            self._pause()
+
+    def _take(self, units: list[Envelope | Received]) -> None:
+        assert self.tg is not None
+        for i, unit in enumerate(units):
             if isinstance(unit, Received):
                 self._answer(unit)
                 continue
-            while self.waiting_applies >= WS_INFLIGHT:
-                self.room.clear()
-                await self.room.wait()
+            if self.waiting_applies >= WS_INFLIGHT:
+                self.backlog.extend(units[i:])
+                return
             result = self.receiver.receive_now(unit, self.peer)
             if isinstance(result, Received):
                 self._answer(result)
             else:
                 self.waiting_applies += 1
                 self.tg.create_task(self._finish(result))
-        if self.draining is not None:
-            await asyncio.wait((self.draining,))
+
+    def _pause(self) -> None:
+        if not self.paused and self.reading is not None:
+            self.paused = True
+            self.reading.pause_reading()
+
+    def _resume(self) -> None:
+        """Take the backlog while there is room; read again once it is empty and no ACK write waits."""
+        if self.backlog and self.tg is not None and self.waiting_applies < WS_INFLIGHT and not self.ended.done():
+            units, self.backlog = list(self.backlog), deque()
+            self._take(units)
+        if self.paused and not self.backlog and self.draining is None and self.reading is not None:
+            self.paused = False
+            self.reading.resume_reading()
 
     def _still_member(self) -> bool:
         """Ask the membership check when the keyring may have changed: its generation moved (someone read a
@@ -271,29 +388,36 @@ class _Socket:
             self._answer(await pending)
         finally:
             self.waiting_applies -= 1
-            self.room.set()
+            if self.paused:
+                self._resume()
 
     def _answer(self, result: Received) -> None:
         if result.ack is None:
             return
         self.acks.append(result.ack.to_wire())
-        if not self.flush_at_turn_end:
+        if not self.parsing and not self.flush_at_turn_end:
             self.flush_at_turn_end = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush_at_turn_end)
 
-    def _flush(self) -> None:
-        """Write the ACKs gathered this loop turn; runs as a loop callback (no task)."""
+    def _flush_at_turn_end(self) -> None:
+        if self.flush_at_turn_end:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the ACKs gathered so far (at the end of a read, or of a loop turn for applies that waited)."""
         self.flush_at_turn_end = False
         if self.draining is not None:
             return  # the drain task writes them once the transport takes data again
-        if self.ws.closed:
+        ws = self.ws
+        assert ws is not None
+        if ws.closed:
             log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": "socket closed",
                                                    "acks": len(self.acks)}})
             self.acks = []
             return
         frames, self.acks = self._frames(self.acks), []
         for i, frame in enumerate(frames):
-            sending = self.ws.send_bytes(frame)
+            sending = ws.send_bytes(frame)
             try:
                 yielded = sending.send(None)
             except StopIteration:
@@ -303,8 +427,11 @@ class _Socket:
                 log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": f"{type(e).__name__}: {e}"}})
                 return
             # The frame is written; the transport is over its high-water mark and the send waits for it
-            # to drain: finish that, and everything after it, in one task bounded by ACK_SEND_TIMEOUT_S.
+            # to drain: finish that, and everything after it, in one task bounded by ACK_SEND_TIMEOUT_S,
+            # and read nothing more until it is done.
+            assert self.tg is not None  # ACKs exist only for frames taken after serve() began
             self.draining = self.tg.create_task(self._drain(Resumed(sending, yielded), frames[i + 1:]))
+            self._pause()
             return
 
     def _frames(self, acks: list[bytes]) -> list[bytes]:
@@ -314,23 +441,28 @@ class _Socket:
                 for run in plan_batches([len(a) for a in acks])]
 
     async def _drain(self, sending: Awaitable[Any], rest: list[bytes]) -> None:
+        ws = self.ws
+        assert ws is not None
         try:
             async with asyncio.timeout(ACK_SEND_TIMEOUT_S):
                 await sending
                 for frame in rest:
-                    await self.ws.send_bytes(frame)
+                    await ws.send_bytes(frame)
                 while self.acks:
                     frames, self.acks = self._frames(self.acks), []
                     for frame in frames:
-                        await self.ws.send_bytes(frame)
+                        await ws.send_bytes(frame)
         except (ConnectionError, RuntimeError) as e:
             log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": f"{type(e).__name__}: {e}"}})
         except TimeoutError:
             # The peer does not read its ACKs: drop it rather than buffer for ever; it reconnects and resends.
             log.warning("ack_send_timeout", extra={"ev": {"peer": self.peer, "timeout_s": ACK_SEND_TIMEOUT_S}})
-            await self.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"ACKs not read")
+            self.close_with = (WSCloseCode.TRY_AGAIN_LATER, b"ACKs not read")
+            self.end(None)
         finally:
             self.draining = None
+            if self.paused:
+                self._resume()
 
 
 def _sync(hooks: ServerHooks):

@@ -4,9 +4,8 @@ per peer (limits.peer_requests_per_second)."""
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-
-from cachetools import TTLCache
 
 from node.errors import ServiceError
 
@@ -59,17 +58,21 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """One bucket per caller (an MCP session id), forgotten after a minute without calls."""
+    """One bucket per caller (an MCP session id), forgotten after a minute without calls, at most
+    ``MAX_CALLERS`` (the least recently used go first)."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = rate
         self.clock = clock
-        self._buckets: TTLCache[str, TokenBucket] = TTLCache(MAX_CALLERS, IDLE_FORGET_S, timer=clock)
+        # caller -> its bucket, least recently used first (so the idle ones are at the front)
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self.refused = 0
 
     def wait_s(self, caller: str) -> float:
         """Spend one of ``caller``'s tokens: 0.0 when allowed, else the seconds until one is available."""
-        wait = self._bucket(caller).take()
+        bucket = self._bucket(caller)
+        wait = bucket.take()
+        self._forget_idle(bucket.stamp)
         if wait:
             self.refused += 1
         return wait
@@ -92,9 +95,25 @@ class RateLimiter:
             self._bucket(caller).charge(n)
 
     def _bucket(self, caller: str) -> TokenBucket:
-        bucket = self._buckets.get(caller) or TokenBucket(self.rate, self.clock)
-        self._buckets[caller] = bucket  # re-set so the idle timer counts from the last use
+        """``caller``'s bucket (a new one when it has none), moved to the back: the most recently used."""
+        buckets = self._buckets
+        bucket = buckets.get(caller)
+        if bucket is None:
+            bucket = buckets[caller] = TokenBucket(self.rate, self.clock)
+        else:
+            buckets.move_to_end(caller)
         return bucket
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop buckets unused for ``IDLE_FORGET_S`` (from the front: by last use) and any past ``MAX_CALLERS``."""
+        buckets = self._buckets
+        while len(buckets) > MAX_CALLERS:
+            buckets.popitem(last=False)
+        while buckets:
+            oldest = next(iter(buckets.values()))
+            if now - oldest.stamp < IDLE_FORGET_S:
+                break
+            buckets.popitem(last=False)
 
     def check(self, caller: str) -> None:
         """Raise ServiceError ``rate_limited`` when ``caller`` is past its budget."""

@@ -293,3 +293,53 @@ def test_envelope_is_frozen() -> None:
 ])
 def test_ack_to_wire_is_the_canonical_encoding(ack) -> None:
     assert ack.to_wire() == cbor2.dumps(ack.to_map(), canonical=True)
+
+
+class _Str(str):
+    pass
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("extra", [
+    {"n": 2**64 - 1}, {"n": -(2**64)}, {"n": 2**64}, {"n": -(2**64) - 1}, {"t": (1, [2, (3,)])},
+    {"d": _nested(30)}, {"d": _nested(31)}, {"d": {"k": _nested(30)}}, {"b": b"\x00", "f": 1.5, "z": None, "y": True},
+    {"m": {1: 2}}, {"s": {1, 2}}, {"o": object()},
+])
+def test_payload_fast_path_agrees_with_the_full_check(extra: dict) -> None:
+    from a2a.envelope import _check_plain, _thaw
+
+    payload = {"kind": "ping", **extra}
+    try:
+        _check_plain("payload", payload, 1, CID)
+        expected: object = _thaw(payload)
+    except ProtocolError as e:
+        expected = (e.code, e.message)
+    try:
+        got: object = Envelope(CID, "ai:a", ("ai:b",), payload, 1).payload
+    except ProtocolError as e:
+        got = (e.code, e.message)
+    assert got == expected
+
+
+@pytest.mark.parametrize("recipients, error", [
+    (("ai:b", "ai:c\x7f"), "recipients[1] contains control characters"),
+    (("ai:b\n",), "recipients[0] contains control characters"),
+    (("ai:b", 5), "recipients[1] must be a non-empty string"),
+    (("x" * 257,), "recipients[0] is 257 characters long"),
+    (("ai:b", ""), "recipients[1] must be a non-empty string"),
+    ((_Str("ai:b"), "ai:c"), None),
+    (("x" * 256, "ai:c"), None),
+])
+def test_recipients_fast_path_agrees_with_the_per_item_check(recipients: tuple, error: str | None) -> None:
+    if error is None:
+        assert Envelope(CID, "ai:a", recipients, {"kind": "ping"}, 1).recipients == recipients
+        return
+    with pytest.raises(ProtocolError) as info:
+        Envelope(CID, "ai:a", recipients, {"kind": "ping"}, 1)
+    assert info.value.code == "bad_field" and info.value.message.startswith(error)

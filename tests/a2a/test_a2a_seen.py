@@ -129,3 +129,42 @@ def test_live_evictions_are_reported_to_on_evict_and_expiries_are_not() -> None:
     clock.now_ms = 70_000
     seen.remember(cid(), 90_000)
     assert evicted == [(a, 100)]
+
+
+class ModelSeen:
+    """The seen-cache's rules written plainly: expired entries go first, then the least recently remembered."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.entries: dict[str, int] = {}
+
+    def remember(self, key: str, expires_at: int, now: int) -> None:
+        self.entries = {k: e for k, e in self.entries.items() if e > now}
+        previous = self.entries.pop(key, None)
+        expires_at = max(expires_at, previous or 0)
+        if expires_at > now:
+            self.entries[key] = expires_at
+        while len(self.entries) > self.maxsize:
+            del self.entries[next(iter(self.entries))]
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(min_value=1, max_value=8),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=12), st.integers(min_value=-20, max_value=300),
+                       st.integers(min_value=0, max_value=40)), max_size=300),
+)
+def test_agrees_with_the_plain_model_and_its_expiry_heap_stays_bounded(
+        maxsize: int, ops: list[tuple[int, int, int]]) -> None:
+    clock = FakeClock(0)
+    seen, model = SeenCache(maxsize=maxsize, clock=clock), ModelSeen(maxsize)
+    ids = [cid() for _ in range(13)]
+    for index, ttl, step in ops:
+        now = int(clock.now_ms)
+        seen.remember(ids[index], now + ttl)
+        model.remember(ids[index], now + ttl, now)
+        clock.now_ms += step
+        live = {k for k, e in model.entries.items() if e > clock.now_ms}
+        assert {i for i in ids if i in seen} == live
+        assert len(seen) == len(live)
+        assert len(seen._expiries) <= 4 * maxsize + 1  # noqa: SLF001

@@ -63,3 +63,23 @@ def test_a_charge_may_leave_the_bucket_in_debt_until_time_pays_it() -> None:
     assert b.take() == pytest.approx(1.1)
     clock.t += 1.1
     assert b.take() == 0.0
+
+
+def test_limiter_forgets_idle_callers_and_keeps_at_most_max_callers(monkeypatch) -> None:
+    from node import ratelimit
+
+    monkeypatch.setattr(ratelimit, "MAX_CALLERS", 3)
+    clock = Clock()
+    limiter = RateLimiter(2, clock)
+    for caller in ("a", "b", "c", "d", "e"):
+        limiter.check(caller)
+        clock.t += 1.0
+    assert list(limiter._buckets) == ["c", "d", "e"]  # noqa: SLF001  (least recently used went first)
+    limiter.check("c")
+    assert list(limiter._buckets) == ["d", "e", "c"]  # noqa: SLF001
+    clock.t += ratelimit.IDLE_FORGET_S
+    limiter.check("f")
+    assert list(limiter._buckets) == ["f"]  # noqa: SLF001  (idle a minute: forgotten, it would be full again)
+    limiter.check("f")
+    with pytest.raises(ServiceError):
+        limiter.check("f")  # a remembered caller's budget still holds

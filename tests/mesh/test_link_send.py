@@ -1,0 +1,157 @@
+"""PeerLink.send_wire over real mutual-TLS sockets: the ACK, its deadline, a lost link, and what it leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from a2a import Ack, Envelope, new_envelope
+from mesh.errors import MeshError
+from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair, until
+
+
+def _live() -> Envelope:
+    now = int(time.time() * 1000)
+    return new_envelope(CLIENT_ID, [SERVER_ID], {"kind": "ping"}, now, 60_000)
+
+
+async def _ok(env: Envelope, sender: str) -> Ack:
+    return Ack.ok(env.correlation_id, SERVER_ID)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+async def test_a_fan_of_send_wire_calls_is_acked_and_leaves_no_pending_state(pki) -> None:
+    async with pair(pki, _ok) as p:
+        envs = [_live() for _ in range(50)]
+        acks = await asyncio.gather(*(p.link.send_wire(e.correlation_id, e.to_wire()) for e in envs))
+        assert [a.correlation_id for a in acks] == [e.correlation_id for e in envs]
+        assert all(a.accepted for a in acks)
+        assert p.link.in_flight == 0 and not p.link._ack_timers  # noqa: SLF001
+
+
+async def test_send_wire_without_an_ack_ends_as_ack_timeout_and_the_link_still_works(pki) -> None:
+    never = asyncio.Event()
+
+    async def stuck(env: Envelope, sender: str) -> Ack:
+        await never.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, stuck, apply_timeout_s=5.0) as p:
+        env = _live()
+        with pytest.raises(MeshError) as info:
+            await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2)
+        assert info.value.code == "ack_timeout"
+        assert p.link.in_flight == 0 and not p.link._ack_timers  # noqa: SLF001
+        never.set()
+
+
+async def test_send_wire_on_a_closed_link_is_link_down(pki) -> None:
+    async with pair(pki, _ok) as p:
+        await p.link.close()
+        env = _live()
+        with pytest.raises(MeshError) as info:
+            await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2)
+        assert info.value.code == "link_down"
+
+
+async def test_a_link_lost_while_waiting_for_the_ack_is_link_down(pki) -> None:
+    never = asyncio.Event()
+
+    async def stuck(env: Envelope, sender: str) -> Ack:
+        await never.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, stuck) as p:
+        env = _live()
+        waiting = asyncio.ensure_future(p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=10.0))
+        await until(lambda: p.link.in_flight == 1, "the send to be in flight")
+        await p.link.close()
+        with pytest.raises(MeshError) as info:
+            await waiting
+        assert info.value.code == "link_down"
+        assert not p.link._ack_timers  # noqa: SLF001
+        never.set()
+
+
+async def test_the_links_socket_answers_a_ping_and_reports_the_peers_close(pki) -> None:
+    from aiohttp import WSMsgType, web
+
+    from a2a import Backoff
+    from mesh.link import LinkState, PeerLink
+
+    seen: list[object] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=False, protocols=("a2a-batch.1",))
+        await ws.prepare(request)
+        await ws.ping(b"heartbeat")
+        msg = await asyncio.wait_for(ws.receive(), 10)
+        seen.append((msg.type, msg.data))
+        await ws.close(code=4000, message=b"bye")
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/a2a/v1/ws", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
+    await site.start()
+    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
+    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
+                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
+    task = asyncio.create_task(link.run())
+    try:
+        await until(lambda: link.last_error is not None, "the peer's close to take the link down")
+        assert seen[0] == (WSMsgType.PONG, b"heartbeat")
+        assert link.state is not LinkState.UP and link.last_error_code == "link_closed"
+        assert "4000" in (link.last_error or "")
+    finally:
+        await link.close()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+        await runner.cleanup()
+
+
+async def test_the_link_pings_a_silent_peer_and_goes_down_when_no_pong_comes(pki, monkeypatch) -> None:
+    from aiohttp import WSMsgType, web
+
+    from a2a import Backoff
+    from mesh import link as link_module
+    from mesh.link import PeerLink
+
+    monkeypatch.setattr(link_module, "HEARTBEAT_S", 0.2)
+    pings: list[object] = []
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(autoping=False)
+        await ws.prepare(request)
+        msg = await ws.receive()
+        pings.append(msg.type)
+        await release.wait()  # never answers, never closes
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/a2a/v1/ws", handler)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
+    await site.start()
+    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
+    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
+                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
+    task = asyncio.create_task(link.run())
+    try:
+        await until(lambda: link.last_error_code == "ws_error", "the link to give up on the silent peer")
+        assert pings[0] is WSMsgType.PING
+        assert "no pong" in (link.last_error or "")
+    finally:
+        release.set()
+        await link.close()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+        await runner.cleanup()
