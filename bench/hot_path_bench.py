@@ -1,0 +1,116 @@
+"""Per-envelope costs on a receiving node, against an older commit, in one run.
+
+    .venv/bin/python bench/hot_path_bench.py [--base b6bd00a] [--rounds 7] [--calls 5000]
+
+Times, one call at a time in batches of ``--calls`` (the per-call figure of a batch is its time over
+``--calls``), three pieces every inbound envelope goes through: ``decode_wire`` of a ping to nine
+recipients (envelope and payload checks), ``SeenCache.remember`` into a cache holding 10,000 live
+entries, and ``RateLimiter.wait_s`` of one peer among ten. The code at ``--base`` is unpacked with
+``git archive`` into a temporary directory; child processes alternate between it and this tree round by
+round, so drift on a shared machine falls on both. Prints p50 / p95 / p99 of the per-call figures over
+the rounds and the ratio of this tree's p50 to the base's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEN_LIVE = 10_000
+PEERS = 10
+CHILD_TIMEOUT_S = 300
+
+
+def child(calls: int) -> dict[str, float]:
+    """Per-call µs of each piece, one batch of ``calls`` each, in this process's tree (PYTHONPATH)."""
+    from a2a import SeenCache, new_envelope
+    from a2a.envelope import decode_wire
+    from node.ratelimit import RateLimiter
+
+    now_ms = int(time.time() * 1000)
+    me = "ai:bench-1@lab"
+    wire = new_envelope(me, [f"ai:bench-{i}@lab" for i in range(2, 11)], {"kind": "ping", "sent_at": now_ms},
+                        now_ms, 60_000).to_wire()
+    out = {}
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        decode_wire(wire, 1 << 20)
+    out["decode_wire"] = (time.perf_counter() - t0) / calls * 1e6
+
+    seen = SeenCache(maxsize=SEEN_LIVE * 2)
+    for i in range(SEEN_LIVE):
+        seen.remember(f"live-{i}", now_ms + 600_000)
+    ids = [f"new-{i}" for i in range(calls)]
+    t0 = time.perf_counter()
+    for cid in ids:
+        seen.remember(cid, now_ms + 600_000)
+    out["SeenCache.remember"] = (time.perf_counter() - t0) / calls * 1e6
+
+    limiter = RateLimiter(10 ** 9)
+    peers = [f"ai:peer-{i}@lab" for i in range(PEERS)]
+    t0 = time.perf_counter()
+    for i in range(calls):
+        limiter.wait_s(peers[i % PEERS])
+    out["RateLimiter.wait_s"] = (time.perf_counter() - t0) / calls * 1e6
+    return out
+
+
+def pct(sorted_v: list[float], q: float) -> float:
+    return sorted_v[min(len(sorted_v) - 1, max(0, round(q / 100 * len(sorted_v) + 0.5) - 1))]
+
+
+def run_child(tree: Path, calls: int) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--calls", str(calls)],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=True)
+    return json.loads(done.stdout)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="b6bd00a", help="the commit to compare against (default b6bd00a)")
+    p.add_argument("--rounds", type=int, default=7, help="child processes per tree (default 7)")
+    p.add_argument("--calls", type=int, default=5000, help="calls per piece per child (default 5000)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.calls)))
+        return 0
+    if not 1 <= args.rounds <= 100 or not 100 <= args.calls <= 1_000_000:
+        p.error("--rounds must be 1..100 and --calls 100..1000000")
+    with tempfile.TemporaryDirectory(prefix="hotpath-base-") as tmp:
+        base = Path(tmp)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.base], capture_output=True, check=False)
+        if archive.returncode:
+            print(f"hot_path_bench: git archive {args.base}: {archive.stderr.decode().strip()}", file=sys.stderr)
+            return 2
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+        results: dict[str, list[dict[str, float]]] = {"base": [], "this tree": []}
+        for r in range(args.rounds):
+            order = [("base", base), ("this tree", ROOT)]
+            for name, tree in order if r % 2 == 0 else order[::-1]:
+                results[name].append(run_child(tree, args.calls))
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    command = f"bench/hot_path_bench.py --base {args.base} --rounds {args.rounds} --calls {args.calls}"
+    print(f"`.venv/bin/python {command}`\n")
+    print("| piece | base p50 / p95 / p99 (µs a call) | this tree p50 / p95 / p99 (µs a call) | p50 this tree / base |")
+    print("|---|---|---|---:|")
+    for piece in results["base"][0]:
+        cols = []
+        for name in ("base", "this tree"):
+            v = sorted(x[piece] for x in results[name])
+            cols.append((pct(v, 50), pct(v, 95), pct(v, 99)))
+        (b50, b95, b99), (t50, t95, t99) = cols
+        print(f"| {piece} | {b50:.2f} / {b95:.2f} / {b99:.2f} | {t50:.2f} / {t95:.2f} / {t99:.2f} | {t50 / b50:.2f}× |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
