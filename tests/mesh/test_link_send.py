@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from a2a import Ack, Envelope, new_envelope
 from mesh.errors import MeshError
+from mesh.link import LinkState, PeerLink
 from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair, until
 
 
@@ -79,13 +82,35 @@ async def test_a_link_lost_while_waiting_for_the_ack_is_link_down(pki) -> None:
         never.set()
 
 
+@contextlib.asynccontextmanager
+async def _link_to(pki, handler, **runner_options) -> AsyncIterator[PeerLink]:
+    """A running PeerLink to an aiohttp WebSocket server (real TLS) that runs ``handler``."""
+    from aiohttp import web
+
+    from a2a import Backoff
+
+    app = web.Application()
+    app.router.add_get("/a2a/v1/ws", handler)
+    runner = web.AppRunner(app, access_log=None, **runner_options)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
+    await site.start()
+    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
+    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
+                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
+    task = asyncio.create_task(link.run())
+    try:
+        yield link
+    finally:
+        await link.close()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+        await runner.cleanup()
+
+
 async def test_the_links_socket_answers_a_ping_and_reports_the_peers_close(pki) -> None:
     from aiohttp import WSMsgType, web
 
-    from a2a import Backoff
-    from mesh.link import LinkState, PeerLink
-
-    seen: list[object] = []
+    seen: list[tuple[object, object]] = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(autoping=False, protocols=("a2a-batch.1",))
@@ -96,33 +121,17 @@ async def test_the_links_socket_answers_a_ping_and_reports_the_peers_close(pki) 
         await ws.close(code=4000, message=b"bye")
         return ws
 
-    app = web.Application()
-    app.router.add_get("/a2a/v1/ws", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
-    await site.start()
-    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
-    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
-                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
-    task = asyncio.create_task(link.run())
-    try:
+    async with _link_to(pki, handler) as link:
         await until(lambda: link.last_error is not None, "the peer's close to take the link down")
         assert seen[0] == (WSMsgType.PONG, b"heartbeat")
         assert link.state is not LinkState.UP and link.last_error_code == "link_closed"
         assert "4000" in (link.last_error or "")
-    finally:
-        await link.close()
-        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
-        await runner.cleanup()
 
 
 async def test_the_link_pings_a_silent_peer_and_goes_down_when_no_pong_comes(pki, monkeypatch) -> None:
     from aiohttp import WSMsgType, web
 
-    from a2a import Backoff
     from mesh import link as link_module
-    from mesh.link import PeerLink
 
     monkeypatch.setattr(link_module, "HEARTBEAT_S", 0.2)
     pings: list[object] = []
@@ -136,22 +145,10 @@ async def test_the_link_pings_a_silent_peer_and_goes_down_when_no_pong_comes(pki
         await release.wait()  # never answers, never closes
         return ws
 
-    app = web.Application()
-    app.router.add_get("/a2a/v1/ws", handler)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.ctx(SERVER_ID, server=True))
-    await site.start()
-    pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
-    link = PeerLink(SERVER_ID, f"https://127.0.0.1:{runner.addresses[0][1]}", pki.ctx(CLIENT_ID),
-                    pinned=lambda: pinned, backoff=Backoff(0.05, 0.2), ack_timeout_s=2.0, max_bytes=1 << 20)
-    task = asyncio.create_task(link.run())
-    try:
-        await until(lambda: link.last_error_code == "ws_error", "the link to give up on the silent peer")
-        assert pings[0] is WSMsgType.PING
-        assert "no pong" in (link.last_error or "")
-    finally:
-        release.set()
-        await link.close()
-        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
-        await runner.cleanup()
+    async with _link_to(pki, handler, shutdown_timeout=1.0) as link:
+        try:
+            await until(lambda: link.last_error_code == "ws_error", "the link to give up on the silent peer")
+            assert pings[0] is WSMsgType.PING
+            assert "no pong" in (link.last_error or "")
+        finally:
+            release.set()
