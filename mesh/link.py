@@ -314,7 +314,8 @@ class PeerLink:
         finally:
             heartbeat.stop()
         if error is not None:
-            await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.ABNORMAL_CLOSURE))
+            # 1011 rather than 1006, which RFC 6455 forbids in a close frame
+            await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.INTERNAL_ERROR))
             raise MeshError("ws_error", str(error))
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
         raise MeshError("link_closed", f"peer closed the socket (code {ws.close_code})")
@@ -524,13 +525,16 @@ class PeerLink:
     async def fetch(self, path: str, params: Mapping[str, int | str], *, timeout_s: float) -> bytes:
         """GET ``path`` on the peer over the link's mTLS session (identity verified); returns the body.
 
-        Raises MeshError ``link_down`` when no session runs, ``http_error`` on a non-200 answer.
+        Raises MeshError ``link_down`` when no session runs, ``rate_limited`` on a 429 (the peer's budget for
+        us is spent for now), ``http_error`` on any other non-200 answer.
         """
         if self._session is None or self._session.closed:
             raise MeshError("link_down", f"no session to {self.agent_id}")
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._session.get(self.url + path, params=dict(params), timeout=timeout) as resp:
             body = await resp.read()
+            if resp.status == 429:
+                raise MeshError("rate_limited", f"GET {path} on {self.agent_id}: HTTP 429: {body[:200]!r}")
             if resp.status != 200:
                 raise MeshError("http_error", f"GET {path} on {self.agent_id}: HTTP {resp.status}: {body[:200]!r}")
             return body

@@ -233,6 +233,7 @@ class _FlushAfterParse:
 
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
         sock = self.sock
+        sock.heard = True  # any bytes count: a large frame arriving slowly is not silence
         sock.parsing = True
         try:
             return self.parser.feed_data(data)
@@ -294,6 +295,12 @@ class _Socket:
             heartbeat.stop()
         ws = self.ws
         assert ws is not None
+        # Nothing more is applied (on_frame ignores frames once ended); read again so that the peer's close
+        # frame reaches aiohttp's close() instead of it waiting out its timeout on a paused socket.
+        self.backlog.clear()
+        if self.paused and self.reading is not None:
+            self.paused = False
+            self.reading.resume_reading()
         if self.close_with is not None:
             await ws.close(code=self.close_with[0], message=self.close_with[1])
         elif isinstance(error, WebSocketError):
@@ -301,7 +308,7 @@ class _Socket:
             await ws.close(code=error.code)
         elif error is not None:
             log.warning("ws_error", extra={"ev": {"peer": self.peer, "error": f"{type(error).__name__}: {error}"}})
-            await ws.close(code=WSCloseCode.ABNORMAL_CLOSURE)
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR)  # not 1006: RFC 6455 forbids it in a close frame
         else:
             await ws.close(drain=False)
 
@@ -324,11 +331,7 @@ class _Socket:
         """One data frame, in the parser's call."""
         if self.ended.done():
             return
-        if self.member is not None and not self._still_member():
-            # Membership is read again when peers/ changes: a removed member's open socket ends too.
-            log.warning("not_a_member", extra={"ev": {"peer": self.peer, "route": "ws", "closing": True}})
-            self.close_with = (WSCloseCode.POLICY_VIOLATION, b"not_a_member")
-            self.end(None)
+        if not self._member_or_end():
             return
         units = self.receiver.units(data, self.peer)
         if self.backlog or self.tg is None:
@@ -337,6 +340,17 @@ class _Socket:
             self._take(units)
         if self.draining is not None or self.backlog:
             self._pause()
+
+    def _member_or_end(self) -> bool:
+        """Membership is read again when peers/ changes: a removed member's open socket ends, and what it sent
+        that still waits in the backlog is dropped unapplied (unACKed: nothing is lost for a member)."""
+        if self.member is None or self._still_member():
+            return True
+        log.warning("not_a_member", extra={"ev": {"peer": self.peer, "route": "ws", "closing": True}})
+        self.close_with = (WSCloseCode.POLICY_VIOLATION, b"not_a_member")
+        self.backlog.clear()
+        self.end(None)
+        return False
 
     def _take(self, units: list[Envelope | Received]) -> None:
         assert self.tg is not None
@@ -361,7 +375,8 @@ class _Socket:
 
     def _resume(self) -> None:
         """Take the backlog while there is room; read again once it is empty and no ACK write waits."""
-        if self.backlog and self.tg is not None and self.waiting_applies < WS_INFLIGHT and not self.ended.done():
+        if self.backlog and self.tg is not None and self.waiting_applies < WS_INFLIGHT and not self.ended.done() \
+                and self._member_or_end():
             units, self.backlog = list(self.backlog), deque()
             self._take(units)
         if self.paused and not self.backlog and self.draining is None and self.reading is not None:

@@ -72,9 +72,10 @@ class FrameQueue(WebSocketDataQueue):
 
 
 class Heartbeat:
-    """Pings a socket that read nothing for ``interval_s`` and calls ``dead`` when nothing (a pong or any
-    message) comes back within half of that. One timer per socket, re-armed once an interval; reading a
-    message only sets ``sink.heard`` (aiohttp's own heartbeat schedules a callback per read)."""
+    """Pings a socket that read nothing for a whole ``interval_s`` tick (so after ``interval_s`` to twice that
+    of silence) and calls ``dead`` when nothing (a pong or any message) comes back within half of it. One
+    timer per socket, re-armed once an interval; reading only sets ``sink.heard`` (aiohttp's own heartbeat
+    schedules a callback per read)."""
 
     def __init__(self, sink: FrameSink, ping: Callable[[], None], dead: Callable[[], None],
                  interval_s: float) -> None:

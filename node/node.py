@@ -42,6 +42,9 @@ SYNC_PATH = "/a2a/v1/sync"
 GIL_SWITCH_INTERVAL_S = 0.0005
 # Pages pulled per catch-up run; a longer backlog continues on the next reconnect or poll.
 SYNC_MAX_PAGES = 10_000
+# A sync page refused 429 (the peer's request budget for us): wait this long and ask again, at most this long a round.
+SYNC_RATE_WAIT_S = 1.0
+SYNC_RATE_WAIT_MAX_S = 60.0
 
 
 class Node:
@@ -249,10 +252,20 @@ class Node:
         state = await self.svc.db.read(changelog.get_peer_state, peer)
         since = state.last_sync_seq if state else 0
         skip = ",".join(sorted(p for p, other in self.links.items() if p != peer and other.state is LinkState.UP))
+        waited_s = 0.0
         for _ in range(SYNC_MAX_PAGES):
-            body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit,
-                                                "skip": skip},
-                                    timeout_s=max(self.cfg.a2a.ack_timeout_s, 10.0))
+            try:
+                body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit,
+                                                    "skip": skip},
+                                        timeout_s=max(self.cfg.a2a.ack_timeout_s, 10.0))
+            except MeshError as e:
+                # The peer charges the changes we read to our limits.peer_requests_per_second: wait for the
+                # budget and go on from the cursor, up to SYNC_RATE_WAIT_MAX_S a round (then the next round).
+                if e.code != "rate_limited" or waited_s >= SYNC_RATE_WAIT_MAX_S:
+                    raise
+                await asyncio.sleep(SYNC_RATE_WAIT_S)
+                waited_s += SYNC_RATE_WAIT_S
+                continue
             page = cbor2.loads(body)
             if not isinstance(page, dict) or not isinstance(page.get("items"), list) \
                     or not isinstance(page.get("next"), int) or not isinstance(page.get("more"), bool):

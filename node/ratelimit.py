@@ -111,8 +111,8 @@ class RateLimiter:
             buckets.popitem(last=False)
         while buckets:
             oldest = next(iter(buckets.values()))
-            if now - oldest.stamp < IDLE_FORGET_S:
-                break
+            if now - oldest.stamp < IDLE_FORGET_S or oldest.tokens + (now - oldest.stamp) * oldest.rate < 0:
+                break  # used lately, or still in debt (a charge): forgetting it would wipe what is owed
             buckets.popitem(last=False)
 
     def check(self, caller: str) -> None:

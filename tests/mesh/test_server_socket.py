@@ -113,3 +113,33 @@ async def test_a_socket_that_answers_its_pings_stays_open(pki, monkeypatch) -> N
         msg = await asyncio.wait_for(reading, 10)
         assert msg.type is aiohttp.WSMsgType.BINARY
         assert decode_frame(msg.data, 1 << 20).correlation_id == env.correlation_id
+
+
+async def test_frames_waiting_for_room_are_not_applied_once_the_sender_stops_being_a_member(pki, monkeypatch) -> None:
+    monkeypatch.setattr(server, "WS_INFLIGHT", 3)
+    release = asyncio.Event()
+    started: list[str] = []
+    member = {"ok": True, "generation": 0}
+
+    async def slow(env: Envelope, sender: str) -> Ack:
+        started.append(env.correlation_id)
+        await release.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, slow, member=lambda peer: member["ok"], member_generation=lambda: member["generation"]) as p, \
+            aiohttp.ClientSession() as s, s.ws_connect(p.link.url + "/a2a/v1/ws", ssl=pki.ctx(CLIENT_ID)) as ws:
+        envs = [_live("memory.put") for _ in range(10)]
+        for e in envs:
+            await ws.send_bytes(e.to_wire())
+        await until(lambda: len(started) == 3, "three applies to start")
+        await asyncio.sleep(0.2)  # the other seven are read and wait in the socket's backlog
+        member.update(ok=False, generation=1)  # its .pub removed, the keyring reloaded
+        release.set()
+        closed = None
+        for _ in range(20):  # the three ACKs in flight may come first
+            msg = await asyncio.wait_for(ws.receive(), 10)
+            if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                closed = msg
+                break
+        assert closed is not None and ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+        assert started == [e.correlation_id for e in envs[:3]]  # the waiting seven were never applied

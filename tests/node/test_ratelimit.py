@@ -83,3 +83,16 @@ def test_limiter_forgets_idle_callers_and_keeps_at_most_max_callers(monkeypatch)
     limiter.check("f")
     with pytest.raises(ServiceError):
         limiter.check("f")  # a remembered caller's budget still holds
+
+
+def test_a_caller_in_debt_is_not_forgotten_until_it_has_paid() -> None:
+    from node import ratelimit
+
+    clock = Clock()
+    limiter = RateLimiter(1, clock)
+    limiter.check("peer")
+    limiter.charge("peer", 99)  # a links.put of 100 on a budget of 1/s: 99 owed
+    clock.t += ratelimit.IDLE_FORGET_S + 1  # idle a minute, 38 still owed
+    limiter.check("other")  # forgetting runs here
+    assert "peer" in limiter._buckets  # noqa: SLF001
+    assert limiter.wait_s("peer") > 30  # the debt still stands
