@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import pytest
 
@@ -299,11 +300,15 @@ async def test_with_permissions_off_a_link_reads_no_namespaces_first(open_servic
     assert rows(svc.cfg, "SELECT count(*) FROM memory_links") == [(1,)]
 
 
+async def _one_in_team_two_free(svc: Any) -> tuple[dict, dict, dict]:
+    """Memories a (team/x), b and c (free), stored before any rule is written."""
+    return (await svc.memory_store("a", namespace="team/x"), await svc.memory_store("b", namespace="free"),
+            await svc.memory_store("c", namespace="free"))
+
+
 async def test_verify_by_link_id_needs_verify_in_both_ends_namespaces(open_service, cfg: NodeConfig) -> None:
     svc = await open_service()
-    a = await svc.memory_store("a", namespace="team/x")
-    b = await svc.memory_store("b", namespace="free")
-    c = await svc.memory_store("c", namespace="free")
+    a, b, c = await _one_in_team_two_free(svc)
     hidden = await svc.memory_link(b["id"], a["id"], "related_to")
     open_link = await svc.memory_link(b["id"], c["id"], "related_to")
     write_rules(cfg, HIDE_TEAM)
@@ -339,9 +344,7 @@ async def test_a_transcript_may_cite_only_memories_the_agent_may_get(open_servic
 async def test_memory_link_many_asks_the_gate_per_link_and_makes_the_allowed_ones(open_service,
                                                                                    cfg: NodeConfig) -> None:
     svc = await open_service()
-    a = await svc.memory_store("a", namespace="team/x")
-    b = await svc.memory_store("b", namespace="free")
-    c = await svc.memory_store("c", namespace="free")
+    a, b, c = await _one_in_team_two_free(svc)
     write_rules(cfg, DENY_TEAM)
     out = await svc.memory_link_many([{"src_id": b["id"], "dst_id": a["id"], "relation": "into_team"},
                                       {"src_id": b["id"], "dst_id": c["id"], "relation": "free_to_free"}])
@@ -354,9 +357,7 @@ async def test_memory_link_many_asks_the_gate_per_link_and_makes_the_allowed_one
 async def test_memory_link_many_parks_an_asked_link_alone_and_approval_makes_it(open_service,
                                                                                 cfg: NodeConfig) -> None:
     svc = await open_service()
-    a = await svc.memory_store("a", namespace="team/x")
-    b = await svc.memory_store("b", namespace="free")
-    c = await svc.memory_store("c", namespace="free")
+    a, b, c = await _one_in_team_two_free(svc)
     write_rules(cfg, DENY_TEAM.replace('action = "deny"', 'action = "ask"'))
     out = await svc.memory_link_many([{"src_id": a["id"], "dst_id": b["id"], "relation": "asked"},
                                       {"src_id": c["id"], "dst_id": b["id"], "relation": "free"}])
