@@ -353,20 +353,23 @@ class _Socket:
         return False
 
     def _take(self, units: list[Envelope | Received]) -> None:
-        assert self.tg is not None
         for i, unit in enumerate(units):
-            if isinstance(unit, Received):
-                self._answer(unit)
-                continue
-            if self.waiting_applies >= WS_INFLIGHT:
+            if not isinstance(unit, Received) and self.waiting_applies >= WS_INFLIGHT:
                 self.backlog.extend(units[i:])
                 return
-            result = self.receiver.receive_now(unit, self.peer)
-            if isinstance(result, Received):
-                self._answer(result)
-            else:
-                self.waiting_applies += 1
-                self.tg.create_task(self._finish(result))
+            self._take_one(unit)
+
+    def _take_one(self, unit: Envelope | Received) -> None:
+        assert self.tg is not None
+        if isinstance(unit, Received):
+            self._answer(unit)
+            return
+        result = self.receiver.receive_now(unit, self.peer)
+        if isinstance(result, Received):
+            self._answer(result)
+        else:
+            self.waiting_applies += 1
+            self.tg.create_task(self._finish(result))
 
     def _pause(self) -> None:
         if not self.paused and self.reading is not None:
@@ -377,8 +380,9 @@ class _Socket:
         """Take the backlog while there is room; read again once it is empty and no ACK write waits."""
         if self.backlog and self.tg is not None and self.waiting_applies < WS_INFLIGHT and not self.ended.done() \
                 and self._member_or_end():
-            units, self.backlog = list(self.backlog), deque()
-            self._take(units)
+            backlog = self.backlog  # taken from the front while there is room: no copy per finished apply
+            while backlog and (isinstance(backlog[0], Received) or self.waiting_applies < WS_INFLIGHT):
+                self._take_one(backlog.popleft())
         if self.paused and not self.backlog and self.draining is None and self.reading is not None:
             self.paused = False
             self.reading.resume_reading()
