@@ -10,6 +10,7 @@ All times are integer unix milliseconds.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import uuid
@@ -357,6 +358,8 @@ class Ack:
         The map is built in canonical key order (shorter keys first, then bytewise) and holds only
         strings, a bool and null, so plain encoding gives the canonical bytes without sorting (one ACK
         per message on the receive path)."""
+        if self.accepted:  # the receive path's ACK: a template with the correlation_id spliced in
+            return accepted_ack_prefix(self.recipient) + self.correlation_id.encode("ascii")
         return cbor2.dumps({
             "v": VERSION,
             "type": TYPE_ACK,
@@ -365,6 +368,48 @@ class Ack:
             "recipient": self.recipient,
             "correlation_id": self.correlation_id,
         })
+
+
+# The canonical bytes of an accepted ACK, {v: 1, type: "ack", reason: null, accepted: true, recipient: <text>,
+# correlation_id: <text of 36 ASCII characters>} (keys in canonical order), as a head, the recipient, and the
+# correlation_id's key and text head; only the correlation_id's 36 characters follow.
+_ACK_OK_HEAD = b"\xa6" + b"".join(cbor2.dumps(x) for x in ("v", VERSION, "type", TYPE_ACK, "reason", None,
+                                                           "accepted", True, "recipient"))
+_ACK_CID_HEAD = cbor2.dumps("correlation_id") + b"\x78\x24"
+_UUID_CHARS = 36
+
+
+@functools.lru_cache(maxsize=1024)
+def accepted_ack_prefix(recipient: str) -> bytes:
+    """The canonical bytes of an accepted ACK from ``recipient`` up to its correlation_id's 36 characters.
+    ProtocolError when ``recipient`` is not a valid agent id."""
+    _check_agent_id("recipient", recipient, None)
+    return _ACK_OK_HEAD + cbor2.dumps(str(recipient)) + _ACK_CID_HEAD
+
+
+def accepted_ack(data: bytes, recipient: str, max_bytes: int) -> Ack | None:
+    """``data`` as the ACK ``decode_wire`` makes of it when it is, byte for byte, the canonical accepted ACK from
+    ``recipient`` with a valid correlation_id (one comparison instead of a CBOR decode, for the frame a
+    sender gets back for nearly every envelope); None for anything else, which takes ``decode_wire``."""
+    if type(data) is not bytes or len(data) > max_bytes:
+        return None
+    try:
+        prefix = accepted_ack_prefix(recipient)
+    except ProtocolError:
+        return None
+    if len(data) != len(prefix) + _UUID_CHARS or not data.startswith(prefix):
+        return None
+    try:
+        cid = data[-_UUID_CHARS:].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if _UUID4_RE.fullmatch(cid) is None:
+        return None
+    # Every field is checked above (the recipient when its prefix was made): fill the frozen ACK without
+    # checking them again in __post_init__.
+    ack = object.__new__(Ack)
+    ack.__dict__.update(correlation_id=cid, recipient=recipient, accepted=True, reason=None)
+    return ack
 
 
 def new_envelope(
@@ -601,6 +646,7 @@ def decode_wire(data: bytes, max_bytes: int, max_items: int = MAX_BATCH_ITEMS) -
 
 __all__ = [
     "Ack",
+    "accepted_ack",
     "BATCH_MAX_BYTES",
     "BATCH_SUBPROTOCOL",
     "Batch",

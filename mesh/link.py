@@ -34,6 +34,7 @@ from a2a import (
     Batch,
     Envelope,
     ProtocolError,
+    accepted_ack,
     decode_frame,
     decode_wire,
     encode_batch,
@@ -322,6 +323,10 @@ class PeerLink:
 
     def on_ack_frame(self, data: bytes) -> None:
         """One frame the peer sent on this link's socket: an ACK or a batch of them."""
+        ack = accepted_ack(data, self.agent_id, self.max_bytes)  # the usual frame, matched byte for byte
+        if ack is not None:
+            self._on_ack(ack)
+            return
         try:
             msg = decode_wire(data, self.max_bytes)
         except ProtocolError as e:
