@@ -445,3 +445,36 @@ def test_accepted_ack_match_declines_other_shapes_and_sizes() -> None:
     non_canonical = cbor2.dumps(Ack.ok(CID, "ai:b").to_map())           # keys in another order
     assert accepted_ack(non_canonical, "ai:b", MAX) is None
     assert _full_decode(non_canonical) == Ack.ok(CID, "ai:b")
+
+
+@settings(max_examples=500)
+@given(envelope_fields, st.sampled_from(["sender", "recipients", "payload", "expires_at"]), cbor_structures)
+def test_decoding_checks_an_envelope_as_its_constructor_does(fields: dict, key: str, value: object) -> None:
+    """decode_frame builds the Envelope without its constructor (the correlation_id is checked once): same
+    object, same error."""
+    m = Envelope(**fields).to_map()
+    m[key] = value
+    try:
+        decoded: object = decode_frame(cbor2.dumps(m), MAX)
+    except ProtocolError as e:
+        decoded = (e.code, e.message, e.correlation_id)
+        if e.code == "malformed":  # refused by the CBOR decoder (a non-string key): no envelope check ran
+            return
+    fields = {**fields, key: tuple(value) if key == "recipients" and isinstance(value, list) else value}
+    try:
+        built: object = Envelope(**fields)
+    except ProtocolError as e:
+        built = (e.code, e.message, e.correlation_id)
+    if key == "recipients" and not isinstance(value, list):
+        assert decoded[0] == "bad_field"  # type: ignore[index]  # the wire wants an array
+        return
+    assert decoded == built
+
+
+def test_a_decoded_envelope_is_the_constructed_one() -> None:
+    env = Envelope(CID, "ai:a", ("ai:b", "ai:c"), {"kind": "ping", "n": [1, {"x": b"y"}]}, 1000)
+    back = decode_frame(env.to_wire(), MAX)
+    assert back == env and back.to_wire() == env.to_wire()
+    assert type(back.recipients) is tuple and type(back.payload) is dict
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.sender = "ai:x"  # type: ignore[misc]
