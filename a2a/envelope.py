@@ -320,7 +320,11 @@ class Ack:
     @classmethod
     def ok(cls, correlation_id: str, recipient: str) -> Ack:
         """The message was applied and durably stored."""
-        return cls(correlation_id, recipient, True, None)
+        # __post_init__'s checks for an accepted ACK, then the fields set at once (one ACK per message
+        # received: the frozen dataclass's constructor sets each through object.__setattr__).
+        cid = check_correlation_id(correlation_id)
+        _check_agent_id("recipient", recipient, cid)
+        return _filled_ack(cid, recipient, True, None)
 
     @classmethod
     def duplicate(cls, correlation_id: str, recipient: str) -> Ack:
@@ -412,10 +416,13 @@ def accepted_ack(data: bytes, recipient: str, max_bytes: int) -> Ack | None:
         return None
     if _UUID4_RE.fullmatch(cid) is None:
         return None
-    # Every field is checked above (the recipient when its prefix was made): fill the frozen ACK without
-    # checking them again in __post_init__.
+    return _filled_ack(cid, recipient, True, None)  # the recipient was checked when its prefix was made
+
+
+def _filled_ack(cid: str, recipient: str, accepted: bool, reason: str | None) -> Ack:
+    """An Ack of fields the caller checked as ``Ack.__post_init__`` would, made without running it again."""
     ack = object.__new__(Ack)
-    ack.__dict__.update(correlation_id=cid, recipient=recipient, accepted=True, reason=None)
+    ack.__dict__.update(correlation_id=cid, recipient=recipient, accepted=accepted, reason=reason)
     return ack
 
 

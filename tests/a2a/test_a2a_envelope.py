@@ -478,3 +478,16 @@ def test_a_decoded_envelope_is_the_constructed_one() -> None:
     assert type(back.recipients) is tuple and type(back.payload) is dict
     with pytest.raises(dataclasses.FrozenInstanceError):
         back.sender = "ai:x"  # type: ignore[misc]
+
+
+@settings(max_examples=300)
+@given(agent_ids, st.one_of(correlation_ids, st.text(max_size=40)))
+def test_ack_ok_checks_as_the_constructor_does(recipient: str, cid: str) -> None:
+    def outcome(make):
+        try:
+            ack = make()
+        except ProtocolError as e:
+            return (e.code, e.message, e.correlation_id)
+        return (ack, ack.to_wire(), type(ack))
+
+    assert outcome(lambda: Ack.ok(cid, recipient)) == outcome(lambda: Ack(cid, recipient, True, None))
