@@ -10,6 +10,7 @@ All times are integer unix milliseconds.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import uuid
@@ -54,7 +55,6 @@ _BATCH_KEYS = frozenset({"v", "type", "items"})
 _UUID4_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _CODE_RE = re.compile(r"[a-z][a-z0-9_]*")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-_ONLY_STR = {str}
 
 
 def _short(value: Any) -> str:
@@ -165,8 +165,10 @@ def _plain_copy(value: Any, depth: int) -> Any:
 def _agent_ids_fast(values: Sequence[Any]) -> bool:
     """True when every value is a str of 1..MAX_AGENT_ID_CHARS characters without control characters
     (what ``_check_agent_id`` accepts, checked for the whole list at once); False means check each."""
-    return (bool(values) and set(map(type, values)) == _ONLY_STR and min(map(len, values)) > 0
-            and max(map(len, values)) <= MAX_AGENT_ID_CHARS and _CONTROL_RE.search("".join(values)) is None)
+    for value in values:  # a plain loop: cheaper than set/min/max over the few recipients of a frame
+        if type(value) is not str or not 0 < len(value) <= MAX_AGENT_ID_CHARS:
+            return False
+    return bool(values) and _CONTROL_RE.search("".join(values)) is None
 
 
 def _check_recipients(recipients: object, cid: str) -> None:
@@ -206,6 +208,32 @@ def _thaw(value: Any) -> Any:
     return value
 
 
+def _checked_fields(cid: str, sender: object, recipients: object, payload: object,
+                    expires_at: object) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """An envelope's checks past its version and correlation_id (ProtocolError naming the first field that
+    fails): its recipients as a tuple and a plain copy of its payload."""
+    _check_agent_id("sender", sender, cid)
+    _check_recipients(recipients, cid)
+    if not is_int(expires_at) or not 0 <= expires_at <= _INT_MAX:  # type: ignore[operator]
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"expires_at must be a non-negative integer (unix ms), got {_short(expires_at)}",
+            correlation_id=cid,
+        )
+    if type(payload) is not dict and not isinstance(payload, Mapping):
+        raise ProtocolError(
+            ErrorCode.BAD_PAYLOAD, f"payload must be a map, got {type(payload).__name__}", correlation_id=cid
+        )
+    kind = payload.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise ProtocolError(
+            ErrorCode.BAD_PAYLOAD, f"payload.kind must be a non-empty string, got {_short(kind)}",
+            correlation_id=cid,
+        )
+    plain = _payload_copy(payload, cid)
+    return (recipients if type(recipients) is tuple else tuple(recipients)), plain  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Envelope:
     """One A2A message. ``expires_at`` is unix ms; ``payload`` is a map holding ``kind``.
@@ -225,29 +253,9 @@ class Envelope:
         if not is_int(self.v) or self.v != VERSION:
             raise ProtocolError(ErrorCode.BAD_VERSION, f"v must be {VERSION}, got {_short(self.v)}")
         cid = check_correlation_id(self.correlation_id)
-        _check_agent_id("sender", self.sender, cid)
-        recipients = self.recipients
-        _check_recipients(recipients, cid)
-        if not is_int(self.expires_at) or not 0 <= self.expires_at <= _INT_MAX:
-            raise ProtocolError(
-                ErrorCode.BAD_FIELD,
-                f"expires_at must be a non-negative integer (unix ms), got {_short(self.expires_at)}",
-                correlation_id=cid,
-            )
-        payload = self.payload
-        if type(payload) is not dict and not isinstance(payload, Mapping):
-            raise ProtocolError(
-                ErrorCode.BAD_PAYLOAD, f"payload must be a map, got {type(payload).__name__}", correlation_id=cid
-            )
-        kind = payload.get("kind")
-        if not isinstance(kind, str) or not kind:
-            raise ProtocolError(
-                ErrorCode.BAD_PAYLOAD, f"payload.kind must be a non-empty string, got {_short(kind)}",
-                correlation_id=cid,
-            )
-        plain = _payload_copy(payload, cid)
-        if type(recipients) is not tuple:
-            object.__setattr__(self, "recipients", tuple(recipients))
+        recipients, plain = _checked_fields(cid, self.sender, self.recipients, self.payload, self.expires_at)
+        if recipients is not self.recipients:
+            object.__setattr__(self, "recipients", recipients)
         object.__setattr__(self, "payload", plain)
 
     @property
@@ -312,7 +320,11 @@ class Ack:
     @classmethod
     def ok(cls, correlation_id: str, recipient: str) -> Ack:
         """The message was applied and durably stored."""
-        return cls(correlation_id, recipient, True, None)
+        # __post_init__'s checks for an accepted ACK, then the fields set at once (one ACK per message
+        # received: the frozen dataclass's constructor sets each through object.__setattr__).
+        cid = check_correlation_id(correlation_id)
+        _check_agent_id("recipient", recipient, cid)
+        return _filled_ack(cid, recipient, True, None)
 
     @classmethod
     def duplicate(cls, correlation_id: str, recipient: str) -> Ack:
@@ -357,6 +369,8 @@ class Ack:
         The map is built in canonical key order (shorter keys first, then bytewise) and holds only
         strings, a bool and null, so plain encoding gives the canonical bytes without sorting (one ACK
         per message on the receive path)."""
+        if self.accepted:  # the receive path's ACK: a template with the correlation_id spliced in
+            return accepted_ack_prefix(self.recipient) + self.correlation_id.encode("ascii")
         return cbor2.dumps({
             "v": VERSION,
             "type": TYPE_ACK,
@@ -365,6 +379,51 @@ class Ack:
             "recipient": self.recipient,
             "correlation_id": self.correlation_id,
         })
+
+
+# The canonical bytes of an accepted ACK, {v: 1, type: "ack", reason: null, accepted: true, recipient: <text>,
+# correlation_id: <text of 36 ASCII characters>} (keys in canonical order), as a head, the recipient, and the
+# correlation_id's key and text head; only the correlation_id's 36 characters follow.
+_ACK_OK_HEAD = b"\xa6" + b"".join(cbor2.dumps(x) for x in ("v", VERSION, "type", TYPE_ACK, "reason", None,
+                                                           "accepted", True, "recipient"))
+_ACK_CID_HEAD = cbor2.dumps("correlation_id") + b"\x78\x24"
+_UUID_CHARS = 36
+
+
+@functools.lru_cache(maxsize=1024)
+def accepted_ack_prefix(recipient: str) -> bytes:
+    """The canonical bytes of an accepted ACK from ``recipient`` up to its correlation_id's 36 characters.
+    ProtocolError when ``recipient`` is not a valid agent id."""
+    _check_agent_id("recipient", recipient, None)
+    return _ACK_OK_HEAD + cbor2.dumps(str(recipient)) + _ACK_CID_HEAD
+
+
+def accepted_ack(data: bytes, recipient: str, max_bytes: int) -> Ack | None:
+    """``data`` as the ACK ``decode_wire`` makes of it when it is, byte for byte, the canonical accepted ACK from
+    ``recipient`` with a valid correlation_id (one comparison instead of a CBOR decode, for the frame a
+    sender gets back for nearly every envelope); None for anything else, which takes ``decode_wire``."""
+    if type(data) is not bytes or len(data) > max_bytes:
+        return None
+    try:
+        prefix = accepted_ack_prefix(recipient)
+    except ProtocolError:
+        return None
+    if len(data) != len(prefix) + _UUID_CHARS or not data.startswith(prefix):
+        return None
+    try:
+        cid = data[-_UUID_CHARS:].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if _UUID4_RE.fullmatch(cid) is None:
+        return None
+    return _filled_ack(cid, recipient, True, None)  # the recipient was checked when its prefix was made
+
+
+def _filled_ack(cid: str, recipient: str, accepted: bool, reason: str | None) -> Ack:
+    """An Ack of fields the caller checked as ``Ack.__post_init__`` would, made without running it again."""
+    ack = object.__new__(Ack)
+    ack.__dict__.update(correlation_id=cid, recipient=recipient, accepted=accepted, reason=reason)
+    return ack
 
 
 def new_envelope(
@@ -470,13 +529,13 @@ def _envelope_from_map(obj: dict[Any, Any], cid: str) -> Envelope:
         raise ProtocolError(
             ErrorCode.BAD_FIELD, f"recipients must be an array, got {_short(recipients)}", correlation_id=cid
         )
-    return Envelope(
-        correlation_id=cid,
-        sender=obj["sender"],
-        recipients=tuple(recipients),
-        payload=obj["payload"],
-        expires_at=obj["expires_at"],
-    )
+    # The checks Envelope() makes, once: the version and correlation_id were checked by the caller.
+    sender, expires_at = obj["sender"], obj["expires_at"]
+    checked, payload = _checked_fields(cid, sender, recipients, obj["payload"], expires_at)
+    env = object.__new__(Envelope)
+    env.__dict__.update(correlation_id=cid, sender=sender, recipients=checked, payload=payload,
+                        expires_at=expires_at, v=VERSION)
+    return env
 
 
 def _ack_from_map(obj: dict[Any, Any], cid: str) -> Ack:
@@ -601,6 +660,7 @@ def decode_wire(data: bytes, max_bytes: int, max_items: int = MAX_BATCH_ITEMS) -
 
 __all__ = [
     "Ack",
+    "accepted_ack",
     "BATCH_MAX_BYTES",
     "BATCH_SUBPROTOCOL",
     "Batch",

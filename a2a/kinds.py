@@ -258,6 +258,8 @@ CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
 }
 
 KNOWN_KINDS = frozenset(SCHEMAS)
+# kind -> the check of a whole payload of that kind, built once rather than per payload.
+_PAYLOAD_CHECKS = {kind: record({"kind": Field(string()), **schema}) for kind, schema in SCHEMAS.items()}
 
 
 def validate_payload(payload: Any) -> Mapping[str, Any]:
@@ -271,10 +273,10 @@ def validate_payload(payload: Any) -> Mapping[str, Any]:
     kind = payload.get("kind")
     if not isinstance(kind, str):
         raise _bad("payload.kind", "a string", kind)
-    schema = SCHEMAS.get(kind)
-    if schema is None:
+    check = _PAYLOAD_CHECKS.get(kind)
+    if check is None:
         raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"payload.kind {_short(kind)} is not a known kind")
-    record({"kind": Field(string()), **schema})("payload", payload)
+    check("payload", payload)
     for cross in CROSS_CHECKS.get(kind, ()):
         cross(payload)
     return payload

@@ -3,9 +3,10 @@
     .venv/bin/python bench/hot_path_bench.py [--base b6bd00a] [--rounds 7] [--calls 5000]
 
 Times, one call at a time in batches of ``--calls`` (the per-call figure of a batch is its time over
-``--calls``), three pieces every inbound envelope goes through: ``decode_wire`` of a ping to nine
+``--calls``), the pieces every inbound envelope goes through: ``decode_wire`` of a ping to nine
 recipients (envelope and payload checks), ``SeenCache.remember`` into a cache holding 10,000 live
-entries, and ``RateLimiter.wait_s`` of one peer among ten. The code at ``--base`` is unpacked with
+entries, the ping's payload check, the accepted ACK's build on the receiver and its read on the sender,
+and ``RateLimiter.wait_s`` of one peer among ten. The code at ``--base`` is unpacked with
 ``git archive`` into a temporary directory; child processes alternate between it and this tree round by
 round, so drift on a shared machine falls on both. Prints p50 / p95 / p99 of the per-call figures over
 the rounds and the ratio of this tree's p50 to the base's.
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +54,29 @@ def child(calls: int) -> dict[str, float]:
     for cid in ids:
         seen.remember(cid, now_ms + 600_000)
     out["SeenCache.remember"] = (time.perf_counter() - t0) / calls * 1e6
+
+    from a2a import validate_payload
+    payload = {"kind": "ping", "sent_at": now_ms}
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        validate_payload(payload)
+    out["validate_payload (ping)"] = (time.perf_counter() - t0) / calls * 1e6
+
+    # The ACK for one ping: built on the receiver, then read by the sender as PeerLink.on_ack_frame does
+    # (trees with the byte-for-byte match of an accepted ACK try it first).
+    from a2a import Ack, envelope
+    cid, peer = str(uuid.uuid4()), "ai:bench-2@lab"
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        Ack.ok(cid, peer).to_wire()
+    out["Ack.ok(...).to_wire()"] = (time.perf_counter() - t0) / calls * 1e6
+    ack = Ack.ok(cid, peer).to_wire()
+    match = getattr(envelope, "accepted_ack", None)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        if match is None or match(ack, peer, 1 << 20) is None:
+            decode_wire(ack, 1 << 20)
+    out["ACK read on the sender"] = (time.perf_counter() - t0) / calls * 1e6
 
     limiter = RateLimiter(10 ** 9)
     peers = [f"ai:peer-{i}@lab" for i in range(PEERS)]

@@ -34,6 +34,7 @@ from a2a import (
     Batch,
     Envelope,
     ProtocolError,
+    accepted_ack,
     decode_frame,
     decode_wire,
     encode_batch,
@@ -322,6 +323,10 @@ class PeerLink:
 
     def on_ack_frame(self, data: bytes) -> None:
         """One frame the peer sent on this link's socket: an ACK or a batch of them."""
+        ack = accepted_ack(data, self.agent_id, self.max_bytes)  # the usual frame, matched byte for byte
+        if ack is not None:
+            self._on_ack(ack)
+            return
         try:
             msg = decode_wire(data, self.max_bytes)
         except ProtocolError as e:
@@ -383,7 +388,7 @@ class PeerLink:
             return self._send_wire_waiting(correlation_id, frame, timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        fut = self._future(correlation_id)
+        fut = self._future(correlation_id, loop)
         sending = ws.send_bytes(frame)
         try:
             yielded = sending.send(None)
@@ -405,7 +410,8 @@ class PeerLink:
 
     def _arm_ack_timer(self, correlation_id: str, fut: asyncio.Future[Ack], deadline: float, timeout: float) -> None:
         """End ``fut`` as ``ack_timeout`` at ``deadline`` (loop time) unless its ACK comes first."""
-        timer = asyncio.get_running_loop().call_at(deadline, self._ack_late, correlation_id, fut, timeout)
+        # the future's loop: asyncio.get_running_loop() makes a getpid() system call on each call in 3.11
+        timer = fut.get_loop().call_at(deadline, self._ack_late, correlation_id, fut, timeout)
         # A second send of an id still waiting keeps the first's timer here; its own only ends a settled future.
         self._ack_timers.setdefault(correlation_id, (timer, fut))
 
@@ -430,7 +436,8 @@ class PeerLink:
 
     async def _send_wire_waiting(self, correlation_id: str, frame: bytes, wait_s: float) -> Ack:
         """send_wire when the link is not up yet: wait for it (within ``wait_s``), then send."""
-        deadline = asyncio.get_running_loop().time() + wait_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
         if not self._up.is_set():
             try:
                 await asyncio.wait_for(self._up.wait(), wait_s)
@@ -439,7 +446,7 @@ class PeerLink:
         ws = self._ws
         if ws is None or ws.closed:
             raise MeshError("link_down", f"no connection to {self.agent_id}")
-        fut = self._future(correlation_id)
+        fut = self._future(correlation_id, loop)
         return await self._finish_send(correlation_id, fut, ws.send_bytes(frame), deadline, wait_s)
 
     async def send_many(self, frames: Sequence[tuple[str, bytes]], *,
@@ -460,7 +467,7 @@ class PeerLink:
         ws = await self._socket(timeout)
         if isinstance(ws, MeshError):
             return [ws] * len(frames)
-        futures = [self._future(cid) for cid, _ in frames]
+        futures = [self._future(cid, loop) for cid, _ in frames]
         try:
             await self._write_many(ws, frames)
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
@@ -488,11 +495,11 @@ class PeerLink:
             return MeshError("link_down", f"no connection to {self.agent_id}")
         return ws
 
-    def _future(self, correlation_id: str) -> asyncio.Future[Ack]:
+    def _future(self, correlation_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Ack]:
         """The future the ACK for ``correlation_id`` settles (shared by concurrent sends of one id)."""
         fut = self._pending.get(correlation_id)
         if fut is None:
-            fut = self._pending[correlation_id] = asyncio.get_running_loop().create_future()
+            fut = self._pending[correlation_id] = loop.create_future()
         return fut
 
     def _forget(self, frames: Sequence[tuple[str, bytes]], futures: list[asyncio.Future[Ack]]) -> None:

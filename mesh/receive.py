@@ -18,8 +18,7 @@ import logging
 from asyncio import tasks as _asyncio_tasks
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from a2a import Ack, Batch, Envelope, Outcome, ProtocolError, SeenCache, decide, decode_frame, decode_wire
 from a2a.decide import Decision, ack_for
@@ -40,9 +39,9 @@ APPLY_TIMEOUT_S = 10.0
 INLINE_KINDS = frozenset({"ping"})
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
-    """What one frame came to: the ACK to send (or None), the decision, or the protocol error."""
+class Received(NamedTuple):
+    """What one frame came to: the ACK to send (or None), the decision, or the protocol error. (A NamedTuple:
+    one is made per message, at a third of a frozen dataclass's cost.)"""
 
     ack: Ack | None
     decision: Decision | None = None

@@ -4,7 +4,7 @@ import dataclasses
 
 import cbor2
 import pytest
-from a2a_strategies import envelope_fields
+from a2a_strategies import agent_ids, correlation_ids, envelope_fields
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -343,3 +343,151 @@ def test_recipients_fast_path_agrees_with_the_per_item_check(recipients: tuple, 
     with pytest.raises(ProtocolError) as info:
         Envelope(CID, "ai:a", recipients, {"kind": "ping"}, 1)
     assert info.value.code == "bad_field" and info.value.message.startswith(error)
+
+
+# The accepted ACK's fast paths: its bytes from a template, and a sender's byte-for-byte match of them.
+
+def _full_decode(data: bytes, max_bytes: int = MAX) -> object:
+    from a2a import decode_wire
+
+    try:
+        return decode_wire(data, max_bytes)
+    except ProtocolError as e:
+        return (e.code, e.message)
+
+
+@settings(max_examples=300)
+@given(agent_ids, correlation_ids)
+def test_accepted_ack_template_is_the_canonical_encoding(recipient: str, cid: str) -> None:
+    try:
+        ack = Ack.ok(cid, recipient)
+    except ProtocolError:
+        return
+    assert ack.to_wire() == cbor2.dumps(ack.to_map(), canonical=True)
+
+
+def test_accepted_ack_template_takes_a_str_subclass_and_the_longest_recipient() -> None:
+    for recipient in (_Str("ai:b"), "ai:" + "\u00e9" * 253, "x" * 256):
+        ack = Ack.ok(CID, recipient)
+        assert ack.to_wire() == cbor2.dumps(ack.to_map(), canonical=True)
+
+
+@settings(max_examples=300)
+@given(agent_ids, correlation_ids)
+def test_accepted_ack_match_is_what_the_full_decode_makes(recipient: str, cid: str) -> None:
+    from a2a import accepted_ack
+
+    try:
+        data = Ack.ok(cid, recipient).to_wire()
+    except ProtocolError:
+        return
+    got = accepted_ack(data, recipient, MAX)
+    assert got is not None and got == _full_decode(data) and type(got) is Ack
+    assert got.to_wire() == data
+
+
+def _some_acks(recipient: str, cid: str) -> list[bytes]:
+    return [Ack.ok(cid, recipient).to_wire(), Ack.duplicate(cid, recipient).to_wire(),
+            Ack.rejected(cid, recipient, "rate_limited").to_wire(), Ack.ok(cid, recipient + "x").to_wire()]
+
+
+@settings(max_examples=1000)
+@given(agent_ids, correlation_ids, st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=400),
+       st.sampled_from(["flip", "set", "cut", "add", "none"]), st.integers(min_value=0, max_value=255))
+def test_accepted_ack_match_never_decides_other_than_the_full_decode(
+        recipient: str, cid: str, which: int, position: int, how: str, byte: int) -> None:
+    """Whatever the bytes, the match either declines (the full decode then decides) or gives what it gives."""
+    from a2a import accepted_ack
+
+    try:
+        data = bytearray(_some_acks(recipient, cid)[which])
+    except ProtocolError:
+        return
+    i = position % len(data)
+    if how == "flip":
+        data[i] ^= 0xFF
+    elif how == "set":
+        data[i] = byte
+    elif how == "cut":
+        del data[i:]
+    elif how == "add":
+        data.insert(i, byte)
+    got = accepted_ack(bytes(data), recipient, MAX)
+    assert got is None or got == _full_decode(bytes(data))
+
+
+@pytest.mark.parametrize("cid", [
+    CID.upper(),                                   # not lowercase
+    "0b7e2d4c-5f6a-1b8c-9d0e-1f2a3b4c5d6e",        # version 1
+    "0b7e2d4c-5f6a-4b8c-7d0e-1f2a3b4c5d6e",        # wrong variant
+    "0b7e2d4c-5f6a-4b8c-9d0e-1f2a3b4c5d6\u00e9"[:36],  # a non-ASCII character (two bytes: one too many)
+    "0b7e2d4c+5f6a-4b8c-9d0e-1f2a3b4c5d6e",        # not hyphenated
+])
+def test_accepted_ack_with_a_bad_correlation_id_takes_the_full_decode(cid: str) -> None:
+    from a2a import accepted_ack
+
+    m = Ack.ok(CID, "ai:b").to_map()
+    m["correlation_id"] = cid
+    data = cbor2.dumps(m, canonical=True)
+    assert accepted_ack(data, "ai:b", MAX) is None
+    assert _full_decode(data)[0] == "bad_correlation_id"  # type: ignore[index]
+
+
+def test_accepted_ack_match_declines_other_shapes_and_sizes() -> None:
+    from a2a import accepted_ack
+
+    data = Ack.ok(CID, "ai:b").to_wire()
+    assert accepted_ack(data, "ai:c", MAX) is None                      # another recipient
+    assert accepted_ack(data, "ai:b", len(data) - 1) is None            # over the size limit
+    assert _full_decode(data, len(data) - 1)[0] == "too_large"  # type: ignore[index]
+    assert accepted_ack(bytearray(data), "ai:b", MAX) is None           # not bytes
+    assert accepted_ack(data, "ai:b\n", MAX) is None                    # not an agent id
+    non_canonical = cbor2.dumps(Ack.ok(CID, "ai:b").to_map())           # keys in another order
+    assert accepted_ack(non_canonical, "ai:b", MAX) is None
+    assert _full_decode(non_canonical) == Ack.ok(CID, "ai:b")
+
+
+@settings(max_examples=500)
+@given(envelope_fields, st.sampled_from(["sender", "recipients", "payload", "expires_at"]), cbor_structures)
+def test_decoding_checks_an_envelope_as_its_constructor_does(fields: dict, key: str, value: object) -> None:
+    """decode_frame builds the Envelope without its constructor (the correlation_id is checked once): same
+    object, same error."""
+    m = Envelope(**fields).to_map()
+    m[key] = value
+    try:
+        decoded: object = decode_frame(cbor2.dumps(m), MAX)
+    except ProtocolError as e:
+        decoded = (e.code, e.message, e.correlation_id)
+        if e.code == "malformed":  # refused by the CBOR decoder (a non-string key): no envelope check ran
+            return
+    fields = {**fields, key: tuple(value) if key == "recipients" and isinstance(value, list) else value}
+    try:
+        built: object = Envelope(**fields)
+    except ProtocolError as e:
+        built = (e.code, e.message, e.correlation_id)
+    if key == "recipients" and not isinstance(value, list):
+        assert decoded[0] == "bad_field"  # type: ignore[index]  # the wire wants an array
+        return
+    assert decoded == built
+
+
+def test_a_decoded_envelope_is_the_constructed_one() -> None:
+    env = Envelope(CID, "ai:a", ("ai:b", "ai:c"), {"kind": "ping", "n": [1, {"x": b"y"}]}, 1000)
+    back = decode_frame(env.to_wire(), MAX)
+    assert back == env and back.to_wire() == env.to_wire()
+    assert type(back.recipients) is tuple and type(back.payload) is dict
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.sender = "ai:x"  # type: ignore[misc]
+
+
+@settings(max_examples=300)
+@given(agent_ids, st.one_of(correlation_ids, st.text(max_size=40)))
+def test_ack_ok_checks_as_the_constructor_does(recipient: str, cid: str) -> None:
+    def outcome(make):
+        try:
+            ack = make()
+        except ProtocolError as e:
+            return (e.code, e.message, e.correlation_id)
+        return (ack, ack.to_wire(), type(ack))
+
+    assert outcome(lambda: Ack.ok(cid, recipient)) == outcome(lambda: Ack(cid, recipient, True, None))

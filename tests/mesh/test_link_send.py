@@ -152,3 +152,23 @@ async def test_the_link_pings_a_silent_peer_and_goes_down_when_no_pong_comes(pki
             assert "no pong" in (link.last_error or "")
         finally:
             release.set()
+
+
+async def test_accepted_acks_are_matched_without_a_decode_and_others_take_the_full_one(pki, monkeypatch) -> None:
+    """Over a real socket, an accepted ACK is the template match; a duplicate (or anything else) is decoded."""
+    import mesh.link
+
+    decoded: list[bytes] = []
+
+    def counting(data, max_bytes):
+        decoded.append(data)
+        return real(data, max_bytes)
+
+    real = mesh.link.decode_wire
+    monkeypatch.setattr(mesh.link, "decode_wire", counting)
+    async with pair(pki, _ok) as p:
+        env = _live()
+        first = await p.link.send_wire(env.correlation_id, env.to_wire())
+        assert first == Ack.ok(env.correlation_id, SERVER_ID) and decoded == []
+        again = await p.link.send_wire(env.correlation_id, env.to_wire())  # remembered: a duplicate ACK
+        assert again == Ack.duplicate(env.correlation_id, SERVER_ID) and len(decoded) == 1
