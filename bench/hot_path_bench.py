@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEN_LIVE = 10_000
@@ -66,11 +67,24 @@ def pct(sorted_v: list[float], q: float) -> float:
     return sorted_v[min(len(sorted_v) - 1, max(0, round(q / 100 * len(sorted_v) + 0.5) - 1))]
 
 
-def run_child(tree: Path, calls: int) -> dict[str, float]:
+def run_child(script: Path, tree: Path, args: list[str]) -> Any:
+    """``script --child ARGS`` run with ``tree`` as its code (PYTHONPATH and working directory); its JSON output."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--calls", str(calls)],
-                          cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=True)
+    done = subprocess.run([sys.executable, str(script.resolve()), "--child", *args],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{script.name} child in {tree} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout)
+
+
+def unpack_tree(rev: str, into: Path) -> Path | None:
+    """The repository at ``rev`` unpacked into ``into`` (None, said on stderr, when git cannot archive it)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=False)
+    if archive.returncode:
+        print(f"{Path(sys.argv[0]).name}: git archive {rev}: {archive.stderr.decode().strip()}", file=sys.stderr)
+        return None
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
 
 
 def main() -> int:
@@ -86,17 +100,14 @@ def main() -> int:
     if not 1 <= args.rounds <= 100 or not 100 <= args.calls <= 1_000_000:
         p.error("--rounds must be 1..100 and --calls 100..1000000")
     with tempfile.TemporaryDirectory(prefix="hotpath-base-") as tmp:
-        base = Path(tmp)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.base], capture_output=True, check=False)
-        if archive.returncode:
-            print(f"hot_path_bench: git archive {args.base}: {archive.stderr.decode().strip()}", file=sys.stderr)
+        base = unpack_tree(args.base, Path(tmp))
+        if base is None:
             return 2
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
         results: dict[str, list[dict[str, float]]] = {"base": [], "this tree": []}
         for r in range(args.rounds):
             order = [("base", base), ("this tree", ROOT)]
             for name, tree in order if r % 2 == 0 else order[::-1]:
-                results[name].append(run_child(tree, args.calls))
+                results[name].append(run_child(Path(__file__), tree, ["--calls", str(args.calls)]))
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     command = f"bench/hot_path_bench.py --base {args.base} --rounds {args.rounds} --calls {args.calls}"
     print(f"`.venv/bin/python {command}`\n")
