@@ -5,10 +5,11 @@
 Times, one call at a time in batches of ``--calls`` (the per-call figure of a batch is its time over
 ``--calls``), three pieces every inbound envelope goes through: ``decode_wire`` of a ping to nine
 recipients (envelope and payload checks), ``SeenCache.remember`` into a cache holding 10,000 live
-entries, and ``RateLimiter.wait_s`` of one peer among ten. The code at ``--base`` is unpacked with
-``git archive`` into a temporary directory; child processes alternate between it and this tree round by
-round, so drift on a shared machine falls on both. Prints p50 / p95 / p99 of the per-call figures over
-the rounds and the ratio of this tree's p50 to the base's.
+entries, and ``RateLimiter.wait_s`` of one peer among ten; and the argument check every MCP tool call
+goes through, ``ArgValidator.check``, of a memory_store and of a 100-link memory_link_many. The code
+at ``--base`` is unpacked with ``git archive`` into a temporary directory; child processes alternate
+between it and this tree round by round, so drift on a shared machine falls on both. Prints p50 / p95 /
+p99 of the per-call figures over the rounds and the ratio of this tree's p50 to the base's.
 """
 
 from __future__ import annotations
@@ -60,6 +61,28 @@ def child(calls: int) -> dict[str, float]:
     for i in range(calls):
         limiter.wait_s(peers[i % PEERS])
     out["RateLimiter.wait_s"] = (time.perf_counter() - t0) / calls * 1e6
+    out.update(_tool_args(calls))
+    return out
+
+
+def _tool_args(calls: int) -> dict[str, float]:
+    """``ArgValidator.check`` of a memory_store and of a 100-link memory_link_many (each MCP call's arguments)."""
+    from node.config import KgConfig, LimitsConfig
+    from node.tools import ArgValidator, tool_specs
+
+    v = ArgValidator(tool_specs(LimitsConfig(), KgConfig()))
+    store = {"content": "notes from the design review " * 8, "title": "review", "tags": ["design", "review"],
+             "namespace": "work"}
+    links = {"links": [{"src_id": f"{i:08x}-0000-4000-8000-000000000000", "dst_id": f"{i:08x}-1111-4000-8000-"
+                        "000000000000", "relation": "related_to"} for i in range(100)]}
+    out = {}
+    for name, tool, args, n in (("ArgValidator.check memory_store", "memory_store", store, calls),
+                                ("ArgValidator.check memory_link_many (100 links)", "memory_link_many", links,
+                                 max(calls // 50, 20))):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            v.check(tool, args)
+        out[name] = (time.perf_counter() - t0) / n * 1e6
     return out
 
 
