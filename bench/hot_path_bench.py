@@ -6,10 +6,11 @@ Times, one call at a time in batches of ``--calls`` (the per-call figure of a ba
 ``--calls``), the pieces every inbound envelope goes through: ``decode_wire`` of a ping to nine
 recipients (envelope and payload checks), ``SeenCache.remember`` into a cache holding 10,000 live
 entries, the ping's payload check, the accepted ACK's build on the receiver and its read on the sender,
-and ``RateLimiter.wait_s`` of one peer among ten. The code at ``--base`` is unpacked with
-``git archive`` into a temporary directory; child processes alternate between it and this tree round by
-round, so drift on a shared machine falls on both. Prints p50 / p95 / p99 of the per-call figures over
-the rounds and the ratio of this tree's p50 to the base's.
+and ``RateLimiter.wait_s`` of one peer among ten; and the argument check every MCP tool call goes through,
+``ArgValidator.check``, of a memory_store and of a 100-link memory_link_many. The code at ``--base`` is
+unpacked with ``git archive`` into a temporary directory; child processes alternate between it and this
+tree round by round, so drift on a shared machine falls on both. Prints p50 / p95 / p99 of the per-call
+figures over the rounds and the ratio of this tree's p50 to the base's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEN_LIVE = 10_000
@@ -84,6 +86,28 @@ def child(calls: int) -> dict[str, float]:
     for i in range(calls):
         limiter.wait_s(peers[i % PEERS])
     out["RateLimiter.wait_s"] = (time.perf_counter() - t0) / calls * 1e6
+    out.update(_tool_args(calls))
+    return out
+
+
+def _tool_args(calls: int) -> dict[str, float]:
+    """``ArgValidator.check`` of a memory_store and of a 100-link memory_link_many (each MCP call's arguments)."""
+    from node.config import KgConfig, LimitsConfig
+    from node.tools import ArgValidator, tool_specs
+
+    v = ArgValidator(tool_specs(LimitsConfig(), KgConfig()))
+    store = {"content": "notes from the design review " * 8, "title": "review", "tags": ["design", "review"],
+             "namespace": "work"}
+    links = {"links": [{"src_id": f"{i:08x}-0000-4000-8000-000000000000", "dst_id": f"{i:08x}-1111-4000-8000-"
+                        "000000000000", "relation": "related_to"} for i in range(100)]}
+    out = {}
+    for name, tool, args, n in (("ArgValidator.check memory_store", "memory_store", store, calls),
+                                ("ArgValidator.check memory_link_many (100 links)", "memory_link_many", links,
+                                 max(calls // 50, 20))):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            v.check(tool, args)
+        out[name] = (time.perf_counter() - t0) / n * 1e6
     return out
 
 
@@ -91,11 +115,24 @@ def pct(sorted_v: list[float], q: float) -> float:
     return sorted_v[min(len(sorted_v) - 1, max(0, round(q / 100 * len(sorted_v) + 0.5) - 1))]
 
 
-def run_child(tree: Path, calls: int) -> dict[str, float]:
+def run_child(script: Path, tree: Path, args: list[str]) -> Any:
+    """``script --child ARGS`` run with ``tree`` as its code (PYTHONPATH and working directory); its JSON output."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--calls", str(calls)],
-                          cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=True)
+    done = subprocess.run([sys.executable, str(script.resolve()), "--child", *args],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{script.name} child in {tree} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout)
+
+
+def unpack_tree(rev: str, into: Path) -> Path | None:
+    """The repository at ``rev`` unpacked into ``into`` (None, said on stderr, when git cannot archive it)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=False)
+    if archive.returncode:
+        print(f"{Path(sys.argv[0]).name}: git archive {rev}: {archive.stderr.decode().strip()}", file=sys.stderr)
+        return None
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
 
 
 def main() -> int:
@@ -111,17 +148,14 @@ def main() -> int:
     if not 1 <= args.rounds <= 100 or not 100 <= args.calls <= 1_000_000:
         p.error("--rounds must be 1..100 and --calls 100..1000000")
     with tempfile.TemporaryDirectory(prefix="hotpath-base-") as tmp:
-        base = Path(tmp)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.base], capture_output=True, check=False)
-        if archive.returncode:
-            print(f"hot_path_bench: git archive {args.base}: {archive.stderr.decode().strip()}", file=sys.stderr)
+        base = unpack_tree(args.base, Path(tmp))
+        if base is None:
             return 2
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
         results: dict[str, list[dict[str, float]]] = {"base": [], "this tree": []}
         for r in range(args.rounds):
             order = [("base", base), ("this tree", ROOT)]
             for name, tree in order if r % 2 == 0 else order[::-1]:
-                results[name].append(run_child(tree, args.calls))
+                results[name].append(run_child(Path(__file__), tree, ["--calls", str(args.calls)]))
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     command = f"bench/hot_path_bench.py --base {args.base} --rounds {args.rounds} --calls {args.calls}"
     print(f"`.venv/bin/python {command}`\n")

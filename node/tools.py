@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import fastjsonschema
 import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
@@ -217,11 +218,20 @@ READ_ONLY_TOOLS = frozenset({"memory_get", "memory_list", "memory_recall", "memo
                              "memory_kg_query", "memory_find_paths", "memory_kg_timeline"})
 
 class ArgValidator:
-    """Compiled validators for every tool; ``check`` raises ServiceError naming the argument."""
+    """Compiled validators for every tool; ``check`` raises ServiceError naming the argument.
+
+    Arguments first meet a schema compiled to Python by fastjsonschema (no defaults filled in, no formats):
+    what it accepts is accepted. Anything it refuses is decided by jsonschema's Draft 2020-12 validator,
+    whose error names the argument, so a refusal and its message are jsonschema's. The two agree on the
+    keywords the tool schemas use (tests/mcp/test_arg_validator.py checks that the fast one accepts
+    nothing jsonschema refuses); the fast one is ~30x cheaper: 5.7 ms -> 0.19 ms for a 100-link
+    memory_link_many, 86 -> 3 us for a memory_store (PERFORMANCE.md, issue 16)."""
 
     def __init__(self, specs: tuple[ToolSpec, ...]) -> None:
         self.specs = {s.name: s for s in specs}
         self._validators = {s.name: Draft202012Validator(s.input_schema) for s in specs}
+        self._fast = {s.name: fastjsonschema.compile(s.input_schema, use_default=False, use_formats=False,
+                                                     detailed_exceptions=False) for s in specs}
 
     def check(self, name: str, args: Any) -> dict[str, Any]:
         if name not in self._validators:
@@ -230,9 +240,12 @@ class ArgValidator:
             args = {}
         if not isinstance(args, dict):
             raise ServiceError("bad_input", f"{name}: arguments must be a JSON object, got {type(args).__name__}")
-        error = best_match(self._validators[name].iter_errors(args))
-        if error is not None:
-            raise _arg_error(name, error)
+        try:
+            self._fast[name](args)
+        except fastjsonschema.JsonSchemaException:
+            error = best_match(self._validators[name].iter_errors(args))
+            if error is not None:
+                raise _arg_error(name, error) from None
         return dict(args)
 
 

@@ -1,0 +1,128 @@
+"""CPU a received link costs a node, against an older commit, in one run.
+
+    .venv/bin/python bench/receive_bench.py [--base bf3c103] [--rounds 5] [--envelopes 60]
+
+Each child process opens a real node store (SQLite file, writer thread, verify thread) with one peer's
+public key imported, stores 300 of that peer's memories, then decodes and applies ``--envelopes``
+``links.put`` envelopes of 100 links each, every link signed by the peer with Ed25519 (signed before the
+clock starts). Per envelope it takes the process's CPU time (every thread: the event loop, signature
+verification, the writer, the readers) and the wall time from the frame's bytes to the ACK, over the
+links it carried. This is the work a receiving node (B or C in bench/federation_bench.py) does per link
+outside the transport. The code at ``--base`` is unpacked with ``git archive``; child processes alternate
+between it and this tree round by round, so drift on a shared machine falls on both. Prints p50 / p95 /
+p99 over all envelopes of all rounds and the ratio of this tree's p50 to the base's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hot_path_bench import pct, run_child, unpack_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER, ME = "ai:bench-peer@lab", "ai:bench-node@lab"
+MEMORIES = 300
+LINKS_PER_ENVELOPE = 100
+
+
+async def _measure(home: Path, envelopes: int) -> dict[str, list[float]]:
+    from a2a import new_envelope
+    from a2a.envelope import decode_wire
+    from mesh import keys
+    from node import attest
+    from node.assemble import open_service
+    from node.attest import LinkPayload
+    from node.config import from_dict
+
+    cfg = from_dict({"agent_id": ME, "home": str(home)}, env={})
+    keys.generate_identity(cfg.keys_dir, ME)
+    peer = keys.generate_identity(home / "peer-keys", PEER)
+    keys.import_peer(cfg.peers_dir, peer.pub_path)
+    svc = await open_service(cfg, require_identity=True)
+    try:
+        now = int(time.time() * 1000)
+        ids = [f"{i:08x}-0000-4000-8000-000000000000" for i in range(MEMORIES)]
+        for mid in ids:
+            memory = {"id": mid, "namespace": "default", "title": "", "content": f"content of {mid}", "tags": [],
+                      "priority": 5, "confidence": 1.0, "source": "", "origin": PEER, "writer": PEER, "version": 1,
+                      "created_at": now, "updated_at": now}
+            env = new_envelope(PEER, [ME], {"kind": "memory.put", "memory": memory, "signature": None,
+                                            "signed_by": None}, now, 600_000)
+            if not (await svc.replicator.apply(env, PEER)).accepted:
+                raise RuntimeError("seeding a memory was refused")
+        wires = []
+        for e in range(envelopes):
+            items = []
+            for i in range(LINKS_PER_ENVELOPE):
+                n = e * LINKS_PER_ENVELOPE + i
+                link = LinkPayload(src_id=ids[n % MEMORIES], dst_id=ids[(n * 7 + 1) % MEMORIES],
+                                   relation=f"bench_{n}", observed_by=PEER, valid_from=now - 1000, valid_until=None)
+                items.append({"link": link.to_dict(), "signature": attest.sign(peer.private_key, link),
+                              "signed_by": PEER})
+            wires.append(new_envelope(PEER, [ME], {"kind": "links.put", "links": items}, now, 600_000).to_wire())
+        cpu_us: list[float] = []
+        wall_us: list[float] = []
+        for wire in wires:
+            c0, w0 = time.process_time(), time.perf_counter()
+            ack = await svc.replicator.apply(decode_wire(wire, 1 << 20), PEER)
+            c1, w1 = time.process_time(), time.perf_counter()
+            if not ack.accepted:
+                raise RuntimeError(f"links.put refused: {ack.reason}")
+            cpu_us.append((c1 - c0) / LINKS_PER_ENVELOPE * 1e6)
+            wall_us.append((w1 - w0) / LINKS_PER_ENVELOPE * 1e6)
+        return {"CPU a link (all threads)": cpu_us, "wall a link": wall_us}
+    finally:
+        await svc.close()
+
+
+def child(envelopes: int) -> dict[str, list[float]]:
+    with tempfile.TemporaryDirectory(prefix="receive-bench-") as tmp:
+        return asyncio.run(_measure(Path(tmp) / "home", envelopes))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="bf3c103", help="the commit to compare against (default bf3c103)")
+    p.add_argument("--rounds", type=int, default=5, help="child processes per tree (default 5)")
+    p.add_argument("--envelopes", type=int, default=60, help="links.put envelopes per child (default 60)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.envelopes)))
+        return 0
+    if not 1 <= args.rounds <= 50 or not 5 <= args.envelopes <= 1000:
+        p.error("--rounds must be 1..50 and --envelopes 5..1000")
+    with tempfile.TemporaryDirectory(prefix="receive-base-") as tmp:
+        base = unpack_tree(args.base, Path(tmp))
+        if base is None:
+            return 2
+        results: dict[str, dict[str, list[float]]] = {"base": {}, "this tree": {}}
+        for r in range(args.rounds):
+            order = [("base", base), ("this tree", ROOT)]
+            for name, tree in order if r % 2 == 0 else order[::-1]:
+                got = run_child(Path(__file__), tree, ["--envelopes", str(args.envelopes)])
+                for piece, values in got.items():
+                    # The first envelopes warm caches and the writer: the first tenth of each child is left out.
+                    results[name].setdefault(piece, []).extend(values[len(values) // 10:])
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    print(f"`.venv/bin/python bench/receive_bench.py --base {args.base} --rounds {args.rounds} "
+          f"--envelopes {args.envelopes}` ({os.cpu_count()} CPUs)\n")
+    print("| per received link | base p50 / p95 / p99 (µs) | this tree p50 / p95 / p99 (µs) | p50 this tree / base |")
+    print("|---|---|---|---:|")
+    for piece in results["base"]:
+        (b50, b95, b99), (t50, t95, t99) = (
+            tuple(pct(sorted(results[name][piece]), q) for q in (50, 95, 99)) for name in ("base", "this tree"))
+        print(f"| {piece} | {b50:.0f} / {b95:.0f} / {b99:.0f} | {t50:.0f} / {t95:.0f} / {t99:.0f} | "
+              f"{t50 / b50:.2f}× |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
