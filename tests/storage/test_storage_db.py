@@ -117,6 +117,17 @@ async def test_readers_map_the_file_and_still_see_every_commit(db: Database):
     assert await db.read(memories.count) == 550
     assert set(await db.read(memories.get_many, [r.id for r in more])) == {r.id for r in more}
 
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # a SQLite pragma
+async def test_readers_keep_transient_tables_in_memory_and_recall_through_them(db: Database):
+    assert await db.read(lambda conn: conn.execute("PRAGMA temp_store").fetchone()[0]) == 2  # MEMORY
+    rows = [make_memory(content=f"common word {'rare' if i % 3 == 0 else 'x'} {i}") for i in range(30)]
+    await asyncio.gather(*(db.write(memories.insert, r) for r in rows))
+    # "common rare": the window is a materialized table filtering the ranking; it still ranks every match.
+    hits = await db.read(memories.recall, "common rare", 20, None, memories.DocFreqs())
+    assert {m.id for m, _ in hits} == {r.id for i, r in enumerate(rows) if i % 3 == 0}
+
+
 async def test_close_drains_pending_writes(db_path: Path):
     db = await Database.open(db_path)
     rows = [make_memory() for _ in range(300)]

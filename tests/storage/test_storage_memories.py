@@ -399,3 +399,59 @@ async def test_every_word_common_over_non_ascii_text_ranks_with_bm25(db: Databas
     await db.write(memories.insert, make_memory(content="the of \x02"))
     assert await db.read(memories._rank_common, tokens, 10, None, 2) is None
     assert await db.read(memories._rank_common, memories.fts_tokens("thé"), 10, None, 2) is None
+
+
+# ---- a window that holds every match is walked oldest first (PERFORMANCE.md, "Recall at 100k") ----------
+
+@pytest.mark.parametrize("query", ["w3", "the w3", "river w7", "w1 w2", "w9 w10 the", "w5 of", "river", "w4 w4x"])
+@pytest.mark.parametrize("namespace", [None, "a"])
+@pytest.mark.parametrize("rank_window", [memories.RANK_WINDOW, 30, 5])
+def test_oldest_first_walk_ranks_the_same_window(zipf_conn, query: str, namespace: str | None, rank_window: int):
+    tokens = memories.fts_tokens(query)
+    common = memories.DocFreqs().common(zipf_conn, tokens)
+    ranked = [t for t, c in zip(tokens, common, strict=True) if not c] or tokens
+    for op in (" AND ", " OR "):
+        newest = memories._search(zipf_conn, tokens, op, ranked, 10, namespace, rank_window)
+        oldest = memories._search(zipf_conn, tokens, op, ranked, 10, namespace, rank_window, oldest_first=True)
+        assert [(m.id, s) for m, s in oldest] == [(m.id, s) for m, s in newest]
+        matches = zipf_conn.execute(
+            "SELECT count(*) FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+            "WHERE memories_fts MATCH ? AND (? IS NULL OR m.namespace = ?)",
+            (op.join(tokens), namespace, namespace)).fetchone()[0]
+        whole = memories._search_all(zipf_conn, tokens, op, ranked, 10, namespace, rank_window)
+        # Every match fits: the oldest-first walk ranks them all; more: it ranks nothing and says so.
+        assert (whole is None) == (matches > rank_window)
+
+
+def test_doc_freqs_count_rows_up_to_half(zipf_conn):
+    n, counts = memories.DocFreqs().counts(zipf_conn, ['"the"', '"w3"', '"nothinglikethis"'])
+    assert n == 600
+    w3 = zipf_conn.execute("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH 'w3'").fetchone()[0]
+    assert counts == [300, w3, 0]  # 'the' is in all 600: counted to the half and no further
+
+
+async def test_recall_whose_guess_of_the_matches_is_wrong_ranks_the_newest(db_path):
+    db = await Database.open(db_path)
+    # Two words that always come together: independence guesses ~1 row holding both, 40 do.
+    rows = [make_memory(content=f"new york {'new york ' * (i % 3)} story {i}") for i in range(40)]
+    rows += [make_memory(content=f"filler {i}") for i in range(200)]
+    for r in rows:
+        await db.write(memories.insert, r)
+    statements: list[str] = []
+
+    def recall(conn: sqlite3.Connection) -> list[tuple[memories.MemoryRow, float]]:
+        conn.set_trace_callback(statements.append)
+        try:
+            return memories.recall(conn, "new york", 10, None, memories.DocFreqs(), rank_window=20)
+        finally:
+            conn.set_trace_callback(None)
+
+    try:
+        hits = await db.read(recall)
+    finally:
+        await db.close()
+    # The oldest-first walk was tried, stopped at 21 rows, and the window walked newest first.
+    assert [("DESC" in s) for s in statements if "bm25" in s] == [False, True]
+    newest = [r.id for r in rows[20:40]]
+    assert len(hits) == 10 and {m.id for m, _ in hits} <= set(newest)
+    assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
