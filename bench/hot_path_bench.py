@@ -135,28 +135,43 @@ def unpack_tree(rev: str, into: Path) -> Path | None:
     return into
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", default="b6bd00a", help="the commit to compare against (default b6bd00a)")
-    p.add_argument("--rounds", type=int, default=7, help="child processes per tree (default 7)")
-    p.add_argument("--calls", type=int, default=5000, help="calls per piece per child (default 5000)")
+def alternate(rev: str, rounds: int, script: Path, child_args: list[str]) -> dict[str, list[Any]] | None:
+    """``script``'s child output for ``rounds`` runs each of the tree at ``rev`` ("base") and this one ("this
+    tree"), alternating which goes first round by round; None when ``rev`` cannot be unpacked."""
+    with tempfile.TemporaryDirectory(prefix=f"{script.stem}-base-") as tmp:
+        base = unpack_tree(rev, Path(tmp))
+        if base is None:
+            return None
+        results: dict[str, list[Any]] = {"base": [], "this tree": []}
+        for r in range(rounds):
+            order = [("base", base), ("this tree", ROOT)]
+            for name, tree in order if r % 2 == 0 else order[::-1]:
+                results[name].append(run_child(script, tree, child_args))
+            print(f"round {r + 1}/{rounds}", file=sys.stderr)
+        return results
+
+
+def base_parser(doc: str, base: str, rounds: int) -> argparse.ArgumentParser:
+    """The options every before/after bench here shares: ``--base``, ``--rounds`` and the hidden ``--child``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--base", default=base, help=f"the commit to compare against (default {base})")
+    p.add_argument("--rounds", type=int, default=rounds, help=f"child processes per tree (default {rounds})")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> int:
+    p = base_parser(__doc__, "b6bd00a", 7)
+    p.add_argument("--calls", type=int, default=5000, help="calls per piece per child (default 5000)")
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.calls)))
         return 0
     if not 1 <= args.rounds <= 100 or not 100 <= args.calls <= 1_000_000:
         p.error("--rounds must be 1..100 and --calls 100..1000000")
-    with tempfile.TemporaryDirectory(prefix="hotpath-base-") as tmp:
-        base = unpack_tree(args.base, Path(tmp))
-        if base is None:
-            return 2
-        results: dict[str, list[dict[str, float]]] = {"base": [], "this tree": []}
-        for r in range(args.rounds):
-            order = [("base", base), ("this tree", ROOT)]
-            for name, tree in order if r % 2 == 0 else order[::-1]:
-                results[name].append(run_child(Path(__file__), tree, ["--calls", str(args.calls)]))
-            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    results = alternate(args.base, args.rounds, Path(__file__), ["--calls", str(args.calls)])
+    if results is None:
+        return 2
     command = f"bench/hot_path_bench.py --base {args.base} --rounds {args.rounds} --calls {args.calls}"
     print(f"`.venv/bin/python {command}`\n")
     print("| piece | base p50 / p95 / p99 (µs a call) | this tree p50 / p95 / p99 (µs a call) | p50 this tree / base |")

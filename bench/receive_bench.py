@@ -15,7 +15,6 @@ p99 over all envelopes of all rounds and the ratio of this tree's p50 to the bas
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hot_path_bench import pct, run_child, unpack_tree
+from hot_path_bench import alternate, base_parser, pct
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER, ME = "ai:bench-peer@lab", "ai:bench-node@lab"
@@ -88,30 +87,23 @@ def child(envelopes: int) -> dict[str, list[float]]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", default="bf3c103", help="the commit to compare against (default bf3c103)")
-    p.add_argument("--rounds", type=int, default=5, help="child processes per tree (default 5)")
+    p = base_parser(__doc__, "bf3c103", 5)
     p.add_argument("--envelopes", type=int, default=60, help="links.put envelopes per child (default 60)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.envelopes)))
         return 0
     if not 1 <= args.rounds <= 50 or not 5 <= args.envelopes <= 1000:
         p.error("--rounds must be 1..50 and --envelopes 5..1000")
-    with tempfile.TemporaryDirectory(prefix="receive-base-") as tmp:
-        base = unpack_tree(args.base, Path(tmp))
-        if base is None:
-            return 2
-        results: dict[str, dict[str, list[float]]] = {"base": {}, "this tree": {}}
-        for r in range(args.rounds):
-            order = [("base", base), ("this tree", ROOT)]
-            for name, tree in order if r % 2 == 0 else order[::-1]:
-                got = run_child(Path(__file__), tree, ["--envelopes", str(args.envelopes)])
-                for piece, values in got.items():
-                    # The first envelopes warm caches and the writer: the first tenth of each child is left out.
-                    results[name].setdefault(piece, []).extend(values[len(values) // 10:])
-            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    runs = alternate(args.base, args.rounds, Path(__file__), ["--envelopes", str(args.envelopes)])
+    if runs is None:
+        return 2
+    results: dict[str, dict[str, list[float]]] = {"base": {}, "this tree": {}}
+    for name, outputs in runs.items():
+        for got in outputs:
+            for piece, values in got.items():
+                # The first envelopes warm caches and the writer: the first tenth of each child is left out.
+                results[name].setdefault(piece, []).extend(values[len(values) // 10:])
     print(f"`.venv/bin/python bench/receive_bench.py --base {args.base} --rounds {args.rounds} "
           f"--envelopes {args.envelopes}` ({os.cpu_count()} CPUs)\n")
     print("| per received link | base p50 / p95 / p99 (µs) | this tree p50 / p95 / p99 (µs) | p50 this tree / base |")
