@@ -34,7 +34,8 @@ from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 log = logging.getLogger("mesh.server")
 
 CBOR = "application/cbor"
-PEER_KEY = "peer_agent_id"
+# The peer agent id the TLS handshake proved, set on the request by the authentication middleware.
+PEER_KEY = web.RequestKey("peer_agent_id", str)
 SOCKETS_KEY = web.AppKey("sockets", set)
 # Frames up to this multiple of the message limit are read and refused with a protocol error while
 # the socket stays open; anything larger makes aiohttp close the socket (1009).
