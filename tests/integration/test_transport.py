@@ -136,11 +136,18 @@ def test_dead_letter_is_kept_after_the_peer_comes_back_until_replayed(mesh_facto
 
 
 MEMORIES = 50
+# Node 2 stays away for as long as the 50 CLI stores take, which a loaded machine stretched past the default
+# 60 s TTL (68 s measured): the oldest rows were then due no more before they expired and went to the dead
+# letters, and the outbox held 46 rows, not 50 (retry.py: no attempt at or after expires_at). An hour's
+# TTL, and a schedule that lasts longer (each delay runs from a failed attempt), keep every row queued
+# whatever the load; the delays stay short so the restarted node resends within seconds.
+AWAY_TTL_S = 3600.0
+AWAY_RETRY_DELAYS_S = (1.0,) * 40 + (5.0,) * 720
 
 
 def test_sigkill_of_the_sender_loses_and_duplicates_nothing(mesh_factory, cli, node_log, wait_for):
-    # Short, many retries inside the 60 s TTL: nothing dead-letters while node 2 is away.
-    mesh = mesh_factory(2, retry_delays_s=(1.0,) * 40)
+    assert sum(AWAY_RETRY_DELAYS_S) >= AWAY_TTL_S  # only the TTL could take a row out: nothing dead-letters
+    mesh = mesh_factory(2, a2a={"ttl_s": AWAY_TTL_S, "retry_delays_s": list(AWAY_RETRY_DELAYS_S)})
     n1, n2 = mesh.layout.node(1), mesh.layout.node(2)
     mesh.start()
     mesh.stop(2)
@@ -156,7 +163,8 @@ def test_sigkill_of_the_sender_loses_and_duplicates_nothing(mesh_factory, cli, n
     # The running sender has picked them up and is failing attempts against the stopped peer.
     wait_for(lambda: sum(e.get("event") == "retry_scheduled" for e in node_log(n1)) >= 1,
              "node 1 to be retrying its outbox", timeout_s=20)
-    assert _peer_row(cli, n1, n2.agent_id)["outbox_depth"] == MEMORIES
+    row = _peer_row(cli, n1, n2.agent_id)
+    assert (row["outbox_depth"], row["dead_letters"]) == (MEMORIES, 0)
 
     mesh.stop(1, kill=True)
     mesh.start([2], want_links=False)
