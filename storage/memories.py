@@ -256,7 +256,7 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
     if getattr(conn, "dialect", "sqlite") == "postgres":
         return recall_pg(conn, tokens, limit, namespace, rank_window)
     n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens)
-    common = [n > 0 and 2 * k >= n for k in counts]
+    common = _common(n, counts)
     # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
     # words skips their posting-list walk; if every word is common, their (equal) idfs still order by tf.
     ranked = [t for t, c in zip(tokens, common, strict=True) if not c] or tokens
@@ -430,6 +430,11 @@ def _varints(blob: bytes) -> list[int]:
     return out
 
 
+def _common(n: int, counts: list[int]) -> list[bool]:
+    """For each word counted in ``counts`` (DocFreqs.counts, of ``n`` rows): is it in at least half the rows?"""
+    return [n > 0 and 2 * k >= n for k in counts]
+
+
 class DocFreqs:
     """How many memories hold each query word, counted up to half the rows (bm25's idf of a word in at least
     half of them is clamped to ~0, so such a word is only 'common').
@@ -452,8 +457,7 @@ class DocFreqs:
 
     def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
         """For each FTS5 literal of ``tokens``: is it in at least half the rows?"""
-        n, counts = self.counts(conn, tokens)
-        return [n > 0 and 2 * k >= n for k in counts]
+        return _common(*self.counts(conn, tokens))
 
     def counts(self, conn: sqlite3.Connection, tokens: list[str]) -> tuple[int, list[int]]:
         """The table's row count and, for each FTS5 literal of ``tokens``, how many rows hold it, counted up to
