@@ -160,6 +160,7 @@ class VerifyBatcher:
         return await self._turn((keys, payload, signature))
 
     async def verify_one(self, item: VerifyItem) -> bool:
+        """``verify`` of one (keys, payload, signature) item."""
         return await self._turn(item)
 
     async def verify_many(self, items: list[VerifyItem]) -> list[bool]:
