@@ -7,10 +7,12 @@ public key imported, stores 300 of that peer's memories, then decodes and applie
 ``links.put`` envelopes of 100 links each, every link signed by the peer with Ed25519 (signed before the
 clock starts). Per envelope it takes the process's CPU time (every thread: the event loop, signature
 verification, the writer, the readers) and the wall time from the frame's bytes to the ACK, over the
-links it carried. This is the work a receiving node (B or C in bench/federation_bench.py) does per link
-outside the transport. The code at ``--base`` is unpacked with ``git archive``; child processes alternate
-between it and this tree round by round, so drift on a shared machine falls on both. Prints p50 / p95 /
-p99 over all envelopes of all rounds and the ratio of this tree's p50 to the base's.
+links it carried, and the longest a 1 ms loop timer waited past its time while the envelope was applied (the
+longest stretch a ping's read would wait behind). This is the work a receiving node (B or C in
+bench/federation_bench.py) does per link outside the transport. The code at ``--base`` is unpacked with
+``git archive``; child processes alternate between it and this tree round by round, so drift on a shared
+machine falls on both. Prints p50 / p95 / p99 over all envelopes of all rounds and the ratio of this tree's
+p50 to the base's.
 """
 
 from __future__ import annotations
@@ -68,17 +70,47 @@ async def _measure(home: Path, envelopes: int) -> dict[str, list[float]]:
             wires.append(new_envelope(PEER, [ME], {"kind": "links.put", "links": items}, now, 600_000).to_wire())
         cpu_us: list[float] = []
         wall_us: list[float] = []
-        for wire in wires:
-            c0, w0 = time.process_time(), time.perf_counter()
-            ack = await svc.replicator.apply(decode_wire(wire, 1 << 20), PEER)
-            c1, w1 = time.process_time(), time.perf_counter()
-            if not ack.accepted:
-                raise RuntimeError(f"links.put refused: {ack.reason}")
-            cpu_us.append((c1 - c0) / LINKS_PER_ENVELOPE * 1e6)
-            wall_us.append((w1 - w0) / LINKS_PER_ENVELOPE * 1e6)
-        return {"CPU a link (all threads)": cpu_us, "wall a link": wall_us}
+        stretch_us: list[float] = []
+        lag = _Lag(asyncio.get_running_loop())
+        try:
+            for wire in wires:
+                await asyncio.sleep(0.002)  # the timer settles (as a node between envelopes)
+                lag.worst = 0.0
+                c0, w0 = time.process_time(), time.perf_counter()
+                ack = await svc.replicator.apply(decode_wire(wire, 1 << 20), PEER)
+                c1, w1 = time.process_time(), time.perf_counter()
+                if not ack.accepted:
+                    raise RuntimeError(f"links.put refused: {ack.reason}")
+                cpu_us.append((c1 - c0) / LINKS_PER_ENVELOPE * 1e6)
+                wall_us.append((w1 - w0) / LINKS_PER_ENVELOPE * 1e6)
+                stretch_us.append(lag.worst * 1e6)
+        finally:
+            lag.stop()
+        return {"CPU a link (all threads)": cpu_us, "wall a link": wall_us,
+                "longest loop stretch an envelope (1 ms timer late by)": stretch_us}
     finally:
         await svc.close()
+
+
+class _Lag:
+    """A 1 ms loop timer that keeps the most it ran late (s): how long the loop ran other work without a turn."""
+
+    PERIOD_S = 0.001
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.worst = 0.0
+        self._due = loop.time() + self.PERIOD_S
+        self._handle = loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        self.worst = max(self.worst, now - self._due)
+        self._due = now + self.PERIOD_S
+        self._handle = self.loop.call_at(self._due, self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 def child(envelopes: int) -> dict[str, list[float]]:
@@ -106,7 +138,8 @@ def main() -> int:
                 results[name].setdefault(piece, []).extend(values[len(values) // 10:])
     print(f"`.venv/bin/python bench/receive_bench.py --base {args.base} --rounds {args.rounds} "
           f"--envelopes {args.envelopes}` ({os.cpu_count()} CPUs)\n")
-    print("| per received link | base p50 / p95 / p99 (µs) | this tree p50 / p95 / p99 (µs) | p50 this tree / base |")
+    print("| per received link (the stretch: per envelope) | base p50 / p95 / p99 (µs) | "
+          "this tree p50 / p95 / p99 (µs) | p50 this tree / base |")
     print("|---|---|---|---:|")
     for piece in results["base"]:
         (b50, b95, b99), (t50, t95, t99) = (

@@ -17,9 +17,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import cbor2
@@ -56,9 +56,14 @@ R = TypeVar("R")
 Clock = Callable[[], int]
 # The outbox rows a write enqueued, one per peer (node.service.Queued).
 Queued = list[outbox.OutboxRow]
+# A signature to check: the signer's keys, the signed payload, the signature.
+VerifyItem = tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None]
 
 # Most signatures verified in one hop to the thread pool.
 VERIFY_BATCH_MAX = 256
+# A links.put's links taken through each stage of their apply between two turns of the loop (a ping's read
+# waits behind at most this many links' parsing, checks or hooks, not a whole envelope's).
+APPLY_SLICE = 16
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 # Payload kinds the change log carries (GET /a2a/v1/sync): a peer that synced to the end holds them all.
@@ -136,25 +141,34 @@ class TurnBatch(Generic[I, R]):
 
 
 class VerifyBatcher:
-    """Collects signature checks made in one loop turn and runs them as one batch on a thread."""
+    """Runs signature checks as batches on a thread: those made in one loop turn together (``verify``), or a
+    run's list in one hop (``verify_many``)."""
 
     def __init__(self, executor: ThreadPoolExecutor) -> None:
         self.executor = executor
-        self._turn: TurnBatch[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload, bytes | None],
-                              bool] = TurnBatch(self._verify_many)
+        self._turn: TurnBatch[VerifyItem, bool] = TurnBatch(self._hop)
+        self._runs = 0
         self.verified = 0
 
     @property
     def batches(self) -> int:
-        return self._turn.runs
+        return self._turn.runs + self._runs
 
     async def verify(self, keys: tuple[Ed25519PublicKey, ...], payload: LinkPayload | MemoryPayload,
                      signature: bytes | None) -> bool:
         """True when ``signature`` verifies under one of ``keys`` (a signer's keyring)."""
         return await self._turn((keys, payload, signature))
 
-    async def _verify_many(self, items: list[tuple[tuple[Ed25519PublicKey, ...], LinkPayload | MemoryPayload,
-                                                    bytes | None]]) -> list[bool]:
+    async def verify_one(self, item: VerifyItem) -> bool:
+        """``verify`` of one (keys, payload, signature) item."""
+        return await self._turn(item)
+
+    async def verify_many(self, items: list[VerifyItem]) -> list[bool]:
+        """Each item's ``verify`` answer, in one hop to the thread."""
+        self._runs += 1
+        return await self._hop(items)
+
+    async def _hop(self, items: list[VerifyItem]) -> list[bool]:
         self.verified += len(items)
         return await asyncio.get_running_loop().run_in_executor(self.executor, attest.verify_many, items)
 
@@ -165,6 +179,83 @@ class _LinkLookup:
 
     stored: bool
     ends: dict[str, MemoryRow]
+
+
+@dataclass(slots=True)
+class _InboundLink:
+    """One received link on its way through the apply stages (``Federation._apply_link_run``)."""
+
+    body: dict[str, Any]  # the link.put body: link, signature, signed_by
+    payload: LinkPayload
+    link_id: str
+    ids: frozenset[str]  # its two ends
+    now: int  # when it was taken in (unix ms): its bounds' clock and its row's created_at
+    ends: dict[str, MemoryRow] = field(default_factory=dict)  # as read with its lookup (or after its hold)
+    level: AttestLevel = AttestLevel.UNSIGNED
+    hook_payload: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def signature(self) -> bytes | None:
+        sig: bytes | None = self.body["signature"]
+        return sig
+
+    def attested(self, level: AttestLevel, sender: str) -> None:
+        """Verified as ``level``: what its hooks are told."""
+        self.level = level
+        self.hook_payload = {"sender": sender, "link": self.body["link"], "signed_by": self.body["signed_by"],
+                             "attest_level": str(level)}
+
+    def row(self, sender: str) -> LinkRow:
+        """The row it is stored as, once attested."""
+        signature, signed_by = self.body["signature"], self.body["signed_by"]
+        attested = self.level is AttestLevel.PEER_ATTESTED
+        # confidence is outside the signature: taken only from the link's own observer, never from a relay.
+        confidence = self.body["link"].get("confidence") if sender == self.payload.observed_by else None
+        return LinkRow(link_id=self.link_id, **self.payload.to_dict(),
+                       confidence=None if confidence is None else float(confidence),
+                       signature=signature if attested else None, attest_level=str(self.level),
+                       signed_by=signed_by if attested else None, received_from=sender, created_at=self.now)
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkHops:
+    """How a run of inbound links reaches the reader, the verify thread and the writer: a links.put's links
+    directly, one hop each for the run; a link.put through the loop turn's TurnBatch (one hop shared with the
+    turn's other envelopes)."""
+
+    lookup: Callable[[list[tuple[str, frozenset[str]]]], Awaitable[list[_LinkLookup]]]
+    verify: Callable[[list[VerifyItem]], Awaitable[list[bool]]]
+    write: Callable[[list[tuple[LinkRow, str]]], Awaitable[list[bool]]]
+
+
+async def _sliced(items: Iterable[I]) -> AsyncIterator[I]:
+    """``items``, letting the loop turn after every APPLY_SLICE of them."""
+    for n, item in enumerate(items):
+        if n and not n % APPLY_SLICE:
+            await asyncio.sleep(0)
+        yield item
+
+
+async def _each(call: Callable[[I], Awaitable[R]], items: Sequence[I], *, together: bool) -> list[R | BaseException]:
+    """``call`` on each item, each outcome (its result or its exception) in order: one after another, the loop
+    turning every APPLY_SLICE items, or all at once (one task each) when ``together`` (e.g. each may wait on a
+    hook program)."""
+    if together:
+        return await asyncio.gather(*(call(item) for item in items), return_exceptions=True)
+    out: list[R | BaseException] = []
+    async for item in _sliced(items):
+        try:
+            out.append(await call(item))
+        except Exception as e:  # noqa: BLE001 - the item's outcome, as gather's return_exceptions gives it
+            out.append(e)
+    return out
+
+
+def _one_at_a_time(call: Callable[[I], Awaitable[R]]) -> Callable[[list[I]], Awaitable[list[R]]]:
+    """A list hop made of a single-item one (a TurnBatch's call)."""
+    async def run(items: list[I]) -> list[R]:
+        return [await call(item) for item in items]
+    return run
 
 
 class Federation:
@@ -193,6 +284,9 @@ class Federation:
         # The inbound links of one loop turn (a batch frame's) share one read and one write.
         self._link_lookups: TurnBatch[tuple[str, frozenset[str]], _LinkLookup] = TurnBatch(self._lookup_links)
         self._link_writes: TurnBatch[tuple[LinkRow, str], bool] = TurnBatch(self._write_links)
+        self._turn_hops = _LinkHops(_one_at_a_time(self._link_lookups), _one_at_a_time(self.verifier.verify_one),
+                                    _one_at_a_time(self._link_writes))
+        self._run_hops = _LinkHops(self._lookup_links, self.verifier.verify_many, self._write_links)
         self._ack_changed = asyncio.Condition()
         self._memory_arrived = asyncio.Condition()
         # Set by the running node: gives its outbox sender the rows a write enqueued, once committed.
@@ -451,13 +545,27 @@ class Federation:
                       sender: str, *, what: str) -> AttestLevel | Applied:
         """PEER_ATTESTED when ``signature`` verifies under ``signer``'s keyring; UNSIGNED when the signer
         is unknown here (or did not sign) and sent it itself; otherwise the rejection."""
+        keys, fresh = self._signer_keys(signer)
+        verified = signature is not None and bool(keys) and await self.verifier.verify(keys, payload, signature)
+        return await self._attest_level(verified, keys, fresh, payload, signature, signer, sender, what=what)
+
+    def _signer_keys(self, signer: str) -> tuple[tuple[Ed25519PublicKey, ...], bool]:
+        """``signer``'s keys, and True when the keyring was read just now (a failed check then looks no
+        further)."""
         fresh = self._keyring_due()
         keys = self.keyring.keys_for(signer, reload=fresh)
         if not keys and not fresh:
             keys, fresh = self.keyring.keys_for(signer), True
+        return keys, fresh
+
+    async def _attest_level(self, verified: bool, keys: tuple[Ed25519PublicKey, ...], fresh: bool,
+                            payload: LinkPayload | MemoryPayload, signature: bytes | None, signer: str, sender: str,
+                            *, what: str) -> AttestLevel | Applied:
+        """``_attest``'s answer once ``signature`` was checked against ``keys`` (``verified``; False when there
+        was nothing to check)."""
+        if verified:
+            return AttestLevel.PEER_ATTESTED
         if signature is not None and keys:
-            if await self.verifier.verify(keys, payload, signature):
-                return AttestLevel.PEER_ATTESTED
             if not fresh:  # the key may have been rotated since the last read: look again before refusing
                 generation = self.keyring.generation
                 again = self.keyring.keys_for(signer)
@@ -520,58 +628,23 @@ class Federation:
             await sink(event, data)
 
     async def apply_link(self, body: dict[str, Any], sender: str) -> Applied:
-        """Verify and store one received link; stored only where the sender may see both its ends."""
-        try:
-            payload = LinkPayload.from_mapping(body["link"])
-        except attest.AttestError as e:
-            raise ProtocolError("bad_payload", e.message) from None
-        link_id = payload.link_id
-        now = self.clock()
-        code = self._link_out_of_bounds(payload, body["link"].get("confidence"), now)
-        if code is not None:
-            return Applied(code)
-        ids = frozenset({payload.src_id, payload.dst_id})
-        look = await self._link_lookups((link_id, ids))
-        if look.stored:
-            self.counters["link:duplicate"] += 1
-            return OK_UNCHANGED
-        signature, signed_by = body["signature"], body["signed_by"]
-        if signed_by is not None and signed_by != payload.observed_by:
-            log.warning("signer_mismatch", extra={"ev": {"peer": sender, "link_id": link_id,
-                                                         "signed_by": signed_by, "observed_by": payload.observed_by}})
-            return Applied("signer_mismatch")
-        level = await self._attest(payload, signature, payload.observed_by, sender, what=link_id)
-        if isinstance(level, Applied):
-            return level
-        hook_payload = {"sender": sender, "link": body["link"], "signed_by": signed_by, "attest_level": str(level)}
-        refused = await self._admit_link(hook_payload, sender, set(ids), look.ends)
-        if refused is not None:
-            return Applied(refused)
-        attested = level is AttestLevel.PEER_ATTESTED
-        # confidence is outside the signature: taken only from the link's own observer, never from a relay.
-        confidence = body["link"].get("confidence") if sender == payload.observed_by else None
-        row = LinkRow(link_id=link_id, **payload.to_dict(),
-                      confidence=None if confidence is None else float(confidence),
-                      signature=signature if attested else None, attest_level=str(level),
-                      signed_by=signed_by if attested else None, received_from=sender, created_at=now)
-
-        stored = await self._link_writes((row, str(level)))
-        self.counters[f"link:{level}" if stored else "link:duplicate"] += 1
-        await self.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**hook_payload, "stored": stored})
-        if stored:
-            await self._tell("link.attested", link_dict(row))
-        return OK_CHANGED if stored else OK_UNCHANGED
+        """Verify and store one received link; stored only where the sender may see both its ends. The run of
+        one link: its read, verify and write share their hops with the other link.put envelopes of the same
+        loop turn (a batch frame's)."""
+        [answer] = await self._apply_link_run([body], sender, self._turn_hops)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     async def apply_links(self, body: dict[str, Any], sender: str) -> Applied:
         """Each link of a links.put applied on its own, exactly as a link.put of its own (its signature verified
-        alone; the links share one lookup read, one verify hop and one write, as a batch frame's links do).
-        A rejected link does not stop the others. The one ACK: accepted when every link is stored (or was);
-        else a retryable code when any link may be retried (the sender resends the envelope; the stored
-        links come back as duplicates), else the first link's permanent code (the sender then resends the
-        links one per envelope, so that each gets its own answer and only the refused ones are dead-lettered)."""
+        alone; the links share one lookup read, one verify hop and one write). A rejected link does not stop the
+        others. The one ACK: accepted when every link is stored (or was); else a retryable code when any link
+        may be retried (the sender resends the envelope; the stored links come back as duplicates), else the
+        first link's permanent code (the sender then resends the links one per envelope, so that each gets its
+        own answer and only the refused ones are dead-lettered)."""
         self.counters["links.put"] += 1
-        answers = await asyncio.gather(*(self.apply_link(item, sender) for item in body["links"]),
-                                       return_exceptions=True)
+        answers = await self._apply_link_run(body["links"], sender, self._run_hops)
         codes: list[str] = []
         changed = False
         for answer in answers:
@@ -585,6 +658,133 @@ class Federation:
                 codes.append(answer.code)
         code = next((c for c in codes if c in RETRYABLE_REJECT_CODES), codes[0] if codes else None)
         return Applied(code, changed)
+
+    async def _apply_link_run(self, bodies: Sequence[dict[str, Any]], sender: str,
+                              hops: _LinkHops) -> list[Applied | BaseException]:
+        """Apply received links (link.put bodies) as one run of stages over all of them, with no task per link:
+        parse and bounds, one lookup read, one verify hop, the pre_federated_link hooks and the checks of the
+        ends, one write, then post hooks and sinks. Each stage lets the loop turn every APPLY_SLICE links, so a
+        ping's read never waits behind a whole envelope's links. Each link's answer in order: an Applied, a
+        ProtocolError when it is malformed, or what a hook or sink raised (the caller raises it: no ACK); a failed
+        read or write is raised at once. A link whose ends are missing or hidden waits for them
+        (``_ends_visible``) in a task of its own, without holding up the others."""
+        answers: list[Applied | BaseException | None] = [None] * len(bodies)
+        parsed: list[tuple[int, _InboundLink]] = []
+        async for i, body in _sliced(enumerate(bodies)):
+            try:
+                got = self._inbound_link(body)
+            except ProtocolError as e:
+                answers[i] = e
+                continue
+            if isinstance(got, Applied):
+                answers[i] = got
+            else:
+                parsed.append((i, got))
+        held: list[tuple[int, asyncio.Task[Applied]]] = []
+        try:
+            await self._apply_parsed(parsed, sender, hops, answers, held)
+        except BaseException:
+            for _, task in held:
+                task.cancel()
+            await asyncio.gather(*(task for _, task in held), return_exceptions=True)
+            raise
+        for (i, _), result in zip(held, await asyncio.gather(*(task for _, task in held), return_exceptions=True),
+                                  strict=True):
+            answers[i] = result
+        return [a if a is not None else OK_UNCHANGED for a in answers]
+
+    async def _apply_parsed(self, parsed: list[tuple[int, _InboundLink]], sender: str, hops: _LinkHops,
+                            answers: list[Applied | BaseException | None],
+                            held: list[tuple[int, asyncio.Task[Applied]]]) -> None:
+        """``_apply_link_run``'s stages after parsing: fills ``answers`` and ``held`` (the links waiting for
+        their ends, each in its own task)."""
+        looks = await hops.lookup([(x.link_id, x.ids) for _, x in parsed]) if parsed else []
+        checked: list[tuple[int, _InboundLink, tuple[Ed25519PublicKey, ...], bool]] = []
+        async for (i, x), look in _sliced(zip(parsed, looks, strict=True)):
+            x.ends = look.ends
+            code = self._link_not_new(x, look.stored, sender)
+            if code is not None:
+                answers[i] = code
+            else:
+                checked.append((i, x, *self._signer_keys(x.payload.observed_by)))
+        asked: list[VerifyItem] = [(keys, x.payload, x.signature) for _, x, keys, _ in checked
+                                   if x.signature is not None and keys]
+        verdicts = iter(await hops.verify(asked) if asked else [])
+        attested: list[tuple[int, _InboundLink]] = []
+        async for i, x, keys, fresh in _sliced(checked):
+            verified = x.signature is not None and bool(keys) and next(verdicts)
+            level = await self._attest_level(verified, keys, fresh, x.payload, x.signature, x.payload.observed_by,
+                                             sender, what=x.link_id)
+            if isinstance(level, Applied):
+                answers[i] = level
+            else:
+                x.attested(level, sender)
+                attested.append((i, x))
+        fired = await _each(lambda ix: self.hooks.fire(HookEvent.PRE_FEDERATED_LINK, ix[1].hook_payload), attested,
+                            together=self.hooks.attached(HookEvent.PRE_FEDERATED_LINK))
+        ready: list[tuple[int, _InboundLink]] = []
+        async for (i, x), hook in _sliced(zip(attested, fired, strict=True)):
+            if isinstance(hook, BaseException):  # a hook refusal is permanent and carries the hook's code
+                answers[i] = Applied(hook.code) if isinstance(hook, HookError) else hook
+            elif not self._all_visible(sender, set(x.ids), x.ends):
+                held.append((i, asyncio.get_running_loop().create_task(self._held_link(x, sender))))
+            elif (refused := await self._gate_codes(sender, x.ends)) is not None:
+                answers[i] = Applied(refused)
+            else:
+                ready.append((i, x))
+        writes = [(x, x.row(sender)) for _, x in ready]
+        stored = await hops.write([(row, str(x.level)) for x, row in writes]) if writes else []
+        done = await _each(lambda item: self._link_stored(*item[0], item[1]), list(zip(writes, stored, strict=True)),
+                           together=self.hooks.attached(HookEvent.POST_FEDERATED_LINK))
+        for (i, _), answer in zip(ready, done, strict=True):
+            answers[i] = answer
+
+    def _inbound_link(self, body: dict[str, Any]) -> _InboundLink | Applied:
+        """A received link parsed (ProtocolError when malformed) and bounded as a local one is, or its rejection."""
+        try:
+            payload = LinkPayload.from_mapping(body["link"])
+        except attest.AttestError as e:
+            raise ProtocolError("bad_payload", e.message) from None
+        now = self.clock()
+        code = self._link_out_of_bounds(payload, body["link"].get("confidence"), now)
+        if code is not None:
+            return Applied(code)
+        return _InboundLink(body, payload, payload.link_id, frozenset({payload.src_id, payload.dst_id}), now)
+
+    def _link_not_new(self, x: _InboundLink, stored: bool, sender: str) -> Applied | None:
+        """Once looked up: the answer of a link stored already (a duplicate) or signed by another than its
+        observer; None for one to verify."""
+        if stored:
+            self.counters["link:duplicate"] += 1
+            return OK_UNCHANGED
+        signed_by = x.body["signed_by"]
+        if signed_by is not None and signed_by != x.payload.observed_by:
+            log.warning("signer_mismatch", extra={"ev": {"peer": sender, "link_id": x.link_id, "signed_by": signed_by,
+                                                         "observed_by": x.payload.observed_by}})
+            return Applied("signer_mismatch")
+        return None
+
+    async def _held_link(self, x: _InboundLink, sender: str) -> Applied:
+        """The rest of a link whose ends were missing or hidden at its lookup: held until they are here for the
+        sender (``unknown_memory`` after ``orphan_hold_s``), then checked and written as any other."""
+        ids = set(x.ids)
+        if not await self._ends_visible(sender, ids):
+            return Applied("unknown_memory")
+        x.ends = await self.db.read(memories.get_many, ids)
+        code = await self._gate_codes(sender, x.ends)
+        if code is not None:
+            return Applied(code)
+        row = x.row(sender)
+        return await self._link_stored(x, row, await self._link_writes((row, str(x.level))))
+
+    async def _link_stored(self, x: _InboundLink, row: LinkRow, stored: bool) -> Applied:
+        """After the write: the counters, the post_federated_link hooks and the sinks (``stored`` False for a
+        link stored meanwhile)."""
+        self.counters[f"link:{x.level}" if stored else "link:duplicate"] += 1
+        await self.hooks.fire(HookEvent.POST_FEDERATED_LINK, {**x.hook_payload, "stored": stored})
+        if stored:
+            await self._tell("link.attested", link_dict(row))
+        return OK_CHANGED if stored else OK_UNCHANGED
 
     async def _lookup_links(self, asked: list[tuple[str, frozenset[str]]]) -> list[_LinkLookup]:
         """One read for the links of a turn: which are stored, and their ends."""
@@ -634,21 +834,10 @@ class Federation:
             return "expired_link"
         return None
 
-    async def _admit_link(self, hook_payload: dict[str, Any], sender: str, ids: set[str],
-                          known: dict[str, MemoryRow]) -> str | None:
-        """None when the pre_federated_link hooks let it in and its ends are here for the sender, else the
-        reject code (a hook refusal is permanent and carries the hook's code). ``known``: the ends as read
-        with the link's lookup (read again only when one was missing or hidden then)."""
-        try:
-            await self.hooks.fire(HookEvent.PRE_FEDERATED_LINK, hook_payload)
-        except HookError as e:
-            return e.code
-        if not self._all_visible(sender, ids, known):
-            if not await self._ends_visible(sender, ids):
-                return "unknown_memory"
-            known = await self.db.read(memories.get_many, ids)
+    async def _gate_codes(self, sender: str, ends: dict[str, MemoryRow]) -> str | None:
+        """The permission gate's answer to ``sender`` linking memories in the namespaces of ``ends``."""
         if self.gate is not None:
-            for ns in sorted({m.namespace for m in known.values()}):
+            for ns in sorted({m.namespace for m in ends.values()}):
                 code = await self._gate_code(sender, ns, Operation.LINK)
                 if code is not None:
                     return code

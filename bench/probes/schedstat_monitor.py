@@ -10,6 +10,7 @@ Used for "B's ping tail in the batched flood: what it is" (PERFORMANCE.md): star
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -17,8 +18,11 @@ SAMPLE_S = 0.5
 
 
 def find(pattern: bytes, deadline: float) -> str | None:
+    me = str(os.getpid())  # this monitor's own command line holds the pattern too
     while time.monotonic() < deadline:
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            if cmdline.parent.name == me:
+                continue
             try:
                 if pattern in cmdline.read_bytes().replace(b"\0", b" "):
                     return cmdline.parent.name

@@ -25,6 +25,11 @@ class Hooks(Protocol):
         """Fire from synchronous code without waiting (on_* events)."""
         ...
 
+    def attached(self, event: HookEvent) -> bool:
+        """True when ``event`` has hooks to run (a fire may then wait on them): a caller with many payloads
+        fires them concurrently then, and one after another (no task each) otherwise."""
+        ...
+
     def snapshot(self) -> dict[str, Any]:
         ...
 
@@ -40,6 +45,9 @@ class NoHooks:
 
     def notify(self, event: HookEvent, payload: dict[str, Any]) -> None:
         return None
+
+    def attached(self, event: HookEvent) -> bool:
+        return False
 
     def snapshot(self) -> dict[str, Any]:
         return {"config": None, "by_event": {}, "hooks": []}

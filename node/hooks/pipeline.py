@@ -126,6 +126,11 @@ class HookPipeline:
             return
         self._own(self._notify(event, payload), f"hooks:notify:{event}")
 
+    def attached(self, event: HookEvent) -> bool:
+        """``event`` has hooks in the config as last loaded (a reload due is left to the next fire: the
+        answer only tells a caller whether to fire many payloads concurrently)."""
+        return bool(self._file.by_event.get(event))
+
     async def _notify(self, event: HookEvent, payload: dict[str, Any]) -> None:
         with contextlib.suppress(HookError):
             await self.fire(event, payload)
