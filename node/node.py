@@ -57,7 +57,8 @@ class Node:
         ident = service.identity
         assert ident is not None
         self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
-                                 clock_ms=service.clock, apply_timeout_s=cfg.a2a.apply_timeout_s)
+                                 clock_ms=service.clock, apply_timeout_s=cfg.a2a.apply_timeout_s,
+                                 apply_now=self.fed.apply_now)
         key_path = ident.priv_path
         self.server_ssl = tls.server_context(cfg.cert_path, key_path, cfg.ca_cert_path)
         self.client_ssl = tls.client_context(cfg.cert_path, key_path, cfg.ca_cert_path)
