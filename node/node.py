@@ -23,6 +23,7 @@ import orjson
 from a2a import Backoff, RetrySchedule, SeenCache
 from mesh import tls
 from mesh.errors import MeshError
+from mesh.heap import keep_tls_reads_on_the_heap
 from mesh.link import LinkState, PeerLink
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
@@ -368,6 +369,7 @@ def run_serve(cfg: NodeConfig) -> int:
     # default 5 ms GIL switch interval each hand-off can wait that long. bench/storage_bench.py
     # --switch-interval shows the effect (group-commit inserts/s roughly 1.7x at 0.5 ms here).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    keep_tls_reads_on_the_heap()  # no mmap/munmap per TLS read (mesh/heap.py)
     try:
         import uvloop
     except ImportError:
