@@ -394,14 +394,16 @@ class PeerLink:
         ACK timeout), as ``send`` does, with the same errors.
 
         While the link is up and the socket takes the frame at once, this writes it now and returns the
-        future the ACK settles, bounded by one timer: a caller fanning out with ``asyncio.gather`` spends no
+        future the ACK settles, bounded by the link's ACK deadline queue: a caller fanning out with ``asyncio.gather`` spends no
         task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns a coroutine that waits.
         """
         timeout = self.ack_timeout_s if timeout_s is None else timeout_s
         ws = self._ws
         if ws is None or ws.closed or not self._up.is_set():
             return self._send_wire_waiting(correlation_id, frame, timeout)
-        loop = asyncio.get_running_loop()
+        # the socket's loop (its end future's): asyncio.get_running_loop() is a getpid() system call in 3.11,
+        # once per peer per envelope here
+        loop = ws.ended.get_loop() if isinstance(ws, _LinkWebSocket) else asyncio.get_running_loop()
         deadline = loop.time() + timeout
         fut = self._future(correlation_id, loop)
         sending = ws.send_bytes(frame)
