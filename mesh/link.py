@@ -394,8 +394,9 @@ class PeerLink:
         ACK timeout), as ``send`` does, with the same errors.
 
         While the link is up and the socket takes the frame at once, this writes it now and returns the
-        future the ACK settles, bounded by the link's ACK deadline queue: a caller fanning out with ``asyncio.gather`` spends no
-        task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns a coroutine that waits.
+        future the ACK settles, bounded by the link's ACK deadline queue: a caller fanning out with
+        ``asyncio.gather`` spends no task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns
+        a coroutine that waits.
         """
         timeout = self.ack_timeout_s if timeout_s is None else timeout_s
         ws = self._ws
