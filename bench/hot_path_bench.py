@@ -6,7 +6,8 @@ Times, one call at a time in batches of ``--calls`` (the per-call figure of a ba
 ``--calls``), the pieces every inbound envelope goes through: ``decode_wire`` of a ping to nine
 recipients (envelope and payload checks), ``SeenCache.remember`` into a cache holding 10,000 live
 entries, the ping's payload check, the accepted ACK's build on the receiver and its read on the sender,
-and ``RateLimiter.wait_s`` of one peer among ten; and the argument check every MCP tool call goes through,
+``RateLimiter.wait_s`` of one peer among ten, a decoded ping through ``Receiver.receive_now`` with a node-like
+apply, and on the sender one ACK deadline armed and settled; and the argument check every MCP tool call goes through,
 ``ArgValidator.check``, of a memory_store and of a 100-link memory_link_many. The code at ``--base`` is
 unpacked with ``git archive`` into a temporary directory; child processes alternate between it and this
 tree round by round, so drift on a shared machine falls on both. Prints p50 / p95 / p99 of the per-call
@@ -16,6 +17,7 @@ figures over the rounds and the ratio of this tree's p50 to the base's.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -87,6 +89,70 @@ def child(calls: int) -> dict[str, float]:
         limiter.wait_s(peers[i % PEERS])
     out["RateLimiter.wait_s"] = (time.perf_counter() - t0) / calls * 1e6
     out.update(_tool_args(calls))
+    try:
+        import uvloop  # the nodes' loop (its timers are what the ACK deadline piece arms)
+        factory: Any = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        out.update(runner.run(_in_loop(calls)))
+    return out
+
+
+async def _in_loop(calls: int) -> dict[str, float]:
+    """Pieces that need a running loop: a decoded ping through ``Receiver.receive_now`` with the node's ping
+    apply (``Federation.apply_now`` where the tree has it, else the coroutine stepped inline), and on the sender
+    one send's ACK deadline armed and settled by its ACK (``PeerLink._arm_ack_timer`` + ``_on_ack``)."""
+    import inspect
+    import ssl
+
+    from a2a import Ack, Backoff, SeenCache, new_envelope, validate_payload
+    from mesh.link import PeerLink
+    from mesh.receive import Receiver
+    from node.ratelimit import RateLimiter
+
+    me, peer = "ai:bench-2@lab", "ai:bench-1@lab"
+    limiter = RateLimiter(10 ** 9)
+
+    def apply_now(env: Any, sender: str) -> Any:
+        if env.payload.get("kind") != "ping":
+            return None
+        if limiter.wait_s(sender):
+            return Ack.rejected(env.correlation_id, me, "rate_limited")
+        validate_payload(env.payload)
+        return Ack.ok(env.correlation_id, me)
+
+    async def apply_payload(payload: Any) -> None:
+        validate_payload(payload)
+
+    async def apply(env: Any, sender: str) -> Any:  # Federation.apply's shape for a ping
+        if limiter.wait_s(sender):
+            return Ack.rejected(env.correlation_id, me, "rate_limited")
+        await apply_payload(env.payload)
+        return Ack.ok(env.correlation_id, me)
+
+    now_ms = int(time.time() * 1000)
+    extra = {"apply_now": apply_now} if "apply_now" in inspect.signature(Receiver).parameters else {}
+    receiver = Receiver(me, SeenCache(maxsize=SEEN_LIVE * 4), apply, max_bytes=1 << 20,
+                        clock_ms=lambda: int(time.time() * 1000), **extra)
+    envs = [new_envelope(peer, [me], {"kind": "ping", "sent_at": now_ms}, now_ms, 600_000) for _ in range(calls)]
+    t0 = time.perf_counter()
+    for env in envs:
+        receiver.receive_now(env, peer)
+    out = {"Receiver.receive_now (ping, node-like apply)": (time.perf_counter() - t0) / calls * 1e6}
+
+    link = PeerLink(me, "https://127.0.0.1:1", ssl.create_default_context(), pinned=dict, backoff=Backoff(0.1, 1.0),
+                    ack_timeout_s=10.0, max_bytes=1 << 20)
+    loop = asyncio.get_running_loop()
+    cids = [str(uuid.uuid4()) for _ in range(calls)]
+    acks = [Ack.ok(cid, me) for cid in cids]
+    t0 = time.perf_counter()
+    for cid, ack in zip(cids, acks, strict=True):
+        fut = link._future(cid, loop)  # noqa: SLF001
+        link._arm_ack_timer(cid, fut, loop.time() + 10.0, 10.0)  # noqa: SLF001
+        link._on_ack(ack)  # noqa: SLF001
+    out["ACK deadline armed and settled (sender, per peer)"] = (time.perf_counter() - t0) / calls * 1e6
+    link._mark_down()  # noqa: SLF001
     return out
 
 

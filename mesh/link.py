@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
+import itertools
 import logging
 import re
 import ssl
@@ -58,6 +60,11 @@ REFUSAL_BODY_MAX = 64 * 1024
 REFUSAL_MESSAGE_MAX = 500
 _ERROR_CODE = re.compile(r"[a-z][a-z0-9_:]{0,63}")
 # Errors raised by a trust decision (theirs or ours): worth a warning, an operator must act.
+# The ACK deadline queue (one per link) is rebuilt from the sends still waiting once it holds more than
+# this many settled entries beyond twice the waiting ones.
+DEADLINE_SLACK = 64
+# A deadline timer may fire this early (libuv's timers run in whole milliseconds): sends due within it are due.
+DEADLINE_EARLY_S = 0.001
 _TRUST_CODES = frozenset({"peer_key_mismatch", "peer_identity_mismatch", "not_a_member", "no_agent_san",
                           "ambiguous_agent_san", "no_client_certificate", "refused"})
 
@@ -206,8 +213,13 @@ class PeerLink:
         self.batch_frames = False
         self._up = asyncio.Event()
         self._pending: dict[str, asyncio.Future[Ack]] = {}
-        # send_wire's ACK deadline per correlation_id: cancelled when the ACK comes or the link goes down.
-        self._ack_timers: dict[str, tuple[asyncio.TimerHandle, asyncio.Future[Ack]]] = {}
+        # send_wire's ACK deadlines: a heap of (deadline, seq, correlation_id, future, timeout) swept by one loop
+        # timer set for the earliest (a timer per send cost a TimerHandle and its cancel per peer per envelope).
+        # An entry whose future is settled (its ACK came, the link went down) is dropped when it reaches the top.
+        self._deadlines: list[tuple[float, int, str, asyncio.Future[Ack], float]] = []
+        self._deadline_seq = itertools.count()
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
         self._session: aiohttp.ClientSession | None = None
         self._on_up: list[Callable[[], None]] = []
 
@@ -218,6 +230,11 @@ class PeerLink:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def ack_deadlines_waiting(self) -> int:
+        """send_wire calls whose ACK deadline still runs (their future is not settled)."""
+        return sum(1 for entry in self._deadlines if not entry[3].done())
 
     async def run(self) -> None:
         """Keep the link up until ``close()``; owned by the node's task group."""
@@ -347,9 +364,6 @@ class PeerLink:
             log.warning("unexpected_envelope", extra={"ev": {"peer": self.agent_id,
                                                              "correlation_id": msg.correlation_id}})
             return
-        timer = self._ack_timers.pop(msg.correlation_id, None)
-        if timer is not None:
-            timer[0].cancel()
         fut = self._pending.pop(msg.correlation_id, None)
         if fut is not None and not fut.done():
             self.last_ack_at = time.time()
@@ -362,9 +376,10 @@ class PeerLink:
             if not fut.done():
                 fut.set_exception(MeshError("link_down", f"link to {self.agent_id} went down before the ACK"))
         self._pending.clear()
-        for timer, _ in self._ack_timers.values():
-            timer.cancel()
-        self._ack_timers.clear()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
 
     async def send(self, env: Envelope, *, timeout_s: float | None = None) -> Ack:
         """Send one envelope and wait for its ACK (at most ``timeout_s``, default the ACK timeout).
@@ -379,14 +394,17 @@ class PeerLink:
         ACK timeout), as ``send`` does, with the same errors.
 
         While the link is up and the socket takes the frame at once, this writes it now and returns the
-        future the ACK settles, bounded by one timer: a caller fanning out with ``asyncio.gather`` spends no
-        task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns a coroutine that waits.
+        future the ACK settles, bounded by the link's ACK deadline queue: a caller fanning out with
+        ``asyncio.gather`` spends no task, no coroutine and no ``asyncio.timeout`` per peer. Otherwise it returns
+        a coroutine that waits.
         """
         timeout = self.ack_timeout_s if timeout_s is None else timeout_s
         ws = self._ws
         if ws is None or ws.closed or not self._up.is_set():
             return self._send_wire_waiting(correlation_id, frame, timeout)
-        loop = asyncio.get_running_loop()
+        # the socket's loop (its end future's): asyncio.get_running_loop() is a getpid() system call in 3.11,
+        # once per peer per envelope here
+        loop = ws.ended.get_loop() if isinstance(ws, _LinkWebSocket) else asyncio.get_running_loop()
         deadline = loop.time() + timeout
         fut = self._future(correlation_id, loop)
         sending = ws.send_bytes(frame)
@@ -410,15 +428,36 @@ class PeerLink:
 
     def _arm_ack_timer(self, correlation_id: str, fut: asyncio.Future[Ack], deadline: float, timeout: float) -> None:
         """End ``fut`` as ``ack_timeout`` at ``deadline`` (loop time) unless its ACK comes first."""
+        heap = self._deadlines
+        while heap and heap[0][3].done():  # answered already (usually the previous send's entry)
+            heapq.heappop(heap)
+        if len(heap) > 2 * len(self._pending) + DEADLINE_SLACK:  # settled entries below the top: keep it bounded
+            heap[:] = [entry for entry in heap if not entry[3].done()]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (deadline, next(self._deadline_seq), correlation_id, fut, timeout))
+        if self._deadline_timer is None or deadline < self._deadline_at:
+            self._set_deadline_timer(fut.get_loop(), deadline)
+
+    def _set_deadline_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         # the future's loop: asyncio.get_running_loop() makes a getpid() system call on each call in 3.11
-        timer = fut.get_loop().call_at(deadline, self._ack_late, correlation_id, fut, timeout)
-        # A second send of an id still waiting keeps the first's timer here; its own only ends a settled future.
-        self._ack_timers.setdefault(correlation_id, (timer, fut))
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = at
+        self._deadline_timer = loop.call_at(at, self._deadlines_due, loop)
+
+    def _deadlines_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The deadline timer: every send due by now without its ACK ends as ``ack_timeout``; the timer is set
+        again for the earliest still waiting."""
+        self._deadline_timer = None
+        heap, now = self._deadlines, loop.time() + DEADLINE_EARLY_S
+        while heap and (heap[0][0] <= now or heap[0][3].done()):
+            _, _, correlation_id, fut, timeout = heapq.heappop(heap)
+            if not fut.done():
+                self._ack_late(correlation_id, fut, timeout)
+        if heap:
+            self._set_deadline_timer(loop, heap[0][0])
 
     def _ack_late(self, correlation_id: str, fut: asyncio.Future[Ack], timeout: float) -> None:
-        entry = self._ack_timers.get(correlation_id)
-        if entry is not None and entry[1] is fut:
-            del self._ack_timers[correlation_id]
         if self._pending.get(correlation_id) is fut:
             del self._pending[correlation_id]
         if not fut.done():

@@ -5,9 +5,10 @@ An ACK with ``accepted=true`` is only produced after the apply committed: it mea
 Each apply is bounded by ``apply_timeout_s``: a stuck storage writer costs one message a timeout (no
 ACK, so the sender retries; the apply is idempotent), never the whole receive path.
 
-Duplicates, rejections and protocol errors never reach the apply and are answered at once. For the
-kinds in ``inline_kinds`` (ping: no storage, no hooks) ``receive_now`` steps the apply in the caller until
-its first wait, so such a message costs no task and no timer. Every other kind's apply runs from its
+Duplicates, rejections and protocol errors never reach the apply and are answered at once. A node also
+gives an ``apply_now``, a plain function that settles what needs no waiting (a ping) with no coroutine at
+all; for the kinds in ``inline_kinds`` that it leaves (None) ``receive_now`` steps the apply in the caller
+until its first wait, so such a message costs no task and no timer. Every other kind's apply runs from its
 start inside the task that awaits it (hooks and storage use task-bound timeouts).
 """
 
@@ -31,6 +32,9 @@ log = logging.getLogger("mesh.receive")
 # ``receive_now``): there it must not enter ``asyncio.timeout``/``TaskGroup`` or use ``current_task()``
 # (they raise); other kinds run wholly inside the task that awaits them.
 Apply = Callable[[Envelope, str], Coroutine[Any, Any, Ack]]
+# The same apply as a plain function for what it can settle without waiting: the ACK ``Apply`` would answer
+# (or the exception it would raise), or None to run ``Apply``.
+ApplyNow = Callable[[Envelope, str], Ack | None]
 
 # Default bound on one apply, in seconds: above federation.orphan_hold_s (a link waiting for its memory)
 # plus a slow group commit, below the 60 s TTL so the sender's retries still land.
@@ -98,12 +102,13 @@ def _step_outside_task(coro: Coroutine[Any, Any, Ack]) -> Any:
 class Receiver:
     def __init__(self, local_agent_id: str, seen: SeenCache, apply: Apply, *, max_bytes: int,
                  clock_ms: Callable[[], int], apply_timeout_s: float = APPLY_TIMEOUT_S,
-                 inline_kinds: frozenset[str] = INLINE_KINDS) -> None:
+                 inline_kinds: frozenset[str] = INLINE_KINDS, apply_now: ApplyNow | None = None) -> None:
         if not apply_timeout_s > 0:
             raise ValueError(f"apply_timeout_s must be > 0, got {apply_timeout_s!r}")
         self.local_agent_id = local_agent_id
         self.seen = seen
         self.apply = apply
+        self.apply_now = apply_now
         self.apply_timeout_s = apply_timeout_s
         self.inline_kinds = inline_kinds
         self.max_bytes = max_bytes
@@ -180,6 +185,13 @@ class Receiver:
             return Received(ack=ack_for(decision, env, self.local_agent_id), decision=decision, envelope=env)
         self.counters["accept"] += 1
         self._inflight[cid] = None
+        if self.apply_now is not None:
+            try:
+                ack = self.apply_now(env, tls_identity)
+            except Exception as e:
+                return self._settle(env, decision, tls_identity, None, e)
+            if ack is not None:
+                return self._settle(env, decision, tls_identity, ack, None)
         coro = self.apply(env, tls_identity)
         if env.payload.get("kind") not in self.inline_kinds:
             return self._finish(env, decision, tls_identity, coro)

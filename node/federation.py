@@ -429,20 +429,40 @@ class Federation:
 
     async def apply(self, env: Envelope, sender: str) -> Ack:
         """The mesh receiver's apply: commit the change, then answer Ack.ok / Ack.rejected(code)."""
-        cid, me = env.correlation_id, self.agent_id
-        if self.peer_rate is not None:
-            if self.peer_rate.wait_s(sender):
-                self.counters["rejected:rate_limited"] += 1
-                return Ack.rejected(cid, me, "rate_limited")
-            packed = env.payload.get("links") if env.payload.get("kind") == "links.put" else None
-            if isinstance(packed, list):
-                # A links.put is as many messages as it carries links: the envelope got in on one token,
-                # the rest is charged now (into debt, so the peer's next messages wait for it).
-                self.peer_rate.charge(sender, len(packed) - 1)
+        limited = self._rate_limited(env, sender)
+        if limited is not None:
+            return limited
         applied = await self.apply_payload(env.payload, sender)
         if applied.code is None:
-            return Ack.ok(cid, me)
-        return Ack.rejected(cid, me, applied.code)
+            return Ack.ok(env.correlation_id, self.agent_id)
+        return Ack.rejected(env.correlation_id, self.agent_id, applied.code)
+
+    def apply_now(self, env: Envelope, sender: str) -> Ack | None:
+        """``apply`` for a ping, without a coroutine (a ping stores nothing and waits for nothing): the same
+        rate limit, payload check and ACK, or the same ProtocolError. None for every other kind (``apply``
+        then runs)."""
+        if env.payload.get("kind") != "ping":
+            return None
+        limited = self._rate_limited(env, sender)
+        if limited is not None:
+            return limited
+        validate_payload(env.payload)
+        return Ack.ok(env.correlation_id, self.agent_id)
+
+    def _rate_limited(self, env: Envelope, sender: str) -> Ack | None:
+        """Spend ``sender``'s token for ``env`` (a links.put spends one per link); the rate_limited ACK when
+        none is left."""
+        if self.peer_rate is None:
+            return None
+        if self.peer_rate.wait_s(sender):
+            self.counters["rejected:rate_limited"] += 1
+            return Ack.rejected(env.correlation_id, self.agent_id, "rate_limited")
+        packed = env.payload.get("links") if env.payload.get("kind") == "links.put" else None
+        if isinstance(packed, list):
+            # A links.put is as many messages as it carries links: the envelope got in on one token,
+            # the rest is charged now (into debt, so the peer's next messages wait for it).
+            self.peer_rate.charge(sender, len(packed) - 1)
+        return None
 
     async def apply_payload(self, payload: Any, sender: str) -> Applied:
         """Validate and apply one payload from ``sender`` (live or pulled); ProtocolError when malformed."""

@@ -23,6 +23,7 @@ import orjson
 from a2a import Backoff, RetrySchedule, SeenCache
 from mesh import tls
 from mesh.errors import MeshError
+from mesh.heap import keep_tls_reads_on_the_heap
 from mesh.link import LinkState, PeerLink
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
@@ -57,7 +58,8 @@ class Node:
         ident = service.identity
         assert ident is not None
         self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
-                                 clock_ms=service.clock, apply_timeout_s=cfg.a2a.apply_timeout_s)
+                                 clock_ms=service.clock, apply_timeout_s=cfg.a2a.apply_timeout_s,
+                                 apply_now=self.fed.apply_now)
         key_path = ident.priv_path
         self.server_ssl = tls.server_context(cfg.cert_path, key_path, cfg.ca_cert_path)
         self.client_ssl = tls.client_context(cfg.cert_path, key_path, cfg.ca_cert_path)
@@ -367,6 +369,7 @@ def run_serve(cfg: NodeConfig) -> int:
     # default 5 ms GIL switch interval each hand-off can wait that long. bench/storage_bench.py
     # --switch-interval shows the effect (group-commit inserts/s roughly 1.7x at 0.5 ms here).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    keep_tls_reads_on_the_heap()  # no mmap/munmap per TLS read (mesh/heap.py)
     try:
         import uvloop
     except ImportError:

@@ -7,7 +7,10 @@ or expiry. Rows survive crashes, so a restarted node resumes where it stopped.
 Where rows come from: a write made by this process hands its rows to the worker in memory once
 committed (``hand_off``), so the hot path reads nothing back; the worker also polls the database
 (every ``POLL_S``, at start, on a link coming up, and while a backlog remains) for what the hand-off
-does not carry: retries coming due, rows from before a restart, rows written by the CLI. The
+does not carry: retries coming due, rows from before a restart, rows written by the CLI. The periodic
+polls of all workers fall on one grid of ``POLL_S`` ticks and share one read per tick of which peers hold
+due rows (``storage.outbox.peers_due``): only those read their rows, so an idle node makes one read a tick,
+not one per peer. The
 database stays the truth: a row is deleted only on its ACK, and a hand-off lost with the process is
 found by the next start's poll. A group of rows goes out through one ``send_many`` call (the link
 coalesces it into batch frames where the peer supports them) and its ACKs are deleted in one writer job.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,6 +58,8 @@ HANDOFF_MAX = 4 * SEND_WINDOW
 ATTEMPTED_MEMORY = 4 * SEND_WINDOW
 # Poll interval: picks up rows written by other processes (the CLI) and retries coming due.
 POLL_S = 0.5
+# The shared periodic read looks at no more due rows than this; past it every worker reads its own.
+DUE_PEERS_SCAN = 1024
 
 OnAck = Callable[[str, Sequence[str]], Awaitable[None]]
 
@@ -97,6 +103,9 @@ class OutboxSender:
         # The open ACK batch per peer: the ACKs settled in one loop turn join it (see _record_acks).
         self._ack_batches: dict[str, _AckBatch] = {}
         self._stopping = False
+        # The shared periodic read: the POLL_S tick it was made in, and its answer (or the read in flight).
+        self._due_tick = -1
+        self._due_read: asyncio.Future[frozenset[str] | None] | None = None
         self.delivered = 0
         self.dead_lettered = 0
         # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it. A row sent in a group
@@ -159,9 +168,11 @@ class OutboxSender:
                 rows = self._take_fresh(state, room, budget)
                 room -= len(rows)
                 if room > 0 and budget.left > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
+                    periodic = not (state.poll_wanted or state.backlog)
                     state.poll_wanted = False
-                    next_poll = loop.time() + POLL_S
-                    rows += await self._poll(peer, state, room, rows, budget)
+                    next_poll = (math.floor(loop.time() / POLL_S) + 1) * POLL_S  # the next tick of the grid
+                    if not periodic or self._maybe_due(peer, await self._peers_due(loop)):
+                        rows += await self._poll(peer, state, room, rows, budget)
                 for group in _groups(rows):
                     state.inflight.update(r.id for r in group)
                     state.inflight_bytes += sum(len(r.envelope) for r in group)
@@ -170,6 +181,18 @@ class OutboxSender:
                     await asyncio.wait_for(state.wake.wait(), max(0.0, next_poll - loop.time()))
                 except TimeoutError:
                     pass
+
+    async def _peers_due(self, loop: asyncio.AbstractEventLoop) -> frozenset[str] | None:
+        """The peers holding due rows, read once for all the workers whose periodic poll falls in this tick."""
+        tick = math.floor(loop.time() / POLL_S)
+        if self._due_read is None or self._due_tick != tick:
+            self._due_tick = tick
+            self._due_read = asyncio.ensure_future(self.db.read(outbox.peers_due, self.clock_ms(), DUE_PEERS_SCAN))
+        return await asyncio.shield(self._due_read)  # one worker stopping does not cancel the others' read
+
+    @staticmethod
+    def _maybe_due(peer: str, due: frozenset[str] | None) -> bool:
+        return due is None or peer in due
 
     def _take_fresh(self, state: _Peer, room: int, budget: _Budget) -> list[OutboxRow]:
         rows: list[OutboxRow] = []

@@ -108,6 +108,16 @@ def due_for_peer(conn: sqlite3.Connection, peer: str, now_ms: int, limit: int = 
     return [_out(r) for r in rows]
 
 
+def peers_due(conn: sqlite3.Connection, now_ms: int, scan: int) -> frozenset[str] | None:
+    """The peers holding a row whose next attempt is at or before ``now_ms``, read from at most ``scan`` such
+    rows (through the due index); None when there are more (then any peer may hold one)."""
+    rows = conn.execute("SELECT peer FROM a2a_outbox WHERE next_attempt_at <= ? LIMIT ?",
+                        (now_ms, scan + 1)).fetchall()
+    if len(rows) > scan:
+        return None
+    return frozenset(r[0] for r in rows)
+
+
 def pending_for_peer(conn: sqlite3.Connection, peer: str, limit: int = 100) -> list[OutboxRow]:
     """Everything queued for ``peer``, oldest first (e.g. to flush on reconnect)."""
     rows = conn.execute(f"SELECT {_OUT} FROM a2a_outbox WHERE peer = ? ORDER BY id LIMIT ?", (peer, limit))

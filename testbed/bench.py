@@ -29,6 +29,7 @@ from typing import Any
 
 from a2a import Backoff, new_envelope
 from mesh import keys, tls
+from mesh.heap import keep_tls_reads_on_the_heap
 from mesh.link import LinkState, PeerLink
 from node.config import load_config
 from testbed import everything_on as everything
@@ -287,6 +288,7 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
         raise TestbedError("bad_messages", f"--messages must be at least 1, got {messages}")
     warmup = min(100, max(5, messages // 10)) if warmup is None else warmup
     floor.new_loop_policy()
+    keep_tls_reads_on_the_heap()  # the sender's reads (mesh/heap.py), for its mesh and floor runs alike
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     nats_missing = "not run under --netem (nats-server stays on 127.0.0.1)" if em else nats_peer.unavailable()

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from mesh import tls
+from mesh.heap import keep_tls_reads_on_the_heap
 from testbed import procs
 
 HEADER = struct.Struct("!I")
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ca", type=Path, required=True)
     args = p.parse_args(argv)
     new_loop_policy()
+    keep_tls_reads_on_the_heap()  # as the nodes do: the floor's reads do not pay an mmap either
     asyncio.run(serve(args.cert, args.key, args.ca))
     return 0
 

@@ -35,7 +35,7 @@ async def test_a_fan_of_send_wire_calls_is_acked_and_leaves_no_pending_state(pki
         acks = await asyncio.gather(*(p.link.send_wire(e.correlation_id, e.to_wire()) for e in envs))
         assert [a.correlation_id for a in acks] == [e.correlation_id for e in envs]
         assert all(a.accepted for a in acks)
-        assert p.link.in_flight == 0 and not p.link._ack_timers  # noqa: SLF001
+        assert p.link.in_flight == 0 and p.link.ack_deadlines_waiting == 0
 
 
 async def test_send_wire_without_an_ack_ends_as_ack_timeout_and_the_link_still_works(pki) -> None:
@@ -50,7 +50,7 @@ async def test_send_wire_without_an_ack_ends_as_ack_timeout_and_the_link_still_w
         with pytest.raises(MeshError) as info:
             await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2)
         assert info.value.code == "ack_timeout"
-        assert p.link.in_flight == 0 and not p.link._ack_timers  # noqa: SLF001
+        assert p.link.in_flight == 0 and p.link.ack_deadlines_waiting == 0
         never.set()
 
 
@@ -78,7 +78,7 @@ async def test_a_link_lost_while_waiting_for_the_ack_is_link_down(pki) -> None:
         with pytest.raises(MeshError) as info:
             await waiting
         assert info.value.code == "link_down"
-        assert not p.link._ack_timers  # noqa: SLF001
+        assert p.link.ack_deadlines_waiting == 0
         never.set()
 
 
@@ -172,3 +172,45 @@ async def test_accepted_acks_are_matched_without_a_decode_and_others_take_the_fu
         assert first == Ack.ok(env.correlation_id, SERVER_ID) and decoded == []
         again = await p.link.send_wire(env.correlation_id, env.to_wire())  # remembered: a duplicate ACK
         assert again == Ack.duplicate(env.correlation_id, SERVER_ID) and len(decoded) == 1
+
+
+async def test_ack_deadlines_each_end_their_own_send_and_the_queue_stays_bounded(pki) -> None:
+    """One timer per link serves every send's ACK deadline: a send without an ACK ends as ack_timeout at its own
+    deadline (a later send with a shorter timeout ends first), the ACKed ones around it are not touched, and many
+    sends leave only what still waits in the queue."""
+    never = asyncio.Event()
+    stuck: set[str] = set()
+
+    async def apply(env: Envelope, sender: str) -> Ack:
+        if env.correlation_id in stuck:
+            await never.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, apply, apply_timeout_s=5.0) as p:
+        long_env, short_env = _live(), _live()
+        stuck.update({long_env.correlation_id, short_env.correlation_id})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        ended: dict[str, float] = {}
+
+        async def timed(env: Envelope, timeout_s: float) -> str:
+            try:
+                await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=timeout_s)
+            except MeshError as e:
+                ended[env.correlation_id] = loop.time() - started
+                return e.code
+            return "acked"
+
+        long_wait = asyncio.ensure_future(timed(long_env, 1.0))
+        short_wait = asyncio.ensure_future(timed(short_env, 0.3))
+        for _ in range(300):  # ACKed sends around them, one after another
+            env = _live()
+            assert (await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=5.0)).accepted
+        assert len(p.link._deadlines) <= 2 * p.link.in_flight + 64 + 1  # noqa: SLF001
+        assert await short_wait == "ack_timeout" and await long_wait == "ack_timeout"
+        assert 0.3 <= ended[short_env.correlation_id] < ended[long_env.correlation_id]
+        assert 1.0 <= ended[long_env.correlation_id] < 4.0
+        assert p.link.in_flight == 0 and p.link.ack_deadlines_waiting == 0
+        env = _live()
+        assert (await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=1.0)).accepted
+        never.set()

@@ -105,3 +105,40 @@ def test_apply_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Receiver(ME, SeenCache(100, clock=lambda: NOW), _stuck_for(set(), asyncio.Event(), []),
                  max_bytes=1 << 20, clock_ms=lambda: NOW, apply_timeout_s=0)
+
+
+async def test_apply_now_settles_what_it_answers_and_leaves_the_rest_to_apply() -> None:
+    from a2a import ProtocolError
+
+    applied: list[str] = []
+    now_answers: dict[str, object] = {}
+
+    async def apply(env, sender):
+        applied.append(env.correlation_id)
+        await asyncio.sleep(0)
+        return Ack.ok(env.correlation_id, ME)
+
+    def apply_now(env, sender):
+        answer = now_answers[env.correlation_id]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    r = Receiver(ME, SeenCache(100, clock=lambda: NOW), apply, max_bytes=1 << 20, clock_ms=lambda: NOW,
+                 apply_now=apply_now)
+    ok, bad, broken, later = (new_envelope(PEER, [ME], {"kind": "ping"}, NOW, 60_000) for _ in range(4))
+    now_answers.update({ok.correlation_id: Ack.ok(ok.correlation_id, ME),
+                        bad.correlation_id: ProtocolError("bad_payload", "no", correlation_id=bad.correlation_id),
+                        broken.correlation_id: OSError("disk"), later.correlation_id: None})
+
+    settled = r.receive_now(ok, PEER)  # no coroutine: settled in the call, remembered as applied
+    assert not asyncio.iscoroutine(settled) and settled.ack.accepted and ok.correlation_id in r.seen
+    rejected = r.receive_now(bad, PEER)
+    assert rejected.ack.reason == "rejected:bad_payload" and bad.correlation_id not in r.seen
+    failed = r.receive_now(broken, PEER)
+    assert failed.ack is None and r.counters["apply_failed"] == 1 and broken.correlation_id not in r.seen
+    assert applied == []
+    waited = await r.receive_envelope(later, PEER)  # None: the coroutine apply runs
+    assert waited.ack.accepted and applied == [later.correlation_id]
+    duplicate = r.receive_now(ok, PEER)
+    assert duplicate.ack.is_duplicate and not r._inflight

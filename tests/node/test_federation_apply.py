@@ -368,3 +368,38 @@ async def test_a_links_put_costs_its_peer_one_message_per_link(svc: Service, pee
     assert ack.reason == "rejected:rate_limited" and not ack.permanent
     ping = _env(OTHER, {"kind": "ping", "sent_at": now_ms()})
     assert (await svc.replicator.apply(ping, OTHER)).accepted  # the budget is per peer
+
+
+async def test_apply_now_answers_a_ping_as_apply_does_and_leaves_other_kinds_to_it(tmp_path: Path) -> None:
+    """The receiver settles pings with ``apply_now`` (no coroutine): for every ping, good or bad, within the peer's
+    rate or past it, it must give what ``apply`` gives (the same ACK or the same ProtocolError, the same counters
+    and tokens spent), and leave every other kind to ``apply`` without spending a token."""
+    from node.ratelimit import RateLimiter
+
+    pings = [{"kind": "ping"}, {"kind": "ping", "sent_at": 5}, {"kind": "ping", "sent_at": -1},
+             {"kind": "ping", "sent_at": "soon"}, {"kind": "ping", "extra": 1}, {"kind": "ping", "sent_at": True},
+             {"kind": "ping"}, {"kind": "ping", "sent_at": 2**62}]
+    outcomes = {}
+    for way in ("apply", "apply_now"):
+        cfg = make_config(tmp_path / way, limits={"peer_requests_per_second": 5})
+        keys.generate_identity(cfg.keys_dir, AGENT)
+        s = await open_service(cfg, require_identity=True)
+        s.replicator.peer_rate = RateLimiter(5, clock=lambda: 0.0)  # five tokens, none comes back
+        try:
+            assert s.replicator.apply_now(_env(PEER, _mput(_memory(M1))), PEER) is None
+            got = []
+            for payload in pings:
+                env = new_envelope(PEER, [AGENT], payload, now_ms(), 60_000)
+                try:
+                    ack = (await s.replicator.apply(env, PEER)) if way == "apply" else s.replicator.apply_now(env, PEER)
+                    assert ack is not None
+                    got.append((ack.accepted, ack.reason, ack.correlation_id == env.correlation_id, ack.recipient))
+                except ProtocolError as e:
+                    got.append((e.code, e.message))
+            outcomes[way] = (got, dict(s.replicator.counters), s.replicator.peer_rate.refused)
+        finally:
+            await s.close()
+    assert outcomes["apply_now"] == outcomes["apply"]
+    got, counters, refused = outcomes["apply"]
+    assert got[0] == (True, None, True, AGENT) and refused == 3 and counters["rejected:rate_limited"] == 3
+    assert any(len(g) == 2 for g in got[:5])  # some pings were malformed (and still spent their token)

@@ -228,3 +228,53 @@ async def test_envelope_bytes_in_flight_stay_within_the_window_handed_over_or_po
         assert link2.sent == [huge.correlation_id]
     finally:
         await db.close()
+
+
+async def test_idle_workers_share_one_read_a_tick_and_a_row_written_behind_their_back_still_goes_out(
+        tmp_path: Path) -> None:
+    """Five idle peers: their periodic polls make one shared read of which peers hold due rows per POLL_S tick,
+    not one read each; a row another process writes for one of them (the CLI) is found by the next tick and
+    sent, and the shared read never hides a due row (past DUE_PEERS_SCAN rows every peer reads its own)."""
+    from node import outbox as node_outbox
+
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    peers = [f"ai:p{i}@test" for i in range(5)]
+    links = {p: AckingLink() for p in peers}
+    reads: list[str] = []
+    real_read = db.read
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        reads.append(fn.__name__)
+        return await real_read(fn, *args)
+
+    db.read = counted  # type: ignore[method-assign]
+
+    async def on_ack(peer: str, cids: Sequence[str]) -> None:
+        pass
+
+    sender = OutboxSender(db, links, RetrySchedule(), lambda: 1_000, on_ack)  # type: ignore[arg-type]
+    task = asyncio.create_task(sender.run())
+    try:
+        await asyncio.sleep(0.2)  # the start polls (one per peer, asked for) are done
+        reads.clear()
+        await asyncio.sleep(4 * node_outbox.POLL_S)
+        ticks = reads.count("peers_due")
+        assert 3 <= ticks <= 5 and reads.count("due_for_peer") == 0, reads
+        cid = str(uuid.uuid4())
+        await db.write(outbox.enqueue, cid, peers[3], "ping", b"\xa0", 10**13, 0, 1)  # behind the sender's back
+        for _ in range(40):  # bounded: two ticks and some
+            if links[peers[3]].sent:
+                break
+            await asyncio.sleep(0.05)
+        assert links[peers[3]].sent == [cid] and not any(links[p].sent for p in peers if p != peers[3])
+    finally:
+        sender.stop()
+        await asyncio.wait_for(task, 5)
+    try:
+        for i in range(3):
+            await db.write(outbox.enqueue, str(uuid.uuid4()), peers[i], "ping", b"\xa0", 10**13, 500, 1)
+        assert await real_read(outbox.peers_due, 1_000, 3) == frozenset(peers[:3])
+        assert await real_read(outbox.peers_due, 1_000, 2) is None  # more due rows than scanned: any peer may
+        assert await real_read(outbox.peers_due, 499, 10) == frozenset()  # none due yet
+    finally:
+        await db.close()
