@@ -1,0 +1,95 @@
+"""The hand-off of ``Database.read``: to a reader thread and back, with nothing to read, in one run.
+
+    flock /tmp/bench.lock .venv/bin/python bench/read_hop_bench.py [--calls 20000]
+
+Every recall hops from the event loop to a reader thread and back. Ways of making that hop, on the
+same open database (a real SQLite file), the same reader function (``Database._run_read``: its thread's
+read-only connection, BEGIN, the job, ROLLBACK) and the same uvloop loop, taking turns in blocks of
+BLOCK calls (a node uses one way all the time, and which way ran just before moves a call-by-call
+comparison: a thread idle for one call wakes faster than one idle for two):
+
+- ``Database.read``: its reader threads (storage/db.py ``ReaderThreads``: two threads taking (future, fn,
+  args) from one SimpleQueue, each result back through one ``call_soon_threadsafe``);
+- ``run_in_executor`` on a ThreadPoolExecutor of two threads, as ``Database.read`` hopped before.
+
+The job does nothing (``lambda conn: None``), so what is timed is the hop, BEGIN and ROLLBACK. The node's
+GIL switch interval is set as a running node sets it. Prints p50 / p95 / p99 per way and the ratios.
+The executor's threads open their own reader connections, as ``Database``'s do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import uvloop  # noqa: E402
+from storage_bench import summarize  # noqa: E402
+
+from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
+from storage import Database  # noqa: E402
+
+BLOCK = 1_000
+
+
+def nothing(conn: Any) -> None:
+    return None
+
+
+async def run(calls: int) -> dict[str, dict[str, float]]:
+    with tempfile.TemporaryDirectory(prefix="read-hop-") as tmp:
+        db = await Database.open(Path(tmp) / "memory.db")
+        run_read = db._run_read  # noqa: SLF001 - the very reader function Database.read runs
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="executor-reader")
+        loop = asyncio.get_running_loop()
+        ways = {
+            "Database.read (reader threads)": lambda: db.read(nothing),
+            "run_in_executor (before)": lambda: loop.run_in_executor(pool, run_read, nothing, ()),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in ways}
+        try:
+            for name in ways:  # warm: both pools' threads and their connections
+                for _ in range(200):
+                    await ways[name]()
+            names = list(ways)
+            for r in range(max(1, calls // BLOCK)):
+                for k in range(len(names)):
+                    name = names[(r + k) % len(names)]
+                    for _ in range(min(BLOCK, calls)):
+                        t0 = time.perf_counter()
+                        await ways[name]()
+                        samples[name].append(time.perf_counter() - t0)
+        finally:
+            pool.shutdown()
+            await db.close()
+    return {name: summarize(s) for name, s in samples.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=20_000, help="calls per way (default 20000)")
+    args = ap.parse_args()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    stats = uvloop.run(run(args.calls))
+    print(f"### Database.read hand-off ({args.calls} calls each, a no-op read)\n")
+    print("| way | p50 ms | p95 ms | p99 ms |\n|---|---:|---:|---:|")
+    for name, s in stats.items():
+        print(f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['p99_ms']} |")
+    old = stats["run_in_executor (before)"]
+    for name, new in stats.items():
+        if new is not old:
+            print(f"\n{name} / run_in_executor: p50 {new['p50_ms'] / old['p50_ms']:.2f}x, "
+                  f"p95 {new['p95_ms'] / old['p95_ms']:.2f}x, p99 {new['p99_ms'] / old['p99_ms']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
