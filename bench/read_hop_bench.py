@@ -1,6 +1,6 @@
 """The hand-off of ``Database.read``: to a reader thread and back, with nothing to read, in one run.
 
-    flock /tmp/bench.lock .venv/bin/python bench/read_hop_bench.py [--calls 20000]
+    flock /tmp/bench.lock .venv/bin/python bench/read_hop_bench.py [--calls 20000] [--db KEPT/home/data/memory.db]
 
 Every recall hops from the event loop to a reader thread and back. Ways of making that hop, on the
 same open database (a real SQLite file), the same reader function (``Database._run_read``: its thread's
@@ -12,7 +12,9 @@ comparison: a thread idle for one call wakes faster than one idle for two):
   args) from one SimpleQueue, each result back through one ``call_soon_threadsafe``);
 - ``run_in_executor`` on a ThreadPoolExecutor of two threads, as ``Database.read`` hopped before.
 
-The job does nothing (``lambda conn: None``), so what is timed is the hop, BEGIN and ROLLBACK. The node's
+The job does nothing (``lambda conn: None``), so what is timed is the hop, BEGIN and ROLLBACK; with ``--db``
+(the database of a home kept by ``recall_bench.py --keep``) it is ``memories.recall`` of the recall bench's
+queries in turn (limit 10, one shared DocFreqs), so each block runs every query once per way. The node's
 GIL switch interval is set as a running node sets it. Prints p50 / p95 / p99 per way and the ratios.
 The executor's threads open their own reader connections, as ``Database``'s do.
 """
@@ -33,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import uvloop  # noqa: E402
-from storage_bench import summarize  # noqa: E402
+from storage_bench import Corpus, summarize  # noqa: E402
 
 from node.node import GIL_SWITCH_INTERVAL_S  # noqa: E402
-from storage import Database  # noqa: E402
+from storage import Database, memories  # noqa: E402
 
 BLOCK = 1_000
 
@@ -45,15 +47,30 @@ def nothing(conn: Any) -> None:
     return None
 
 
-async def run(calls: int) -> dict[str, dict[str, float]]:
+async def run(calls: int, db_path: Path | None) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="read-hop-") as tmp:
-        db = await Database.open(Path(tmp) / "memory.db")
+        db = await Database.open(db_path or Path(tmp) / "memory.db")
         run_read = db._run_read  # noqa: SLF001 - the very reader function Database.read runs
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="executor-reader")
         loop = asyncio.get_running_loop()
+        if db_path is None:
+            jobs: list[tuple[Any, ...]] = [(nothing,)]
+        else:
+            corpus, df = Corpus(), memories.DocFreqs()
+            jobs = [(memories.recall, corpus.query(), 10, None, df) for _ in range(BLOCK)]
+        turn = {"i": 0}
+
+        def job() -> tuple[Any, ...]:
+            turn["i"] += 1
+            return jobs[turn["i"] % len(jobs)]
+
+        def executor_read() -> Any:
+            fn, *args = job()
+            return loop.run_in_executor(pool, run_read, fn, tuple(args))
+
         ways = {
-            "Database.read (reader threads)": lambda: db.read(nothing),
-            "run_in_executor (before)": lambda: loop.run_in_executor(pool, run_read, nothing, ()),
+            "Database.read (reader threads)": lambda: db.read(*job()),
+            "run_in_executor (before)": executor_read,
         }
         samples: dict[str, list[float]] = {name: [] for name in ways}
         try:
@@ -77,10 +94,12 @@ async def run(calls: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=20_000, help="calls per way (default 20000)")
+    ap.add_argument("--db", type=Path, default=None, help="a kept recall-bench database: time recalls, not no-ops")
     args = ap.parse_args()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    stats = uvloop.run(run(args.calls))
-    print(f"### Database.read hand-off ({args.calls} calls each, a no-op read)\n")
+    stats = uvloop.run(run(args.calls, args.db))
+    what = "a no-op read" if args.db is None else f"recall over {args.db}"
+    print(f"### Database.read hand-off ({args.calls} calls each, {what})\n")
     print("| way | p50 ms | p95 ms | p99 ms |\n|---|---:|---:|---:|")
     for name, s in stats.items():
         print(f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['p99_ms']} |")
