@@ -8,25 +8,29 @@ read-only connection, BEGIN, the job, ROLLBACK) and the same uvloop loop, taking
 BLOCK calls (a node uses one way all the time, and which way ran just before moves a call-by-call
 comparison: a thread idle for one call wakes faster than one idle for two):
 
-- ``Database.read``: its reader threads (storage/db.py ``ReaderThreads``: two threads taking (future, fn,
-  args) from one SimpleQueue, each result back through one ``call_soon_threadsafe``);
-- ``run_in_executor`` on a ThreadPoolExecutor of two threads, as ``Database.read`` hopped before.
+- ``Database.read``: ``run_in_executor`` on its ThreadPoolExecutor of two readers, as the node does (for
+  reads one after another the executor keeps to one thread, so to one connection);
+- the lighter hand-off tried for issue 16 and not kept: reader threads taking (future, fn, args) from one
+  SimpleQueue and settling the asyncio future with one ``call_soon_threadsafe``, with two threads (which
+  take reads one after another in turn) and with one.
 
 The job does nothing (``lambda conn: None``), so what is timed is the hop, BEGIN and ROLLBACK; with ``--db``
 (the database of a home kept by ``recall_bench.py --keep``) it is ``memories.recall`` of the recall bench's
 queries in turn (limit 10, one shared DocFreqs), so each block runs every query once per way. The node's
 GIL switch interval is set as a running node sets it. Prints p50 / p95 / p99 per way and the ratios.
-The executor's threads open their own reader connections, as ``Database``'s do.
+The queue's threads open their own reader connections, as ``Database``'s do.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
+import queue
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +51,40 @@ def nothing(conn: Any) -> None:
     return None
 
 
+class QueueReaders:
+    """The hand-off tried: ``n`` threads on one SimpleQueue, each result back by one call_soon_threadsafe."""
+
+    def __init__(self, n: int, run: Callable[[Callable[..., Any], tuple[Any, ...]], Any]) -> None:
+        self._run = run
+        self._jobs: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._main, daemon=True) for _ in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def read(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join()
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fut, fn, args = job
+            result = self._run(fn, args)
+            fut.get_loop().call_soon_threadsafe(fut.set_result, result)
+
+
 async def run(calls: int, db_path: Path | None) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="read-hop-") as tmp:
         db = await Database.open(db_path or Path(tmp) / "memory.db")
         run_read = db._run_read  # noqa: SLF001 - the very reader function Database.read runs
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="executor-reader")
-        loop = asyncio.get_running_loop()
+        two, one = QueueReaders(2, run_read), QueueReaders(1, run_read)
         if db_path is None:
             jobs: list[tuple[Any, ...]] = [(nothing,)]
         else:
@@ -64,13 +96,10 @@ async def run(calls: int, db_path: Path | None) -> dict[str, dict[str, float]]:
             turn["i"] += 1
             return jobs[turn["i"] % len(jobs)]
 
-        def executor_read() -> Any:
-            fn, *args = job()
-            return loop.run_in_executor(pool, run_read, fn, tuple(args))
-
         ways = {
-            "Database.read (reader threads)": lambda: db.read(*job()),
-            "run_in_executor (before)": executor_read,
+            "Database.read (run_in_executor)": lambda: db.read(*job()),
+            "SimpleQueue, two threads": lambda: two.read(*job()),
+            "SimpleQueue, one thread": lambda: one.read(*job()),
         }
         samples: dict[str, list[float]] = {name: [] for name in ways}
         try:
@@ -86,7 +115,8 @@ async def run(calls: int, db_path: Path | None) -> dict[str, dict[str, float]]:
                         await ways[name]()
                         samples[name].append(time.perf_counter() - t0)
         finally:
-            pool.shutdown()
+            two.stop()
+            one.stop()
             await db.close()
     return {name: summarize(s) for name, s in samples.items()}
 
@@ -103,10 +133,10 @@ def main() -> None:
     print("| way | p50 ms | p95 ms | p99 ms |\n|---|---:|---:|---:|")
     for name, s in stats.items():
         print(f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['p99_ms']} |")
-    old = stats["run_in_executor (before)"]
+    old = stats["Database.read (run_in_executor)"]
     for name, new in stats.items():
         if new is not old:
-            print(f"\n{name} / run_in_executor: p50 {new['p50_ms'] / old['p50_ms']:.2f}x, "
+            print(f"\n{name} / Database.read: p50 {new['p50_ms'] / old['p50_ms']:.2f}x, "
                   f"p95 {new['p95_ms'] / old['p95_ms']:.2f}x, p99 {new['p99_ms'] / old['p99_ms']:.2f}x")
 
 

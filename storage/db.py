@@ -9,10 +9,8 @@ COMMITs, and only then resolves the callers' futures: a resolved write is durabl
 synchronous=FULL by default: a commit survives an OS crash; NORMAL, when chosen, a process crash only).
 Jobs must not BEGIN/COMMIT themselves. A cancelled ``write`` may still commit.
 
-Reads: ``await db.read(fn, *args)`` runs ``fn(conn, *args)`` on one of a few reader threads, each with
-its own read-only connection, inside one read transaction (one consistent snapshot per call). The threads
-take jobs from one queue and hand each result back with one ``call_soon_threadsafe`` (ReaderThreads):
-lighter than ``run_in_executor``'s two futures, on a path every recall takes.
+Reads: ``await db.read(fn, *args)`` runs ``fn(conn, *args)`` on a thread of a small pool, each with
+its own read-only connection, inside one read transaction (one consistent snapshot per call).
 """
 
 from __future__ import annotations
@@ -109,7 +107,7 @@ class Database:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._writer_done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._reader_pool: ReaderThreads | None = None
+        self._reader_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._reader_conns: list[sqlite3.Connection] = []
         self._reader_local = threading.local()
         self._reader_lock = threading.Lock()
@@ -147,7 +145,8 @@ class Database:
                                       name=f"storage-writer:{db.path.name}", daemon=True)
         db._writer.start()
         db._schema_version = await asyncio.wrap_future(opened)
-        db._reader_pool = ReaderThreads(readers, f"storage-reader:{db.path.name}", db._run_read)
+        db._reader_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=readers, thread_name_prefix=f"storage-reader:{db.path.name}")
         return db
 
     @property
@@ -197,7 +196,8 @@ class Database:
         self._queue.put(_STOP)
         await asyncio.wrap_future(self._writer_done)
         if self._reader_pool is not None:
-            await asyncio.to_thread(self._reader_pool.stop)
+            pool = self._reader_pool
+            await asyncio.get_running_loop().run_in_executor(None, pool.shutdown, True)
         with self._reader_lock:
             for conn in self._reader_conns:
                 conn.close()
@@ -411,12 +411,11 @@ class Database:
     # ---- reads -----------------------------------------------------------------------------
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run sync ``fn(conn, *args)`` on a read-only connection on a reader thread, in one snapshot."""
+        """Run sync ``fn(conn, *args)`` on a read-only connection in a thread pool, in one snapshot."""
         if self._closed or self._reader_pool is None:
             raise StorageError("closed", "the database is closed")
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._reader_pool.submit(fut, fn, args)
-        return await fut
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader_pool, self._run_read, fn, args)
 
     def _run_read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)
@@ -433,53 +432,6 @@ class Database:
                 conn.execute("ROLLBACK")
         except sqlite3.Error as e:
             raise translate(e) from e
-
-
-class ReaderThreads:
-    """``n`` daemon threads running ``run(fn, args)`` for jobs from one queue; each result (or exception) goes
-    to the job's asyncio future through one ``call_soon_threadsafe``. A job whose future was cancelled before a
-    thread took it is skipped, as ``run_in_executor`` skips one. ``stop`` lets the queued jobs finish first."""
-
-    def __init__(self, n: int, name: str, run: Callable[[Callable[..., Any], tuple[Any, ...]], Any]) -> None:
-        self._run = run
-        self._jobs: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = \
-            queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._main, name=f"{name}_{i}", daemon=True) for i in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def submit(self, fut: asyncio.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self._jobs.put((fut, fn, args))
-
-    def stop(self) -> None:
-        """Blocking: every queued job runs, then the threads end."""
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join()
-
-    def _main(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fut, fn, args = job
-            if fut.cancelled():
-                continue
-            try:
-                result, error = self._run(fn, args), None
-            except BaseException as e:  # noqa: BLE001 - delivered to the caller
-                result, error = None, e
-            try:
-                fut.get_loop().call_soon_threadsafe(_settle, fut, result, error)
-            except RuntimeError:
-                pass  # the loop is closed: nobody is waiting any more
-
-
-def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return  # cancelled while the read ran
-    if error is None:
-        fut.set_result(result)
-    else:
-        fut.set_exception(error)
 
 
 def _open_savepoint(conn: sqlite3.Connection, job: _Job) -> bool:

@@ -35,7 +35,7 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from storage import migrations
-from storage.db import Database, ReaderThreads
+from storage.db import Database
 from storage.errors import StorageError
 from storage.migrations import MAX_SUPPORTED_SCHEMA, Migration
 
@@ -306,7 +306,8 @@ class PgDatabase(Database):
         except BaseException:
             await db.close()
             raise
-        db._reader_pool = ReaderThreads(readers, "storage-reader:postgres", db._run_read)
+        db._reader_pool = concurrent.futures.ThreadPoolExecutor(max_workers=readers,
+                                                                thread_name_prefix="storage-reader:postgres")
         return db
 
     def _configure_reader(self, raw: psycopg.Connection[Any]) -> None:
