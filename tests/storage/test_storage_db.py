@@ -180,3 +180,47 @@ async def test_failing_per_commit_job_rolls_back_alone(db: Database):
     with pytest.raises(RuntimeError):
         await db.write_per_commit(failing)
     assert await db.read(memories.count) == 0
+
+
+async def test_reads_run_concurrently_on_their_own_threads_and_deliver_errors(db: Database):
+    # Two reads meet inside the pool (each waits for the other), so they ran on two threads at once.
+    met = threading.Barrier(2, timeout=10)
+
+    def meet(conn: object) -> str:
+        met.wait()
+        return threading.current_thread().name
+
+    names = await asyncio.gather(db.read(meet), db.read(meet))
+    assert len(set(names)) == 2 and all(n.startswith("storage-reader:") for n in names)
+
+    def boom(conn: object) -> None:
+        raise KeyError("from the reader")
+
+    with pytest.raises(KeyError, match="from the reader"):
+        await db.read(boom)
+    assert await db.read(memories.count) == 0  # the threads outlive a job's exception
+
+
+async def test_a_read_cancelled_before_it_starts_is_skipped_and_close_waits_for_queued_reads(db: Database):
+    gate, ran = threading.Event(), []
+
+    def hold(conn: object) -> None:
+        gate.wait(10)
+
+    def note(conn: object, tag: str) -> str:
+        ran.append(tag)
+        return tag
+
+    held = [asyncio.ensure_future(db.read(hold)) for _ in range(2)]  # both reader threads busy
+    skipped = asyncio.ensure_future(db.read(note, "cancelled"))
+    queued = asyncio.ensure_future(db.read(note, "queued"))
+    await asyncio.sleep(0.05)
+    skipped.cancel()
+    gate.set()
+    assert await queued == "queued"
+    await asyncio.gather(*held)
+    assert ran == ["queued"]
+    late = asyncio.ensure_future(db.read(note, "late"))
+    await asyncio.sleep(0)
+    await db.close()
+    assert await late == "late"
