@@ -430,8 +430,11 @@ class PeerLink:
         """End ``fut`` as ``ack_timeout`` at ``deadline`` (loop time) unless its ACK comes first."""
         heap = self._deadlines
         while heap and heap[0][3].done():  # answered already (usually the previous send's entry)
-            heapq.heappop(heap)
+            self._settled(heapq.heappop(heap))
         if len(heap) > 2 * len(self._pending) + DEADLINE_SLACK:  # settled entries below the top: keep it bounded
+            for entry in heap:
+                if entry[3].done():
+                    self._settled(entry)
             heap[:] = [entry for entry in heap if not entry[3].done()]
             heapq.heapify(heap)
         heapq.heappush(heap, (deadline, next(self._deadline_seq), correlation_id, fut, timeout))
@@ -451,11 +454,21 @@ class PeerLink:
         self._deadline_timer = None
         heap, now = self._deadlines, loop.time() + DEADLINE_EARLY_S
         while heap and (heap[0][0] <= now or heap[0][3].done()):
-            _, _, correlation_id, fut, timeout = heapq.heappop(heap)
-            if not fut.done():
+            entry = heapq.heappop(heap)
+            _, _, correlation_id, fut, timeout = entry
+            if fut.done():
+                self._settled(entry)
+            else:
                 self._ack_late(correlation_id, fut, timeout)
         if heap:
             self._set_deadline_timer(loop, heap[0][0])
+
+    def _settled(self, entry: tuple[float, int, str, asyncio.Future[Ack], float]) -> None:
+        """A deadline entry whose future is done: one its caller cancelled (no ACK came) still sits in
+        ``_pending`` and goes now (an ACK's future left ``_pending`` when the ACK came)."""
+        _, _, correlation_id, fut, _ = entry
+        if self._pending.get(correlation_id) is fut:
+            del self._pending[correlation_id]
 
     def _ack_late(self, correlation_id: str, fut: asyncio.Future[Ack], timeout: float) -> None:
         if self._pending.get(correlation_id) is fut:
@@ -537,7 +550,7 @@ class PeerLink:
     def _future(self, correlation_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Ack]:
         """The future the ACK for ``correlation_id`` settles (shared by concurrent sends of one id)."""
         fut = self._pending.get(correlation_id)
-        if fut is None:
+        if fut is None or fut.done():  # done while still here: its sender cancelled it (a retry gets a new one)
             fut = self._pending[correlation_id] = loop.create_future()
         return fut
 

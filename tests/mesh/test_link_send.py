@@ -209,8 +209,35 @@ async def test_ack_deadlines_each_end_their_own_send_and_the_queue_stays_bounded
         assert len(p.link._deadlines) <= 2 * p.link.in_flight + 64 + 1  # noqa: SLF001
         assert await short_wait == "ack_timeout" and await long_wait == "ack_timeout"
         assert 0.3 <= ended[short_env.correlation_id] < ended[long_env.correlation_id]
-        assert 1.0 <= ended[long_env.correlation_id] < 4.0
+        assert ended[long_env.correlation_id] >= 1.0  # no upper bound: a loaded machine may run it late
         assert p.link.in_flight == 0 and p.link.ack_deadlines_waiting == 0
         env = _live()
         assert (await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=1.0)).accepted
         never.set()
+
+
+async def test_a_send_its_caller_cancelled_leaves_nothing_behind_and_a_resend_of_its_id_gets_the_ack(pki) -> None:
+    """A caller that stops waiting (its task cancelled) cancels the send's future: the link forgets it by its
+    deadline at the latest, and a resend of the same correlation id (as the outbox's retries are) waits for
+    the ACK rather than finding the cancelled future."""
+    release = asyncio.Event()
+
+    async def held(env: Envelope, sender: str) -> Ack:
+        await release.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, held, apply_timeout_s=30.0) as p:
+        env = _live()
+        waiting = asyncio.ensure_future(p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await until(lambda: p.link.in_flight == 0, "the cancelled send forgotten")
+        assert p.link.ack_deadlines_waiting == 0
+        again = asyncio.ensure_future(p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=30.0))
+        await asyncio.sleep(0.05)
+        assert not again.done()
+        release.set()
+        assert (await again).accepted
+        assert p.link.in_flight == 0
