@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -24,6 +24,14 @@ async def _ok(env: Envelope, sender: str) -> Ack:
     return Ack.ok(env.correlation_id, SERVER_ID)
 
 
+def _acks_once(released: asyncio.Event) -> Callable[[Envelope, str], Awaitable[Ack]]:
+    """An apply that answers only once ``released`` is set."""
+    async def apply(env: Envelope, sender: str) -> Ack:
+        await released.wait()
+        return Ack.ok(env.correlation_id, SERVER_ID)
+    return apply
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
@@ -40,12 +48,7 @@ async def test_a_fan_of_send_wire_calls_is_acked_and_leaves_no_pending_state(pki
 
 async def test_send_wire_without_an_ack_ends_as_ack_timeout_and_the_link_still_works(pki) -> None:
     never = asyncio.Event()
-
-    async def stuck(env: Envelope, sender: str) -> Ack:
-        await never.wait()
-        return Ack.ok(env.correlation_id, SERVER_ID)
-
-    async with pair(pki, stuck, apply_timeout_s=5.0) as p:
+    async with pair(pki, _acks_once(never), apply_timeout_s=5.0) as p:
         env = _live()
         with pytest.raises(MeshError) as info:
             await p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2)
@@ -221,12 +224,7 @@ async def test_a_send_its_caller_cancelled_leaves_nothing_behind_and_a_resend_of
     deadline at the latest, and a resend of the same correlation id (as the outbox's retries are) waits for
     the ACK rather than finding the cancelled future."""
     release = asyncio.Event()
-
-    async def held(env: Envelope, sender: str) -> Ack:
-        await release.wait()
-        return Ack.ok(env.correlation_id, SERVER_ID)
-
-    async with pair(pki, held, apply_timeout_s=30.0) as p:
+    async with pair(pki, _acks_once(release), apply_timeout_s=30.0) as p:
         env = _live()
         waiting = asyncio.ensure_future(p.link.send_wire(env.correlation_id, env.to_wire(), timeout_s=0.2))
         await asyncio.sleep(0.05)
