@@ -154,13 +154,9 @@ class VerifyBatcher:
     def batches(self) -> int:
         return self._turn.runs + self._runs
 
-    async def verify(self, keys: tuple[Ed25519PublicKey, ...], payload: LinkPayload | MemoryPayload,
-                     signature: bytes | None) -> bool:
-        """True when ``signature`` verifies under one of ``keys`` (a signer's keyring)."""
-        return await self._turn((keys, payload, signature))
-
-    async def verify_one(self, item: VerifyItem) -> bool:
-        """``verify`` of one (keys, payload, signature) item."""
+    async def verify(self, item: VerifyItem) -> bool:
+        """True when the item's signature verifies under one of its keys (a signer's keyring), checked with
+        the other checks of this loop turn."""
         return await self._turn(item)
 
     async def verify_many(self, items: list[VerifyItem]) -> list[bool]:
@@ -284,7 +280,7 @@ class Federation:
         # The inbound links of one loop turn (a batch frame's) share one read and one write.
         self._link_lookups: TurnBatch[tuple[str, frozenset[str]], _LinkLookup] = TurnBatch(self._lookup_links)
         self._link_writes: TurnBatch[tuple[LinkRow, str], bool] = TurnBatch(self._write_links)
-        self._turn_hops = _LinkHops(_one_at_a_time(self._link_lookups), _one_at_a_time(self.verifier.verify_one),
+        self._turn_hops = _LinkHops(_one_at_a_time(self._link_lookups), _one_at_a_time(self.verifier.verify),
                                     _one_at_a_time(self._link_writes))
         self._run_hops = _LinkHops(self._lookup_links, self.verifier.verify_many, self._write_links)
         self._ack_changed = asyncio.Condition()
@@ -566,7 +562,7 @@ class Federation:
         """PEER_ATTESTED when ``signature`` verifies under ``signer``'s keyring; UNSIGNED when the signer
         is unknown here (or did not sign) and sent it itself; otherwise the rejection."""
         keys, fresh = self._signer_keys(signer)
-        verified = signature is not None and bool(keys) and await self.verifier.verify(keys, payload, signature)
+        verified = signature is not None and bool(keys) and await self.verifier.verify((keys, payload, signature))
         return await self._attest_level(verified, keys, fresh, payload, signature, signer, sender, what=what)
 
     def _signer_keys(self, signer: str) -> tuple[tuple[Ed25519PublicKey, ...], bool]:
@@ -590,7 +586,7 @@ class Federation:
                 generation = self.keyring.generation
                 again = self.keyring.keys_for(signer)
                 if self.keyring.generation != generation and again and \
-                        await self.verifier.verify(again, payload, signature):
+                        await self.verifier.verify((again, payload, signature)):
                     return AttestLevel.PEER_ATTESTED
             self.counters["bad_signature"] += 1
             log.warning("bad_signature", extra={"ev": {"peer": sender, "id": what, "claimed_signer": signer}})
