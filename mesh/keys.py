@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
+from nacl.bindings import crypto_core_ed25519_is_valid_point
 
 from mesh.errors import MeshError
 
@@ -251,6 +252,14 @@ def public_key_from_pem(data: bytes, *, source: str = "the data") -> Ed25519Publ
     if not isinstance(key, Ed25519PublicKey):
         raise MeshError(
             "key_invalid", f"{source} holds a {type(key).__name__}, not Ed25519."
+        )
+    if not crypto_core_ed25519_is_valid_point(key.public_bytes_raw()):
+        # A small-order (or non-canonical) point: no key pair makes one, and OpenSSL would take a single
+        # (R, S) under it as a signature of every message (node/attest.py verify refuses them all).
+        raise MeshError(
+            "key_invalid",
+            f"{source} holds an Ed25519 point that no generated key has (small order or not canonical); "
+            "ask its operator for the .pub file again.",
         )
     return key
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from mesh import keys
 from mesh.errors import MeshError
@@ -153,6 +153,15 @@ def test_non_ed25519_public_key_is_key_invalid() -> None:
     with pytest.raises(MeshError) as excinfo:
         keys.public_key_from_pem(pem)
     assert code_of(excinfo) == "key_invalid"
+
+
+def test_small_order_public_key_is_key_invalid() -> None:
+    pem = Ed25519PublicKey.from_public_bytes(bytes([1]) + bytes(31)).public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    with pytest.raises(MeshError) as excinfo:
+        keys.public_key_from_pem(pem, source="peer.pub")
+    assert code_of(excinfo) == "key_invalid"
+    assert "small order" in excinfo.value.message
 
 
 def test_load_identity_picks_the_only_identity(home: Path) -> None:
