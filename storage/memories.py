@@ -65,12 +65,11 @@ _CHUNK = 500
 _K1, _B = 1.2, 0.75
 _WEIGHTS = (2.0, 1.0, 1.5)
 _CLAMPED_IDF = 1e-6
-# _rank_common separates a window's cells with \x01 and stands one of these in for each query word's tokens.
+# _rank_common separates a window's cells with \x01, and makes every other byte but ASCII letters and digits
+# (upper case folded to lower, as unicode61 folds ASCII) a space: what is left are the cells' tokens.
 _CELL = "\x01"
-_TOKEN_MARKS = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f"
-# For k query words: every ASCII byte but the cell separator and the first k marks (what _rank_common deletes).
-_ALL_BUT_MARKS = {k: bytes(b for b in range(128) if chr(b) not in _CELL + _TOKEN_MARKS[:k])
-                  for k in range(1, len(_TOKEN_MARKS) + 1)}
+_TOKEN_BYTES = bytes(b + 32 if 65 <= b <= 90 else b if 48 <= b <= 57 or 97 <= b <= 122 or b == 1 else 32
+                     for b in range(256))
 _K1_PLUS_1 = _K1 + 1.0
 
 
@@ -358,7 +357,7 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     Equal scores: the older memory first. [] when no memory holds every word.
     """
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
-    if len(words) > len(_TOKEN_MARKS) or not all(w.isascii() for w in words):
+    if not all(w.isascii() for w in words):
         return None
     averages = conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()
     if averages is None:
@@ -377,23 +376,21 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     if not window:
         return []
     text = _CELL.join([r[1] for r in window])
-    marks = _TOKEN_MARKS[:len(words)]
-    if not text.isascii() or text.count(_CELL) != 3 * len(window) - 1 or any(mk in text for mk in marks):
+    if not text.isascii() or text.count(_CELL) != 3 * len(window) - 1:
         return None
-    text = text.lower()
-    for word, mark in zip(words, marks, strict=True):
-        text = _token_pattern(word).sub(mark, text)
-    # Only the marks and the cell separators count from here: bytes.translate deletes the rest (in C), and a
-    # cell's count of a word is how many of its marks are left in it.
-    cells = text.encode("ascii").translate(None, _ALL_BUT_MARKS[len(marks)]).split(_CELL.encode("ascii"))
+    # Tokens apart by two spaces or more and each cell padded by one: a word's count in a cell is how many times
+    # " word " is in it (bytes.count, in C), and no two of them share a space.
+    cells = (b" " + text.encode("ascii").translate(_TOKEN_BYTES).replace(b" ", b"  ").replace(b"\x01", b" \x01 ")
+             + b" ").split(b"\x01")
     # A row's length in tokens is the sum of its %_docsize varints, one per column (one byte each below 128).
     norms = [_K1 * (1 - _B + _B * (sum(sz) if sz.isascii() else sum(_varints(sz))) / avgdl) for _, _, sz in window]
     wt, wc, wg = _WEIGHTS
     # The words' terms are added in the query's order, from 0.0, as bm25 adds them; a word's frequency in a row
     # is its weighted count there (title 2.0, content 1.0, tags 1.5).
     scores = [0.0] * len(window)
-    for mark in marks:
-        n = list(map(len, cells)) if len(marks) == 1 else [cell.count(ord(mark)) for cell in cells]
+    for word in words:
+        token = f" {word} ".encode("ascii")
+        n = [cell.count(token) for cell in cells]
         freqs = [wt * t + wc * c + wg * g for t, c, g in zip(n[0::3], n[1::3], n[2::3], strict=True)]
         scores = [s + _CLAMPED_IDF * ((x * _K1_PLUS_1) / (x + d)) for s, x, d in zip(scores, freqs, norms, strict=True)]
     # The best first, equal scores older (lower rowid) first: the smallest (-score, rowid).
@@ -403,13 +400,6 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
         f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
     return [(found[rowid], -score) for score, rowid in best if rowid in found]
-
-
-def _token_pattern(word: str) -> re.Pattern[str]:
-    """Matches ``word`` (lower-case ASCII letters and digits) as a whole token of lower-cased ASCII text."""
-    w = re.escape(word)
-    # The word first, so the regex engine scans for it as a literal; then 'no letter or digit on either side'.
-    return re.compile(f"{w}(?![a-z0-9])(?<![a-z0-9]{w})")
 
 
 def _varints(blob: bytes) -> list[int]:

@@ -332,7 +332,7 @@ def test_doc_freqs_on_an_empty_table_call_nothing_common(tmp_path):
 def common_conn(tmp_path_factory):
     """300 memories all holding 'the' and 'of' (in any case, between any punctuation, in any column), a few long."""
     rng = random.Random(61)
-    seps = [" ", ", ", "_", "-", ". ", "\n", "'", "/", ":"]
+    seps = [" ", ", ", "_", "-", ". ", "\n", "'", "/", ":", "\x02", "\t", "  "]
     conn = sqlite3.connect(tmp_path_factory.mktemp("common") / "common.db", isolation_level=None)
     migrate(conn)
 
@@ -395,8 +395,8 @@ async def test_every_word_common_over_non_ascii_text_ranks_with_bm25(db: Databas
     assert await db.read(memories._rank_common, tokens, 10, None, memories.RANK_WINDOW) is None
     hits = await db.read(memories.recall, "the of", 10, None, memories.DocFreqs())
     assert [m.id for m, _ in hits][0] == rows[1].id and len(hits) == 3
-    # A marker character in the text, or a non-ASCII word, also leaves the ranking to bm25.
-    await db.write(memories.insert, make_memory(content="the of \x02"))
+    # The cell separator in the text, or a non-ASCII word, also leaves the ranking to bm25.
+    await db.write(memories.insert, make_memory(content="the of \x01"))
     assert await db.read(memories._rank_common, tokens, 10, None, 2) is None
     assert await db.read(memories._rank_common, memories.fts_tokens("thé"), 10, None, 2) is None
 
