@@ -378,10 +378,13 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     text = _CELL.join([r[1] for r in window])
     if not text.isascii() or text.count(_CELL) != 3 * len(window) - 1:
         return None
-    # Tokens apart by two spaces or more and each cell padded by one: a word's count in a cell is how many times
-    # " word " is in it (bytes.count, in C), and no two of them share a space.
-    cells = (b" " + text.encode("ascii").translate(_TOKEN_BYTES).replace(b" ", b"  ").replace(b"\x01", b" \x01 ")
-             + b" ").split(b"\x01")
+    # Tokens apart by spaces and each cell padded by one: a word's count in a cell is how many times " word " is
+    # in it (bytes.count, in C), as long as no two of them share a space, which only " word word " makes; then
+    # every space is doubled first.
+    spaced = b" " + text.encode("ascii").translate(_TOKEN_BYTES).replace(b"\x01", b" \x01 ") + b" "
+    if any(f" {w} {w} ".encode("ascii") in spaced for w in words):
+        spaced = spaced.replace(b" ", b"  ")
+    cells = spaced.split(b"\x01")
     # A row's length in tokens is the sum of its %_docsize varints, one per column (one byte each below 128).
     norms = [_K1 * (1 - _B + _B * (sum(sz) if sz.isascii() else sum(_varints(sz))) / avgdl) for _, _, sz in window]
     wt, wc, wg = _WEIGHTS

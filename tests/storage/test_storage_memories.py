@@ -369,6 +369,23 @@ def test_every_word_common_gives_bm25s_scores(common_conn, query: str, namespace
                                              rank_window=rank_window)] == [m.id for m, _ in ours]
 
 
+@pytest.mark.parametrize("contents", [
+    ["the of", "of the the", "the, the of", "of of the x"],  # a word twice in a row: " the the " overlaps
+    ["the of", "of x the", "the, of", "of y the z"],          # never twice in a row
+])
+def test_every_word_common_counts_words_next_to_each_other(tmp_path, contents: list[str]):
+    conn = sqlite3.connect(tmp_path / "adjacent.db", isolation_level=None)
+    migrate(conn)
+    for i, content in enumerate(contents):
+        memories.insert(conn, make_memory(title="the" if i == 1 else "", content=content, tags=("of",) * (i % 2)))
+    tokens = memories.fts_tokens("the of")
+    ours = memories._rank_common(conn, tokens, 10, None, memories.RANK_WINDOW)
+    old = _rank_sorter_recall(conn, "the of", 10, None, memories.RANK_WINDOW)
+    assert ours is not None and [s for _, s in ours] == [s for _, s in old]
+    assert [m.id for m, _ in ours] == [i for i, _ in old]
+    conn.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
 async def test_every_word_common_ranks_the_denser_and_shorter_memory_first(db: Database):
     dense = make_memory(title="the", content="the of the")
