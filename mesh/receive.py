@@ -7,16 +7,14 @@ ACK, so the sender retries; the apply is idempotent), never the whole receive pa
 
 Duplicates, rejections and protocol errors never reach the apply and are answered at once. A node also
 gives an ``apply_now``, a plain function that settles what needs no waiting (a ping) with no coroutine at
-all; for the kinds in ``inline_kinds`` that it leaves (None) ``receive_now`` steps the apply in the caller
-until its first wait, so such a message costs no task and no timer. Every other kind's apply runs from its
-start inside the task that awaits it (hooks and storage use task-bound timeouts).
+all, so such a message costs no task and no timer. Every other message's apply runs from its start inside
+the task that awaits it (hooks and storage use task-bound timeouts).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from asyncio import tasks as _asyncio_tasks
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, NamedTuple
@@ -27,10 +25,8 @@ from a2a.decide import Decision, ack_for
 log = logging.getLogger("mesh.receive")
 
 # The node's apply: validates the payload, commits it, and answers Ack.ok or Ack.rejected(code).
-# Raising means "could not store now": no ACK is sent, so the sender retries.
-# For an inline kind (``INLINE_KINDS``) its first step, up to its first wait, runs outside any task (see
-# ``receive_now``): there it must not enter ``asyncio.timeout``/``TaskGroup`` or use ``current_task()``
-# (they raise); other kinds run wholly inside the task that awaits them.
+# Raising means "could not store now": no ACK is sent, so the sender retries. It runs wholly inside the task
+# that awaits it.
 Apply = Callable[[Envelope, str], Coroutine[Any, Any, Ack]]
 # The same apply as a plain function for what it can settle without waiting: the ACK ``Apply`` would answer
 # (or the exception it would raise), or None to run ``Apply``.
@@ -39,8 +35,6 @@ ApplyNow = Callable[[Envelope, str], Ack | None]
 # Default bound on one apply, in seconds: above federation.orphan_hold_s (a link waiting for its memory)
 # plus a slow group commit, below the 60 s TTL so the sender's retries still land.
 APPLY_TIMEOUT_S = 10.0
-# Kinds whose apply is stepped inline: it does no storage and fires no hooks.
-INLINE_KINDS = frozenset({"ping"})
 
 
 class Received(NamedTuple):
@@ -83,26 +77,10 @@ class Resumed:
                     return stop.value
 
 
-def _step_outside_task(coro: Coroutine[Any, Any, Ack]) -> Any:
-    """Run ``coro`` up to its first wait with no current task (so that a task-bound primitive entered
-    there raises instead of binding to the caller's task); StopIteration carries a finished result."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task(loop)
-    if task is None:
-        return coro.send(None)
-    # asyncio has no public way to step a coroutine outside the current task before Python 3.12's eager
-    # tasks; without this a timeout entered in that first step would cancel the caller's task.
-    _asyncio_tasks._leave_task(loop, task)  # noqa: SLF001
-    try:
-        return coro.send(None)
-    finally:
-        _asyncio_tasks._enter_task(loop, task)  # noqa: SLF001
-
-
 class Receiver:
     def __init__(self, local_agent_id: str, seen: SeenCache, apply: Apply, *, max_bytes: int,
                  clock_ms: Callable[[], int], apply_timeout_s: float = APPLY_TIMEOUT_S,
-                 inline_kinds: frozenset[str] = INLINE_KINDS, apply_now: ApplyNow | None = None) -> None:
+                 apply_now: ApplyNow | None = None) -> None:
         if not apply_timeout_s > 0:
             raise ValueError(f"apply_timeout_s must be > 0, got {apply_timeout_s!r}")
         self.local_agent_id = local_agent_id
@@ -110,7 +88,6 @@ class Receiver:
         self.apply = apply
         self.apply_now = apply_now
         self.apply_timeout_s = apply_timeout_s
-        self.inline_kinds = inline_kinds
         self.max_bytes = max_bytes
         self.clock_ms = clock_ms
         self.counters: Counter[str] = Counter()
@@ -167,9 +144,9 @@ class Receiver:
         return msg
 
     def receive_now(self, env: Envelope, tls_identity: str) -> Received | Pending:
-        """Decide ``env`` and, for an inline kind, run its apply up to the apply's first wait.
+        """Decide ``env`` and, when ``apply_now`` settles it, answer it at once.
 
-        Returns the Received when that settles it (no task, no timer), else a coroutine that finishes it,
+        Returns the Received when that settles it (no task, no timer), else a coroutine that applies it,
         bounded by ``apply_timeout_s``: the caller awaits it (in a task of its own to keep reading).
         """
         cid = env.correlation_id
@@ -192,16 +169,7 @@ class Receiver:
                 return self._settle(env, decision, tls_identity, None, e)
             if ack is not None:
                 return self._settle(env, decision, tls_identity, ack, None)
-        coro = self.apply(env, tls_identity)
-        if env.payload.get("kind") not in self.inline_kinds:
-            return self._finish(env, decision, tls_identity, coro)
-        try:
-            yielded = _step_outside_task(coro)
-        except StopIteration as stop:
-            return self._settle(env, decision, tls_identity, stop.value, None)
-        except Exception as e:
-            return self._settle(env, decision, tls_identity, None, e)
-        return self._finish(env, decision, tls_identity, Resumed(coro, yielded))
+        return self._finish(env, decision, tls_identity, self.apply(env, tls_identity))
 
     async def _after_inflight(self, env: Envelope, tls_identity: str) -> Received:
         cid = env.correlation_id
