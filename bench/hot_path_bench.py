@@ -101,8 +101,9 @@ def child(calls: int) -> dict[str, float]:
 
 async def _in_loop(calls: int) -> dict[str, float]:
     """Pieces that need a running loop: a decoded ping through ``Receiver.receive_now`` with the node's ping
-    apply (``Federation.apply_now`` where the tree has it, else, in older trees, the coroutine stepped inline), and on the sender
-    one send's ACK deadline armed and settled by its ACK (``PeerLink._arm_ack_timer`` + ``_on_ack``)."""
+    apply (``Federation.apply_now`` where the tree has it, else, in older trees, the coroutine stepped inline),
+    and on the sender one send's ACK deadline armed and settled by its ACK (``PeerLink._arm_ack_timer``
+    + ``_on_ack``)."""
     import inspect
     import ssl
 
