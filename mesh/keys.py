@@ -254,12 +254,13 @@ def public_key_from_pem(data: bytes, *, source: str = "the data") -> Ed25519Publ
             "key_invalid", f"{source} holds a {type(key).__name__}, not Ed25519."
         )
     if not crypto_core_ed25519_is_valid_point(key.public_bytes_raw()):
-        # A small-order (or non-canonical) point: no key pair makes one, and OpenSSL would take a single
-        # (R, S) under it as a signature of every message (node/attest.py verify refuses them all).
+        # Small order, a small-order component, or not canonical: no key pair makes one, and under a
+        # small-order key OpenSSL would take a single (R, S) as a signature of every message
+        # (node/attest.py verify refuses all of them).
         raise MeshError(
             "key_invalid",
-            f"{source} holds an Ed25519 point that no generated key has (small order or not canonical); "
-            "ask its operator for the .pub file again.",
+            f"{source} holds an Ed25519 point that no generated key has (small order, a small-order "
+            "component, or not canonical); ask its operator for the .pub file again.",
         )
     return key
 

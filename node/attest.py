@@ -244,9 +244,9 @@ def verify(public_key: Ed25519PublicKey, payload: Signable, signature: bytes | N
     """True when ``signature`` is a valid Ed25519 signature of the canonical payload by ``public_key``.
 
     Checked by libsodium (PyNaCl): half the CPU of OpenSSL's check here (bench/verify_bench.py). libsodium
-    refuses what OpenSSL refuses, and also small-order keys and R points, which no generated key or honest
-    signature has: under such a key OpenSSL takes one (R, S) for a signature of every message
-    (tests/node/test_attest_verify.py)."""
+    refuses what OpenSSL refuses, and also non-canonical or small-order keys and small-order R points, which
+    no generated key or honest signature has: under a small-order key OpenSSL takes one (R, S) for a
+    signature of every message (tests/node/test_attest_verify.py)."""
     if not isinstance(signature, (bytes, bytearray)) or len(signature) != SIGNATURE_BYTES:
         return False
     try:
