@@ -723,12 +723,14 @@ class Federation:
                 answers[i] = code
             else:
                 checked.append((i, x, *self._signer_keys(x.payload.observed_by)))
-        asked: list[VerifyItem] = [(keys, x.payload, x.signature) for _, x, keys, _ in checked
-                                   if x.signature is not None and keys]
+        # A check for each link that carries a signature and whose signer has keys here (None: nothing to check).
+        items = [(keys, x.payload, x.signature) if x.signature is not None and keys else None
+                 for _, x, keys, _ in checked]
+        asked: list[VerifyItem] = [item for item in items if item is not None]
         verdicts = iter(await hops.verify(asked) if asked else [])
         attested: list[tuple[int, _InboundLink]] = []
-        async for i, x, keys, fresh in _sliced(checked):
-            verified = x.signature is not None and bool(keys) and next(verdicts)
+        async for (i, x, keys, fresh), item in _sliced(zip(checked, items, strict=True)):
+            verified = item is not None and next(verdicts)
             level = await self._attest_level(verified, keys, fresh, x.payload, x.signature, x.payload.observed_by,
                                              sender, what=x.link_id)
             if isinstance(level, Applied):

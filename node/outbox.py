@@ -171,7 +171,8 @@ class OutboxSender:
                     periodic = not (state.poll_wanted or state.backlog)
                     state.poll_wanted = False
                     next_poll = (math.floor(loop.time() / POLL_S) + 1) * POLL_S  # the next tick of the grid
-                    if not periodic or self._maybe_due(peer, await self._peers_due(loop)):
+                    due = await self._peers_due(loop) if periodic else None  # None: any peer may hold some
+                    if due is None or peer in due:
                         rows += await self._poll(peer, state, room, rows, budget)
                 for group in _groups(rows):
                     state.inflight.update(r.id for r in group)
@@ -189,10 +190,6 @@ class OutboxSender:
             self._due_tick = tick
             self._due_read = asyncio.ensure_future(self.db.read(outbox.peers_due, self.clock_ms(), DUE_PEERS_SCAN))
         return await asyncio.shield(self._due_read)  # one worker stopping does not cancel the others' read
-
-    @staticmethod
-    def _maybe_due(peer: str, due: frozenset[str] | None) -> bool:
-        return due is None or peer in due
 
     def _take_fresh(self, state: _Peer, room: int, budget: _Budget) -> list[OutboxRow]:
         rows: list[OutboxRow] = []

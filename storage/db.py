@@ -196,8 +196,7 @@ class Database:
         self._queue.put(_STOP)
         await asyncio.wrap_future(self._writer_done)
         if self._reader_pool is not None:
-            pool = self._reader_pool
-            await asyncio.get_running_loop().run_in_executor(None, pool.shutdown, True)
+            await asyncio.to_thread(self._reader_pool.shutdown, True)
         with self._reader_lock:
             for conn in self._reader_conns:
                 conn.close()
