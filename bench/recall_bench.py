@@ -1,13 +1,17 @@
 """Recall at 100k memories: the old query against today's, and the Service with everything on, in one run.
 
     flock /tmp/bench.lock .venv/bin/python bench/recall_bench.py [--quick] [--memories N] [--queries N]
-        [--keep DIR] [--settle-s S]
+        [--keep DIR] [--settle-s S] [--block B]
 
 One node home with a key (memory versions signed), a permission gate of 1,000 rules (enforce) and a
 daemon ``post_recall`` hook; its database is filled through ``Service.memory_store`` with the storage
 bench's Zipf-like corpus (storage.synchronous = normal for the fill). The recall queries are the storage
-bench's (same seed: 1-3 words, limit 10). Modes take turns query by query, the order rotating, so the
-machine's drift spreads over all of them:
+bench's (same seed: 1-3 words, limit 10). Modes take turns a block of ``--block`` queries (50) at a time, the
+first mode rotating from block to block, so the machine's drift spreads over all of them while each mode runs
+as a node would, one recall after another of its own kind. ``--block 1`` takes turns query by query, as this
+bench did before: then each query runs right after other modes' work on other connections and caches (the old
+query walks the same words' whole posting lists), which a node never does, and every mode's p95 rises, the new
+query's by 1.1-1.7 ms (PERFORMANCE.md, "Recall at 100k", seventh round). The modes:
 
 - old query: the recall before this bench (every word ranked by FTS5's ORDER BY rank sorter over the
   500-row window), kept here as ``recall_baseline``, through ``Database.read`` and on a plain connection;
@@ -152,7 +156,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             settle = await settle_writer(svc.db, args.settle_s) if args.settle_s else None
             signed = sum(1 for r in await svc.db.read(memories.list_, None, 100) if r.signature)
             merge_at_queries = dict(getattr(svc.db, "merge_stats", {}))
-            result = await measure(svc, daemon, queries)
+            result = await measure(svc, daemon, queries, args.block)
             result["settle"] = settle
             result["fts_merge_at_queries"] = merge_at_queries
             result["fts_merge_after_queries"] = dict(getattr(svc.db, "merge_stats", {}))
@@ -162,6 +166,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await daemon.close()
             await svc.close()
     result.update({"bench": "recall", "memories": args.memories, "queries": len(queries), "limit": 10,
+                   "block": args.block,
                    "rules": args.rules, "switch_interval_s": args.switch_interval,
                    "sqlite": sqlite3.sqlite_version, "python": platform.python_version(),
                    "machine": platform.machine()})
@@ -183,7 +188,7 @@ async def settle_writer(db: Any, min_s: float, max_s: float = 300.0) -> dict[str
     return {"seconds": round(waited, 2), "fts_merge": dict(getattr(db, "merge_stats", {}))}
 
 
-async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[str, Any]:
+async def measure(svc: Any, daemon: HookPipeline, queries: list[str], block: int) -> dict[str, Any]:
     gate = svc.gate
     conn = sqlite3.connect(f"{svc.db.path.resolve().as_uri()}?mode=ro", uri=True)
     direct_df = memories.DocFreqs()
@@ -209,20 +214,25 @@ async def measure(svc: Any, daemon: HookPipeline, queries: list[str]) -> dict[st
             await modes[name](q)
     # Each query's kind, by the words bm25 clamps (in at least half the memories): what the profile split by.
     kinds = [_kind(direct_df.common(conn, fts_tokens(q))) for q in queries]
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    overlaps, same_scores, everything_hits, results = [], 0, 0, {}
-    for i, q in enumerate(queries):
+    samples: dict[str, list[float]] = {name: [0.0] * len(queries) for name in names}
+    results: dict[str, list[Any]] = {name: [None] * len(queries) for name in names}
+    # Query by query (block 1) or a block of queries per mode; either way the first mode rotates, so drift
+    # falls on every mode.
+    for b, start in enumerate(range(0, len(queries), block)):
         for k in range(len(names)):
-            name = names[(i + k) % len(names)]
-            t0 = time.perf_counter()
-            res = await modes[name](q)
-            samples[name].append(time.perf_counter() - t0)
-            results[name] = res
-        old, new = results["old query, db.read"], results["new query, db.read"]
+            name = names[(b + k) % len(names)]
+            for i in range(start, min(start + block, len(queries))):
+                t0 = time.perf_counter()
+                res = await modes[name](queries[i])
+                samples[name][i] = time.perf_counter() - t0
+                results[name][i] = res
+    overlaps, same_scores, everything_hits = [], 0, 0
+    for i in range(len(queries)):
+        old, new = results["old query, db.read"][i], results["new query, db.read"][i]
         old_ids, new_ids = {m.id for m, _ in old}, {m.id for m, _ in new}
         overlaps.append(len(old_ids & new_ids) / min(10, len(old_ids)) if old_ids else float(not new_ids))
         same_scores += len(old) == len(new) and all(abs(a - b) <= 1e-5 for (_, a), (_, b) in zip(old, new, strict=True))
-        everything_hits += [r["id"] for r in results["Service, everything on"]] == [m.id for m, _ in new]
+        everything_hits += [r["id"] for r in results["Service, everything on"][i]] == [m.id for m, _ in new]
     conn.close()
     stats = {name: summarize(s) for name, s in samples.items()}
     by_kind = {kind: {"queries": kinds.count(kind),
@@ -254,7 +264,8 @@ def _kind(common: list[bool]) -> str:
 def markdown(r: dict[str, Any]) -> str:
     old = r["modes"]["old query, db.read"]
     lines = [f"### recall bench ({r['memories']} memories, {r['queries']} queries, limit 10, SQLite {r['sqlite']}, "
-             f"{r['rules']} rules, GIL switch interval {r['switch_interval_s']} s)", "",
+             f"{r['rules']} rules, GIL switch interval {r['switch_interval_s']} s, modes take turns every "
+             f"{r['block']} {'query' if r['block'] == 1 else 'queries'})", "",
              "| mode | p50 ms | p95 ms | p99 ms | p95 vs old query, db.read |", "|---|---:|---:|---:|---:|"]
     for name, s in r["modes"].items():
         lines.append(f"| {name} | {s['p50_ms']} | {s['p95_ms']} | {s['p99_ms']} | "
@@ -285,6 +296,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--memories", type=int, default=None, help="memories to fill (default 100000)")
     ap.add_argument("--queries", type=int, default=None, help="recall queries per mode (default 1000)")
     ap.add_argument("--rules", type=int, default=1000, help="permission rules in the gate")
+    ap.add_argument("--block", type=int, default=50,
+                    help="queries a mode runs before the next mode's turn (default 50; 1: query by query)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="fill the node home under this directory once and reuse it in later runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "recall.json")
@@ -296,6 +309,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     args.memories = args.memories or (10_000 if args.quick else 100_000)
     args.queries = args.queries or (200 if args.quick else 1_000)
+    if not 1 <= args.block <= args.queries:
+        ap.error(f"--block must be 1..{args.queries} (the number of queries)")
     return report_run(args, run, markdown)
 
 
