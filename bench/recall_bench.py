@@ -11,7 +11,7 @@ first mode rotating from block to block, so the machine's drift spreads over all
 as a node would, one recall after another of its own kind. ``--block 1`` takes turns query by query, as this
 bench did before: then each query runs right after other modes' work on other connections and caches (the old
 query walks the same words' whole posting lists), which a node never does, and every mode's p95 rises, the new
-query's by 1.1-1.7 ms (PERFORMANCE.md, "Recall at 100k", seventh round). The modes:
+query's by 1.0-1.7 ms (PERFORMANCE.md, "Issue 16, sixth round"). The modes:
 
 - old query: the recall before this bench (every word ranked by FTS5's ORDER BY rank sorter over the
   500-row window), kept here as ``recall_baseline``, through ``Database.read`` and on a plain connection;
