@@ -14,6 +14,9 @@ not one per peer. The
 database stays the truth: a row is deleted only on its ACK, and a hand-off lost with the process is
 found by the next start's poll. A group of rows goes out through one ``send_many`` call (the link
 coalesces it into batch frames where the peer supports them) and its ACKs are deleted in one writer job.
+The window (SEND_WINDOW_BYTES) bounds the bytes on the wire: a group's bytes leave it when the peer has
+answered, not when the deletes commit, so a writer busy with the node's own writes does not hold the
+sends back.
 
 A row may carry several links (``links.put``, sent only to a peer that accepts it). When the peer refuses
 one for good, the row is replaced, in one transaction, by one ``link.put`` row per link, which go out at
@@ -233,19 +236,30 @@ class OutboxSender:
 
     async def _attempt(self, peer: str, rows: list[OutboxRow]) -> None:
         state = self._peers[peer]
+        on_the_wire = sum(len(r.envelope) for r in rows)
+
+        def answered() -> None:
+            # The group's bytes leave the window once the peer has answered for them, before the bookkeeping
+            # (deleting the ACKed rows) commits: a writer busy with other work must not hold back the sends.
+            # The rows stay in ``inflight`` until then, so no poll sends them again, and no more than
+            # SEND_WINDOW rows of a peer wait for their bookkeeping.
+            nonlocal on_the_wire
+            state.inflight_bytes -= on_the_wire
+            on_the_wire = 0
+            state.wake.set()
+
         try:
-            await self._deliver(peer, rows)
+            await self._deliver(peer, rows, answered)
         except Exception as e:  # the database refused the bookkeeping (busy, disk full): the rows stay due
             log.error("outbox_attempt_failed", extra={"ev": {"peer": peer, "rows": len(rows),
                                                              "error": f"{type(e).__name__}: {e}"}})
         finally:
+            answered()
             for row in rows:
                 state.inflight.discard(row.id)
                 state.settled.add(row.correlation_id)
-            state.inflight_bytes -= sum(len(r.envelope) for r in rows)
-            state.wake.set()
 
-    async def _deliver(self, peer: str, rows: list[OutboxRow]) -> None:
+    async def _deliver(self, peer: str, rows: list[OutboxRow], answered: Callable[[], None]) -> None:
         now = self.clock_ms()
         for row in rows:
             if row.expires_at <= now:
@@ -256,6 +270,7 @@ class OutboxSender:
         sent = time.perf_counter()
         answers = await self.links[peer].send_many([(r.correlation_id, r.envelope) for r in live])
         took = time.perf_counter() - sent
+        answered()
         acked, rejected, failed = sort_answers(live, answers)
         if acked:
             if self.on_ack_latency is not None:

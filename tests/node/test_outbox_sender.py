@@ -230,6 +230,56 @@ async def test_envelope_bytes_in_flight_stay_within_the_window_handed_over_or_po
         await db.close()
 
 
+async def test_acked_bytes_leave_the_window_before_their_rows_are_deleted(tmp_path: Path) -> None:
+    """A writer busy elsewhere (the deletes of ACKed rows held back) does not stall the sends: what bounds them is
+    the bytes the peer has not answered for. No row is sent twice while its delete waits, and every row leaves
+    the outbox once the writer gets to it."""
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        big = b"\xa0" + b"\x00" * 30_000  # about a full links.put: two fill the window
+
+        def write(conn: Any) -> list[OutboxRow]:
+            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "links.put", big, 10**13, 0, i)
+                    for i in range(12)]
+            return [r for r in rows if r is not None]
+        rows = await db.write(write)
+        release = asyncio.Event()
+        held: list[str] = []
+        real_write = db.write
+
+        async def slow_deletes(fn: Any, *args: Any) -> Any:
+            if fn.__name__ == "_acked":
+                held.append(fn.__name__)
+                await release.wait()
+            return await real_write(fn, *args)
+
+        db.write = slow_deletes  # type: ignore[method-assign]
+        link, acked = WindowLink(), []
+        sender = _sender(db, link, acked)
+        sender.hand_off(rows)
+
+        async def all_sent() -> bool:
+            return len(link.sent) == len(rows)
+        task = asyncio.create_task(_run_until(sender, all_sent))
+        for _ in range(500):  # bounded: 5 s at most
+            if len(link.sent) == len(rows) or task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert len(link.sent) == len(rows), f"{len(link.sent)} of {len(rows)} sent while the deletes wait"
+        assert held and not acked
+        assert await db.read(outbox.depth) == len(rows), "no row leaves the outbox before its delete"
+        assert 0 < link.most <= SEND_WINDOW_BYTES
+        release.set()
+        await task
+
+        async def done() -> bool:
+            return len(acked) == len(rows) and await db.read(outbox.depth) == 0
+        await _run_until(_sender(db, link, acked), done)  # a fresh sender: the first was stopped
+        assert sorted(link.sent) == sorted(r.correlation_id for r in rows), "each row sent exactly once"
+    finally:
+        await db.close()
+
+
 async def test_idle_workers_share_one_read_a_tick_and_a_row_written_behind_their_back_still_goes_out(
         tmp_path: Path) -> None:
     """Five idle peers: their periodic polls make one shared read of which peers hold due rows per POLL_S tick,
