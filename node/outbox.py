@@ -246,7 +246,8 @@ class OutboxSender:
             nonlocal on_the_wire
             state.inflight_bytes -= on_the_wire
             on_the_wire = 0
-            state.wake.set()
+            state.wake.set()  # always, with bytes to release or not: the finally's call wakes a worker waiting
+            # for room in the row count
 
         try:
             await self._deliver(peer, rows, answered)
@@ -254,10 +255,10 @@ class OutboxSender:
             log.error("outbox_attempt_failed", extra={"ev": {"peer": peer, "rows": len(rows),
                                                              "error": f"{type(e).__name__}: {e}"}})
         finally:
-            answered()
             for row in rows:
                 state.inflight.discard(row.id)
                 state.settled.add(row.correlation_id)
+            answered()
 
     async def _deliver(self, peer: str, rows: list[OutboxRow], answered: Callable[[], None]) -> None:
         now = self.clock_ms()
