@@ -236,21 +236,8 @@ class OutboxSender:
 
     async def _attempt(self, peer: str, rows: list[OutboxRow]) -> None:
         state = self._peers[peer]
-        on_the_wire = sum(len(r.envelope) for r in rows)
-
-        def answered() -> None:
-            # The group's bytes leave the window once the peer has answered for them, before the bookkeeping
-            # (deleting the ACKed rows) commits: a writer busy with other work must not hold back the sends.
-            # The rows stay in ``inflight`` until then, so no poll sends them again, and no more than
-            # SEND_WINDOW rows of a peer wait for their bookkeeping.
-            nonlocal on_the_wire
-            state.inflight_bytes -= on_the_wire
-            on_the_wire = 0
-            state.wake.set()  # always, with bytes to release or not: the finally's call wakes a worker waiting
-            # for room in the row count
-
         try:
-            await self._deliver(peer, rows, answered)
+            await self._deliver(peer, rows)
         except Exception as e:  # the database refused the bookkeeping (busy, disk full): the rows stay due
             log.error("outbox_attempt_failed", extra={"ev": {"peer": peer, "rows": len(rows),
                                                              "error": f"{type(e).__name__}: {e}"}})
@@ -258,20 +245,28 @@ class OutboxSender:
             for row in rows:
                 state.inflight.discard(row.id)
                 state.settled.add(row.correlation_id)
-            answered()
+            state.wake.set()
 
-    async def _deliver(self, peer: str, rows: list[OutboxRow], answered: Callable[[], None]) -> None:
-        now = self.clock_ms()
-        for row in rows:
-            if row.expires_at <= now:
-                await self._dead_letter(row, row.last_error or "expired before it could be delivered")
-        live = [r for r in rows if r.expires_at > now]
-        if not live:
-            return
-        sent = time.perf_counter()
-        answers = await self.links[peer].send_many([(r.correlation_id, r.envelope) for r in live])
-        took = time.perf_counter() - sent
-        answered()
+    async def _deliver(self, peer: str, rows: list[OutboxRow]) -> None:
+        state = self._peers[peer]
+        try:
+            now = self.clock_ms()
+            for row in rows:
+                if row.expires_at <= now:
+                    await self._dead_letter(row, row.last_error or "expired before it could be delivered")
+            live = [r for r in rows if r.expires_at > now]
+            if not live:
+                return
+            sent = time.perf_counter()
+            answers = await self.links[peer].send_many([(r.correlation_id, r.envelope) for r in live])
+            took = time.perf_counter() - sent
+        finally:
+            # The group's bytes leave the window once the peer has answered for them, before the bookkeeping
+            # below (deleting the ACKed rows) commits: a writer busy with other work must not hold back the
+            # sends. The rows stay in flight until then (``_attempt``), so no poll sends them again, and no more
+            # than SEND_WINDOW rows of a peer wait for their bookkeeping.
+            state.inflight_bytes -= sum(len(r.envelope) for r in rows)
+            state.wake.set()
         acked, rejected, failed = sort_answers(live, answers)
         if acked:
             if self.on_ack_latency is not None:
