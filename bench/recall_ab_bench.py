@@ -43,8 +43,7 @@ def child(db: Path) -> dict[str, object]:
     answers = [[(m.id, s) for m, s in memories.recall(conn, q, 10, None, df)] for q in queries]
     times: dict[str, list[float]] = {k: [] for k in KINDS}
     for q in queries:
-        n, counts = df.counts(conn, memories.fts_tokens(q))
-        common = [n > 0 and 2 * k >= n for k in counts]
+        common = df.common(conn, memories.fts_tokens(q))
         kind = KINDS[2] if all(common) else KINDS[1] if any(common) else KINDS[0]
         t = time.perf_counter()
         memories.recall(conn, q, 10, None, df)
