@@ -18,8 +18,9 @@ posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY
 the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still the
 rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).
 When every word is common their idfs are all that clamped constant, so the window's order is by term
-counts and row lengths only: those are computed from the window's text and FTS5's %_docsize, the exact
-bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25 ranks as above). bm25() is
+counts and row lengths only: those are computed from the window's text (each row's counted once and kept
+while it is read), the exact bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25
+ranks as above). bm25() is
 called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank sorter,
 with the same scores; the window is found and ranked in one statement.
 When the words' counts (DocFreqs) suggest that no more than RANK_WINDOW rows hold them all, the window is
@@ -29,6 +30,7 @@ window, and when the guess was wrong the window is walked newest first as before
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
@@ -36,6 +38,7 @@ import re
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -65,12 +68,16 @@ _CHUNK = 500
 _K1, _B = 1.2, 0.75
 _WEIGHTS = (2.0, 1.0, 1.5)
 _CLAMPED_IDF = 1e-6
-# _rank_common separates a window's cells with \x01, and makes every other byte but ASCII letters and digits
+# _term_vector separates a row's cells with \x01, and makes every other byte but ASCII letters and digits
 # (upper case folded to lower, as unicode61 folds ASCII) a space: what is left are the cells' tokens.
 _CELL = "\x01"
 _TOKEN_BYTES = bytes(b + 32 if 65 <= b <= 90 else b if 48 <= b <= 57 or 97 <= b <= 122 or b == 1 else 32
                      for b in range(256))
 _K1_PLUS_1 = _K1 + 1.0
+# How many rows' term vectors _rank_common keeps (about 3.5 KB a row of ~300 bytes of text: ~15 MB at most).
+# An every-word-common window is the newest rows holding those words, so queries of such words read mostly the
+# same rows again; 4,096 holds several windows of 500.
+TERM_VECTORS = 4096
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -349,11 +356,12 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     """bm25 over the window when every word is in at least half the rows, computed here from the window's text.
 
     Each word's idf is then the same clamped constant, so a row's score needs only its weighted count of each
-    word (title 2.0, content 1.0, tags 1.5) and its length in tokens (FTS5's %_docsize), with the table's
-    row and token counts (its averages record): FTS5's idf pass, a walk of every word's whole posting list,
-    is skipped. The scores are bm25's, to the bit: the same formula, in the same order of float operations.
-    Words are counted as unicode61 tokenizes ASCII text (runs of letters and digits, case-folded), so this
-    path serves only ASCII words over an all-ASCII window; None tells the caller to rank with bm25 instead.
+    word (title 2.0, content 1.0, tags 1.5) and its length in tokens, with the table's row and token counts
+    (FTS5's averages record): FTS5's idf pass, a walk of every word's whole posting list, is skipped. A row's
+    counts and length come from its text (_term_vector, kept for the rows read most recently). The scores are
+    bm25's, to the bit: the same formula, in the same order of float operations. Words are counted as unicode61
+    tokenizes ASCII text (runs of letters and digits, case-folded), so this path serves only ASCII words over
+    an all-ASCII window; None tells the caller to rank with bm25 instead.
     Equal scores: the older memory first. [] when no memory holds every word.
     """
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
@@ -367,34 +375,21 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
         return None
     avgdl = sum(col_tokens) / n_rows
     ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
-    # The window (the rank_window most recent rows holding every word), with each row's cells and length.
+    # The window (the rank_window most recent rows holding every word), with each row's cells.
     window = conn.execute(
-        "SELECT f.rowid, m.title || char(1) || m.content || char(1) || m.tags, d.sz FROM memories_fts AS f "
-        "JOIN memories AS m ON m.rowid = f.rowid JOIN memories_fts_docsize AS d ON d.id = f.rowid "
-        f"WHERE memories_fts MATCH ? {ns_where} ORDER BY f.rowid DESC LIMIT ?",
+        "SELECT f.rowid, m.title || char(1) || m.content || char(1) || m.tags FROM memories_fts AS f "
+        f"JOIN memories AS m ON m.rowid = f.rowid WHERE memories_fts MATCH ? {ns_where} ORDER BY f.rowid DESC LIMIT ?",
         (" AND ".join(tokens), *ns_args, rank_window)).fetchall()
     if not window:
         return []
-    text = _CELL.join([r[1] for r in window])
-    if not text.isascii() or text.count(_CELL) != 3 * len(window) - 1:
+    vectors = [v for v in map(_term_vector, [r[1] for r in window]) if v is not None]
+    if len(vectors) < len(window):
         return None
-    # Tokens apart by spaces and each cell padded by one: a word's count in a cell is how many times " word " is
-    # in it (bytes.count, in C), as long as no two of them share a space, which only " word word " makes; then
-    # every space is doubled first.
-    spaced = b" " + text.encode("ascii").translate(_TOKEN_BYTES).replace(b"\x01", b" \x01 ") + b" "
-    if any(f" {w} {w} ".encode("ascii") in spaced for w in words):
-        spaced = spaced.replace(b" ", b"  ")
-    cells = spaced.split(b"\x01")
-    # A row's length in tokens is the sum of its %_docsize varints, one per column (one byte each below 128).
-    norms = [_K1 * (1 - _B + _B * (sum(sz) if sz.isascii() else sum(_varints(sz))) / avgdl) for _, _, sz in window]
-    wt, wc, wg = _WEIGHTS
-    # The words' terms are added in the query's order, from 0.0, as bm25 adds them; a word's frequency in a row
-    # is its weighted count there (title 2.0, content 1.0, tags 1.5).
+    norms = [_K1 * (1 - _B + _B * length / avgdl) for length, _ in vectors]
+    # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
     scores = [0.0] * len(window)
-    for word in words:
-        token = f" {word} ".encode("ascii")
-        n = [cell.count(token) for cell in cells]
-        freqs = [wt * t + wc * c + wg * g for t, c, g in zip(n[0::3], n[1::3], n[2::3], strict=True)]
+    for word in [w.encode("ascii") for w in words]:
+        freqs = [v.get(word, 0.0) for _, v in vectors]
         scores = [s + _CLAMPED_IDF * ((x * _K1_PLUS_1) / (x + d)) for s, x, d in zip(scores, freqs, norms, strict=True)]
     # The best first, equal scores older (lower rowid) first: the smallest (-score, rowid).
     best = heapq.nsmallest(limit, zip([-x for x in scores], [r[0] for r in window], strict=True))
@@ -403,6 +398,25 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
         f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
     return [(found[rowid], -score) for score, rowid in best if rowid in found]
+
+
+@functools.lru_cache(maxsize=TERM_VECTORS)
+def _term_vector(cells: str) -> tuple[int, dict[bytes, float]] | None:
+    """A row's length in tokens and each token's frequency in it as bm25 weighs it (title 2.0, content 1.0,
+    tags 1.5), from its title, content and tags joined by _CELL; None unless the text is ASCII without _CELL.
+
+    Tokens are runs of ASCII letters and digits, case-folded, as unicode61 tokenizes ASCII text, so the length
+    is FTS5's %_docsize sum and the weighted count the one bm25 computes. A pure function of the text, kept for
+    the TERM_VECTORS most recently used rows: the text is its own key, so an updated, deleted or renumbered row
+    can never be given another text's counts."""
+    if not cells.isascii() or cells.count(_CELL) != 2:
+        return None
+    spaced = cells.encode("ascii").translate(_TOKEN_BYTES)
+    title, content, tags = (Counter(cell.split()) for cell in spaced.split(b"\x01"))
+    wt, wc, wg = _WEIGHTS
+    freqs = {tok: wt * title[tok] + wc * content[tok] + wg * tags[tok]
+             for tok in title.keys() | content.keys() | tags.keys()}
+    return title.total() + content.total() + tags.total(), freqs
 
 
 def _varints(blob: bytes) -> list[int]:

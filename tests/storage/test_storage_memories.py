@@ -386,6 +386,45 @@ def test_every_word_common_counts_words_next_to_each_other(tmp_path, contents: l
     conn.close()
 
 
+def test_every_word_common_scores_a_rows_new_text_after_an_update_or_a_renumbering(tmp_path):
+    """A row's counts are kept by its text: an updated row, or another row at a deleted row's rowid, is counted
+    afresh, never given the counts its rowid had when it was last read."""
+    conn = sqlite3.connect(tmp_path / "kept.db", isolation_level=None)
+    migrate(conn)
+    rows = [make_memory(content=c) for c in ("the of", "the of the", "of the x y", "the the of of")]
+    for r in rows:
+        memories.insert(conn, r)
+    tokens = memories.fts_tokens("the of")
+
+    def both() -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+        ours = memories._rank_common(conn, tokens, 10, None, memories.RANK_WINDOW)
+        assert ours is not None
+        return [(m.id, s) for m, s in ours], _rank_sorter_recall(conn, "the of", 10)
+
+    ours, old = both()
+    assert ours == old
+    memories.overwrite(conn, memories.next_version(rows[0], content="the the the of of of", writer="w",
+                                                   updated_at=rows[0].updated_at + 1))
+    ours, old = both()
+    assert ours == old and ours[0][0] == rows[0].id
+    # The newest row deleted and another inserted: SQLite gives the new row the same rowid.
+    rowid = conn.execute("SELECT rowid FROM memories WHERE id = ?", (rows[3].id,)).fetchone()[0]
+    conn.execute("DELETE FROM memories WHERE id = ?", (rows[3].id,))
+    fresh = make_memory(content="of the " + "z " * 20)
+    memories.insert(conn, fresh)
+    assert conn.execute("SELECT rowid FROM memories WHERE id = ?", (fresh.id,)).fetchone()[0] == rowid
+    ours, old = both()
+    assert ours == old and ours[-1][0] == fresh.id
+    conn.close()
+
+
+def test_term_vectors_are_bounded_and_refuse_text_they_cannot_count():
+    assert memories._term_vector.cache_info().maxsize == memories.TERM_VECTORS
+    assert memories._term_vector("The\x01of, the\x01[\"the\"]") == (4, {b"the": 2.0 + 1.0 + 1.5, b"of": 1.0})
+    assert memories._term_vector("café\x01the\x01") is None  # not ASCII: bm25 ranks
+    assert memories._term_vector("the\x01the\x01of\x01x") is None  # the cell separator inside a cell
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
 async def test_every_word_common_ranks_the_denser_and_shorter_memory_first(db: Database):
     dense = make_memory(title="the", content="the of the")
