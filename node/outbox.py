@@ -26,6 +26,7 @@ once: each link then gets its own answer, and only a link refused on its own is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -268,20 +269,35 @@ class OutboxSender:
             state.inflight_bytes -= sum(len(r.envelope) for r in rows)
             state.wake.set()
         acked, rejected, failed = sort_answers(live, answers)
-        if acked:
-            if self.on_ack_latency is not None:
-                for _ in acked:
-                    self.on_ack_latency(peer, took)
-            await self._record_acks(peer, acked)
-            self.delivered += len(acked)
-            await self.on_ack(peer, [r.correlation_id for r in acked])
+        # Each kind of answer is booked on its own: a write that fails for one (the database busy or full) must
+        # not skip the others' (a failed row would go out again at the next poll, with no back-off).
+        errors: list[Exception] = []
+        for book in (functools.partial(self._book_acks, peer, acked, took),
+                     functools.partial(self._book_rejections, peer, rejected),
+                     functools.partial(self._failed, failed)):
+            try:
+                await book()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    async def _book_acks(self, peer: str, acked: list[OutboxRow], took: float) -> None:
+        if not acked:
+            return
+        if self.on_ack_latency is not None:
+            for _ in acked:
+                self.on_ack_latency(peer, took)
+        await self._record_acks(peer, acked)
+        self.delivered += len(acked)
+        await self.on_ack(peer, [r.correlation_id for r in acked])
+
+    async def _book_rejections(self, peer: str, rejected: list[tuple[OutboxRow, str | None]]) -> None:
         for row, reason in rejected:
             if row.kind == "links.put":
                 await self._unpack(peer, row, reason)
             else:
                 await self._dead_letter(row, reason)
-        if failed:
-            await self._failed(failed)
 
     async def _record_acks(self, peer: str, rows: list[OutboxRow]) -> None:
         """Delete ACKed rows; returns once that is committed.
@@ -333,6 +349,8 @@ class OutboxSender:
 
     async def _failed(self, failed: list[tuple[OutboxRow, str]]) -> None:
         """Schedule the next attempt of each row (one writer job), or dead-letter those out of attempts."""
+        if not failed:
+            return
         now = self.clock_ms()
         retries: list[tuple[int, int, int, str]] = []
         for row, error in failed:

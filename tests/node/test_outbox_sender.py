@@ -13,7 +13,7 @@ from typing import Any
 from a2a import Ack, RetrySchedule
 from mesh.errors import MeshError
 from node.outbox import SEND_WINDOW_BYTES, OutboxSender
-from storage import Database, outbox
+from storage import Database, StorageError, outbox
 from storage.outbox import OutboxRow
 
 PEER = "ai:b@test"
@@ -328,3 +328,54 @@ async def test_idle_workers_share_one_read_a_tick_and_a_row_written_behind_their
         assert await real_read(outbox.peers_due, 499, 10) == frozenset()  # none due yet
     finally:
         await db.close()
+
+
+class HalfFailingLink(AckingLink):
+    """ACKs the first frame of each group; the others fail as a dropped connection would."""
+
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
+        self.sent.extend(cid for cid, _ in frames)
+        await asyncio.sleep(0)
+        return [Ack.ok(cid, PEER) if i == 0 else MeshError("peer_unreachable", "the connection dropped")
+                for i, (cid, _) in enumerate(frames)]
+
+
+async def test_a_failed_ack_delete_still_schedules_the_groups_failed_rows_retry(tmp_path: Path) -> None:
+    """The ACKed row's delete fails (the database busy): the group's failed rows still get their attempt counted
+    and their back-off, rather than going out again at the next poll; the ACKed row stays due, and goes again."""
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        rows = await _enqueued(db, 3)
+        real_write = db.write
+        refused: list[str] = []
+
+        async def busy_deletes(fn: Any, *args: Any) -> Any:
+            if fn.__name__ == "_acked":
+                refused.append(fn.__name__)
+                raise StorageError("busy", "database is locked")
+            return await real_write(fn, *args)
+
+        db.write = busy_deletes  # type: ignore[method-assign]
+        link, acked = HalfFailingLink(), []
+        sender = _sender(db, link, acked)
+        sender.hand_off(rows)
+
+        async def stored() -> dict[int, OutboxRow | None]:
+            return {r.id: await db.read(outbox.get, r.id) for r in rows}
+
+        async def attempted() -> bool:
+            now = await stored()
+            return bool(refused) and all(now[r.id] is not None and now[r.id].attempts == 1  # type: ignore[union-attr]
+                                         for r in rows[1:])
+        await _run_until(sender, attempted)
+        now = await stored()
+        assert refused and not acked
+        assert all(now[r.id] is not None for r in rows), "nothing leaves the outbox"
+        assert now[rows[0].id].attempts == 0, "the ACKed row stays due as it was"  # type: ignore[union-attr]
+        for r in rows[1:]:
+            row = now[r.id]
+            assert row is not None and row.attempts == 1 and row.next_attempt_at > 1_000
+            assert row.last_error == "peer_unreachable: the connection dropped"
+    finally:
+        await db.close()
+
