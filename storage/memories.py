@@ -30,7 +30,6 @@ window, and when the guess was wrong the window is walked newest first as before
 
 from __future__ import annotations
 
-import functools
 import heapq
 import json
 import math
@@ -38,7 +37,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -74,10 +73,10 @@ _CELL = "\x01"
 _TOKEN_BYTES = bytes(b + 32 if 65 <= b <= 90 else b if 48 <= b <= 57 or 97 <= b <= 122 or b == 1 else 32
                      for b in range(256))
 _K1_PLUS_1 = _K1 + 1.0
-# How many rows' term vectors _rank_common keeps (about 3.5 KB a row of ~300 bytes of text: ~15 MB at most).
-# An every-word-common window is the newest rows holding those words, so queries of such words read mostly the
-# same rows again; 4,096 holds several windows of 500.
-TERM_VECTORS = 4096
+# How much memory the rows' term vectors kept for _rank_common may take (TermVectors' estimate): an every-word-
+# common window is the newest rows holding those words, so such queries read mostly the same rows again. 16 MiB
+# holds ~4,000 rows of ~300 bytes of text (several windows of 500), fewer of longer ones.
+TERM_VECTOR_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -358,10 +357,10 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     Each word's idf is then the same clamped constant, so a row's score needs only its weighted count of each
     word (title 2.0, content 1.0, tags 1.5) and its length in tokens, with the table's row and token counts
     (FTS5's averages record): FTS5's idf pass, a walk of every word's whole posting list, is skipped. A row's
-    counts and length come from its text (_term_vector, kept for the rows read most recently). The scores are
-    bm25's, to the bit: the same formula, in the same order of float operations. Words are counted as unicode61
-    tokenizes ASCII text (runs of letters and digits, case-folded), so this path serves only ASCII words over
-    an all-ASCII window; None tells the caller to rank with bm25 instead.
+    counts and length come from its text (_term_vector; TermVectors keeps those of the rows read most recently).
+    The scores are bm25's, to the bit: the same formula, in the same order of float operations. Words are counted
+    as unicode61 tokenizes ASCII text (runs of letters and digits, case-folded), so this path serves only ASCII
+    words over an all-ASCII window; None tells the caller to rank with bm25 instead.
     Equal scores: the older memory first. [] when no memory holds every word.
     """
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
@@ -382,7 +381,7 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
         (" AND ".join(tokens), *ns_args, rank_window)).fetchall()
     if not window:
         return []
-    vectors = [v for v in map(_term_vector, [r[1] for r in window]) if v is not None]
+    vectors = [v for v in TERM_VECTORS.of([r[1] for r in window]) if v is not None]
     if len(vectors) < len(window):
         return None
     norms = [_K1 * (1 - _B + _B * length / avgdl) for length, _ in vectors]
@@ -400,15 +399,15 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     return [(found[rowid], -score) for score, rowid in best if rowid in found]
 
 
-@functools.lru_cache(maxsize=TERM_VECTORS)
-def _term_vector(cells: str) -> tuple[int, dict[bytes, float]] | None:
+TermVector = tuple[int, dict[bytes, float]]  # a row's length in tokens, each token's weighted count
+
+
+def _term_vector(cells: str) -> TermVector | None:
     """A row's length in tokens and each token's frequency in it as bm25 weighs it (title 2.0, content 1.0,
     tags 1.5), from its title, content and tags joined by _CELL; None unless the text is ASCII without _CELL.
 
     Tokens are runs of ASCII letters and digits, case-folded, as unicode61 tokenizes ASCII text, so the length
-    is FTS5's %_docsize sum and the weighted count the one bm25 computes. A pure function of the text, kept for
-    the TERM_VECTORS most recently used rows: the text is its own key, so an updated, deleted or renumbered row
-    can never be given another text's counts."""
+    is FTS5's %_docsize sum and the weighted count the one bm25 computes."""
     if not cells.isascii() or cells.count(_CELL) != 2:
         return None
     spaced = cells.encode("ascii").translate(_TOKEN_BYTES)
@@ -417,6 +416,58 @@ def _term_vector(cells: str) -> tuple[int, dict[bytes, float]] | None:
     freqs = {tok: wt * title[tok] + wc * content[tok] + wg * tags[tok]
              for tok in title.keys() | content.keys() | tags.keys()}
     return title.total() + content.total() + tags.total(), freqs
+
+
+class TermVectors:
+    """The term vectors (_term_vector) of the rows read most recently, within an estimate of ``max_bytes``.
+
+    A vector is a pure function of the row's text, and the text is its key: an updated, deleted or renumbered
+    row can never be given another text's counts, and one cache serves every database of the process. Thread-
+    safe: a database's readers share it."""
+
+    # Per token kept: the dict slot, the token's bytes object and its float, roughly.
+    _TOKEN_BYTES_EST = 100
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, tuple[TermVector | None, int]] = OrderedDict()
+
+    def of(self, texts: list[str]) -> list[TermVector | None]:
+        """The vector of each text, counted now for those not kept (and then kept, the least recently used
+        ones making room)."""
+        with self._lock:
+            kept = [self._kept.get(t) for t in texts]
+            for t, k in zip(texts, kept, strict=True):
+                if k is not None:
+                    self._kept.move_to_end(t)
+        if all(k is not None for k in kept):
+            return [k[0] for k in kept]  # type: ignore[index]
+        out: list[TermVector | None] = []
+        fresh: dict[str, tuple[TermVector | None, int]] = {}
+        for t, k in zip(texts, kept, strict=True):
+            if k is None:
+                k = fresh.get(t)
+            if k is None:
+                v = _term_vector(t)
+                k = fresh[t] = (v, len(t) + self._TOKEN_BYTES_EST * (len(v[1]) if v else 0))
+            out.append(k[0])
+        with self._lock:
+            for t, k in fresh.items():
+                if t in self._kept or k[1] > self.max_bytes:
+                    continue
+                self._kept[t] = k
+                self.bytes += k[1]
+            while self.bytes > self.max_bytes:
+                self.bytes -= self._kept.popitem(last=False)[1][1]
+        return out
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+TERM_VECTORS = TermVectors(TERM_VECTOR_BYTES)
 
 
 def _varints(blob: bytes) -> list[int]:

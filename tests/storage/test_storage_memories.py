@@ -418,11 +418,23 @@ def test_every_word_common_scores_a_rows_new_text_after_an_update_or_a_renumberi
     conn.close()
 
 
-def test_term_vectors_are_bounded_and_refuse_text_they_cannot_count():
-    assert memories._term_vector.cache_info().maxsize == memories.TERM_VECTORS
+def test_term_vectors_refuse_text_they_cannot_count():
     assert memories._term_vector("The\x01of, the\x01[\"the\"]") == (4, {b"the": 2.0 + 1.0 + 1.5, b"of": 1.0})
     assert memories._term_vector("café\x01the\x01") is None  # not ASCII: bm25 ranks
     assert memories._term_vector("the\x01the\x01of\x01x") is None  # the cell separator inside a cell
+
+
+def test_term_vectors_keep_the_most_recently_used_within_their_bytes():
+    kept = memories.TermVectors(max_bytes=2_000)
+    texts = [f"t{i}\x01" + " ".join(f"w{i}x{j}" for j in range(5)) + "\x01" for i in range(20)]
+    assert kept.of(texts[:2]) == [memories._term_vector(t) for t in texts[:2]]
+    for t in texts[2:]:
+        kept.of([texts[0], t])  # texts[0] used every time: never the one to go
+    assert kept.bytes <= 2_000 and 1 < len(kept) < 20
+    assert texts[0] in kept._kept and texts[1] not in kept._kept and texts[-1] in kept._kept
+    huge = "x\x01" + "y " * 5_000 + "\x01"
+    assert kept.of([huge]) == [memories._term_vector(huge)] and huge not in kept._kept  # over the whole budget
+    assert kept.of(["é\x01\x01", texts[0]]) == [None, memories._term_vector(texts[0])]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
