@@ -357,7 +357,7 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     Each word's idf is then the same clamped constant, so a row's score needs only its weighted count of each
     word (title 2.0, content 1.0, tags 1.5) and its length in tokens, with the table's row and token counts
     (FTS5's averages record): FTS5's idf pass, a walk of every word's whole posting list, is skipped. A row's
-    counts and length come from its text (_term_vector; TermVectors keeps those of the rows read most recently).
+    counts and length come from its text (_term_vector; TermVectors keeps those of the rows counted last).
     The scores are bm25's, to the bit: the same formula, in the same order of float operations. Words are counted
     as unicode61 tokenizes ASCII text (runs of letters and digits, case-folded), so this path serves only ASCII
     words over an all-ASCII window; None tells the caller to rank with bm25 instead.
@@ -419,11 +419,13 @@ def _term_vector(cells: str) -> TermVector | None:
 
 
 class TermVectors:
-    """The term vectors (_term_vector) of the rows read most recently, within an estimate of ``max_bytes``.
+    """The term vectors (_term_vector) of the rows counted most recently, within an estimate of ``max_bytes``;
+    the first counted go first when room is needed (an every-word-common window is the newest rows, so the rows
+    counted longest ago are the likeliest to have left it, and a hit costs one dict lookup, nothing more).
 
     A vector is a pure function of the row's text, and the text is its key: an updated, deleted or renumbered
     row can never be given another text's counts, and one cache serves every database of the process. Thread-
-    safe: a database's readers share it."""
+    safe: a database's readers share it (lookups are single dict reads; changes hold the lock)."""
 
     # Per token kept: the dict slot, the token's bytes object and its float, roughly.
     _TOKEN_BYTES_EST = 100
@@ -435,14 +437,9 @@ class TermVectors:
         self._kept: OrderedDict[str, tuple[TermVector | None, int]] = OrderedDict()
 
     def of(self, texts: list[str]) -> list[TermVector | None]:
-        """The vector of each text, counted now for those not kept (and then kept, the least recently used
-        ones making room)."""
-        with self._lock:
-            kept = [self._kept.get(t) for t in texts]
-            for t, k in zip(texts, kept, strict=True):
-                if k is not None:
-                    self._kept.move_to_end(t)
-        if all(k is not None for k in kept):
+        """The vector of each text, counted now for those not kept (and then kept)."""
+        kept = list(map(self._kept.get, texts))
+        if None not in kept:
             return [k[0] for k in kept]  # type: ignore[index]
         out: list[TermVector | None] = []
         fresh: dict[str, tuple[TermVector | None, int]] = {}

@@ -424,17 +424,18 @@ def test_term_vectors_refuse_text_they_cannot_count():
     assert memories._term_vector("the\x01the\x01of\x01x") is None  # the cell separator inside a cell
 
 
-def test_term_vectors_keep_the_most_recently_used_within_their_bytes():
+def test_term_vectors_keep_the_last_counted_within_their_bytes():
     kept = memories.TermVectors(max_bytes=2_000)
     texts = [f"t{i}\x01" + " ".join(f"w{i}x{j}" for j in range(5)) + "\x01" for i in range(20)]
     assert kept.of(texts[:2]) == [memories._term_vector(t) for t in texts[:2]]
+    assert kept.of(texts[:2]) == [memories._term_vector(t) for t in texts[:2]]  # kept: the same answers
     for t in texts[2:]:
-        kept.of([texts[0], t])  # texts[0] used every time: never the one to go
+        kept.of([t, t])
     assert kept.bytes <= 2_000 and 1 < len(kept) < 20
-    assert texts[0] in kept._kept and texts[1] not in kept._kept and texts[-1] in kept._kept
+    assert texts[0] not in kept._kept and texts[-1] in kept._kept and texts[-2] in kept._kept
     huge = "x\x01" + "y " * 5_000 + "\x01"
     assert kept.of([huge]) == [memories._term_vector(huge)] and huge not in kept._kept  # over the whole budget
-    assert kept.of(["é\x01\x01", texts[0]]) == [None, memories._term_vector(texts[0])]
+    assert kept.of(["é\x01\x01", texts[-1]]) == [None, memories._term_vector(texts[-1])]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
