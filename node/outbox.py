@@ -93,6 +93,10 @@ class _Peer:
     # Poll at the next turn: asked for (start, link up, CLI), or the last poll or hand-off left rows behind.
     poll_wanted: bool = True
     backlog: bool = False
+    # The envelope bytes of a row that did not fit what was left of the window (0: none), and whether the poll
+    # (rather than the hand-off) offered it: nothing more is taken until that much room is free.
+    waiting_bytes: int = 0
+    waiting_polled: bool = False
 
 
 class OutboxSender:
@@ -169,21 +173,34 @@ class OutboxSender:
                 state.wake.clear()
                 room = SEND_WINDOW - len(state.inflight)
                 budget = _Budget(SEND_WINDOW_BYTES - state.inflight_bytes, first=not state.inflight)
-                rows = self._take_fresh(state, room, budget)
-                room -= len(rows)
-                if room > 0 and budget.left > 0 and (state.poll_wanted or state.backlog or loop.time() >= next_poll):
-                    periodic = not (state.poll_wanted or state.backlog)
-                    state.poll_wanted = False
-                    next_poll = (math.floor(loop.time() / POLL_S) + 1) * POLL_S  # the next tick of the grid
-                    due = await self._peers_due(loop) if periodic else None  # None: any peer may hold some
-                    if due is None or peer in due:
-                        rows += await self._poll(peer, state, room, rows, budget)
+                rows: list[OutboxRow] = []
+                # A row that did not fit what was left of the window waits for that much room, and nothing is taken
+                # meanwhile: each ACK's room would go to the smaller rows behind it, and it would wait for the whole
+                # backlog (or its TTL). It went to the hand-off's head or was the poll's first row left, so that
+                # source is asked first once the room is there.
+                waiting = state.waiting_bytes
+                if budget.fits(waiting):
+                    state.waiting_bytes = 0
+                    if not (waiting and state.waiting_polled):
+                        rows = self._take_fresh(state, room, budget)
+                    if (room > len(rows) and budget.left > 0 and not state.waiting_bytes
+                            and (state.poll_wanted or state.backlog or loop.time() >= next_poll)):
+                        periodic = not (state.poll_wanted or state.backlog)
+                        state.poll_wanted = False
+                        next_poll = (math.floor(loop.time() / POLL_S) + 1) * POLL_S  # the next tick of the grid
+                        due = await self._peers_due(loop) if periodic else None  # None: any peer may hold some
+                        if due is None or peer in due:
+                            rows += await self._poll(peer, state, room - len(rows), rows, budget)
+                    if waiting and state.waiting_polled and not state.waiting_bytes:
+                        rows += self._take_fresh(state, room - len(rows), budget)
                 for group in _groups(rows):
                     state.inflight.update(r.id for r in group)
                     state.inflight_bytes += sum(len(r.envelope) for r in group)
                     tg.create_task(self._attempt(peer, group))
+                # While a row waits for room only an ACK (or stopping) can change anything: no periodic poll.
+                timeout = None if state.waiting_bytes and state.inflight else max(0.0, next_poll - loop.time())
                 try:
-                    await asyncio.wait_for(state.wake.wait(), max(0.0, next_poll - loop.time()))
+                    await asyncio.wait_for(state.wake.wait(), timeout)
                 except TimeoutError:
                     pass
 
@@ -203,6 +220,7 @@ class OutboxSender:
                 del state.fresh[cid]
                 continue  # the poll got there first
             if not budget.take(len(row.envelope)):
+                state.waiting_bytes, state.waiting_polled = len(row.envelope), False
                 break  # stays handed over: sent when ACKs make room
             del state.fresh[cid]
             self._attempting(state, cid)
@@ -224,6 +242,7 @@ class OutboxSender:
                 continue  # sent (or handed over) while the read ran
             if not budget.take(len(row.envelope)):
                 state.backlog = True  # still due in the database: the next poll reads it again
+                state.waiting_bytes, state.waiting_polled = len(row.envelope), True
                 break
             self._attempting(state, cid)
             rows.append(row)
@@ -382,8 +401,11 @@ class _Budget:
     left: int
     first: bool
 
+    def fits(self, n: int) -> bool:
+        return n <= self.left or self.first
+
     def take(self, n: int) -> bool:
-        if n > self.left and not self.first:
+        if not self.fits(n):
             return False
         self.first = False
         self.left -= n

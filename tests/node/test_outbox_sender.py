@@ -379,3 +379,44 @@ async def test_a_failed_ack_delete_still_schedules_the_groups_failed_rows_retry(
     finally:
         await db.close()
 
+
+
+class SerialLink(AckingLink):
+    """Answers the groups one at a time, in the order they were sent, each 5 ms after the one before: the window
+    frees a group's bytes at a time, as a busy peer's ACKs come back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._turn = asyncio.Lock()
+
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
+        self.sent.extend(cid for cid, _ in frames)
+        async with self._turn:
+            await asyncio.sleep(0.005)
+        return [Ack.ok(cid, PEER) for cid, _ in frames]
+
+
+async def test_a_row_that_waits_for_room_is_not_overtaken_by_smaller_ones(tmp_path: Path) -> None:
+    """A row too large for what is left of the window waits for room, and the smaller rows behind it (polled from
+    the database) wait too: otherwise each ACK's room goes to them, and the large row waits for the whole
+    backlog (or its TTL)."""
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        def write(conn: Any) -> list[OutboxRow]:
+            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "links.put", b"\xa0" + b"\x00" * size,
+                                       10**13, 0, i) for i, size in enumerate([30_000, 40_000] + [2_000] * 60)]
+            return [r for r in rows if r is not None]
+        rows = await db.write(write)
+        first, large, small = rows[0], rows[1], rows[2:]
+        link, acked = SerialLink(), []
+        sender = _sender(db, link, acked)
+        sender.hand_off([first, large])  # the small rows only in the database: the poll finds them
+
+        async def done() -> bool:
+            return len(acked) == len(rows) and await db.read(outbox.depth) == 0
+        await _run_until(sender, done)
+        assert sorted(link.sent) == sorted(r.correlation_id for r in rows)
+        overtaken = link.sent.index(large.correlation_id) - 1  # at most the window's worth taken with the first row
+        assert overtaken <= SEND_WINDOW_BYTES // 2_000, f"{overtaken} of {len(small)} small rows went first"
+    finally:
+        await db.close()
