@@ -288,18 +288,21 @@ class OutboxSender:
             state.inflight_bytes -= sum(len(r.envelope) for r in rows)
             state.wake.set()
         acked, rejected, failed = sort_answers(live, answers)
-        # Each kind of answer is booked on its own: a write that fails for one (the database busy or full) must
-        # not skip the others' (a failed row would go out again at the next poll, with no back-off).
-        errors: list[Exception] = []
-        for book in (functools.partial(self._book_acks, peer, acked, took),
-                     functools.partial(self._book_rejections, peer, rejected),
-                     functools.partial(self._failed, failed)):
-            try:
-                await book()
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        # Each piece of the bookkeeping stands alone: a write that fails for one (the database busy or full) is
+        # logged and leaves those rows due, and must not skip the others' (a failed row would go out again at the
+        # next poll, with no back-off).
+        await self._booking(peer, "acks", functools.partial(self._book_acks, peer, acked, took))
+        for row, reason in rejected:
+            await self._booking(peer, "rejection", functools.partial(self._book_rejection, peer, row, reason))
+        await self._booking(peer, "failures", functools.partial(self._failed, failed))
+
+    @staticmethod
+    async def _booking(peer: str, what: str, book: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await book()
+        except Exception as e:  # the database refused the bookkeeping (busy, disk full): those rows stay due
+            log.error("outbox_booking_failed", extra={"ev": {"peer": peer, "what": what,
+                                                             "error": f"{type(e).__name__}: {e}"}})
 
     async def _book_acks(self, peer: str, acked: list[OutboxRow], took: float) -> None:
         if not acked:
@@ -311,12 +314,11 @@ class OutboxSender:
         self.delivered += len(acked)
         await self.on_ack(peer, [r.correlation_id for r in acked])
 
-    async def _book_rejections(self, peer: str, rejected: list[tuple[OutboxRow, str | None]]) -> None:
-        for row, reason in rejected:
-            if row.kind == "links.put":
-                await self._unpack(peer, row, reason)
-            else:
-                await self._dead_letter(row, reason)
+    async def _book_rejection(self, peer: str, row: OutboxRow, reason: str | None) -> None:
+        if row.kind == "links.put":
+            await self._unpack(peer, row, reason)
+        else:
+            await self._dead_letter(row, reason)
 
     async def _record_acks(self, peer: str, rows: list[OutboxRow]) -> None:
         """Delete ACKed rows; returns once that is committed.
@@ -376,7 +378,7 @@ class OutboxSender:
             attempts = row.attempts + 1
             nxt = self.schedule.next_attempt_at(attempts, now, row.expires_at)
             if nxt is None:
-                await self._dead_letter(row, error, attempts)
+                await self._booking(row.peer, "dead letter", functools.partial(self._dead_letter, row, error, attempts))
                 continue
             retries.append((row.id, attempts, nxt, error))
             log.info("retry_scheduled", extra={"ev": {"peer": row.peer, "correlation_id": row.correlation_id,

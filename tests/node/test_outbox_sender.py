@@ -420,3 +420,49 @@ async def test_a_row_that_waits_for_room_is_not_overtaken_by_smaller_ones(tmp_pa
         assert overtaken <= SEND_WINDOW_BYTES // 2_000, f"{overtaken} of {len(small)} small rows went first"
     finally:
         await db.close()
+
+
+class FailingLink(AckingLink):
+    """Every frame fails, as a dropped connection would."""
+
+    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
+        self.sent.extend(cid for cid, _ in frames)
+        await asyncio.sleep(0)
+        return [MeshError("peer_unreachable", "the connection dropped") for _ in frames]
+
+
+async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp_path: Path, caplog: Any) -> None:
+    """In one group, a row out of time goes to dead letters and the others get their back-off: the dead letter's
+    write failing leaves that row due and logged, and the others' retries are still booked."""
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        def write(conn: Any) -> list[OutboxRow]:
+            # The first expires before its first retry would be due (clock 1,000 ms, first delay 1 s).
+            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "ping", b"\xa0", expires, 0, i)
+                    for i, expires in enumerate([1_500, 10**13, 10**13])]
+            return [r for r in rows if r is not None]
+        rows = await db.write(write)
+        real_write = db.write
+
+        async def full_disk(fn: Any, *args: Any) -> Any:
+            if fn.__name__ == "to_dead_letter":
+                raise StorageError("disk_full", "database or disk is full")
+            return await real_write(fn, *args)
+
+        db.write = full_disk  # type: ignore[method-assign]
+        sender = _sender(db, FailingLink(), [])
+        sender.hand_off(rows)
+
+        async def booked() -> bool:
+            now = [await db.read(outbox.get, row.id) for row in rows[1:]]
+            return all(r is not None and r.attempts >= 1 for r in now)
+        with caplog.at_level("ERROR", logger="node.outbox"):
+            await _run_until(sender, booked)
+        for row in rows[1:]:
+            got = await db.read(outbox.get, row.id)
+            assert got is not None and got.attempts == 1 and got.next_attempt_at == 2_000
+        assert await db.read(outbox.get, rows[0].id) is not None, "the dead letter's write failed: still due"
+        assert sender.dead_lettered == 0
+        assert any(getattr(r, "ev", {}).get("what") == "dead letter" for r in caplog.records)
+    finally:
+        await db.close()
