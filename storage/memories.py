@@ -35,6 +35,7 @@ import json
 import math
 import re
 import sqlite3
+import sys
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -73,9 +74,10 @@ _CELL = "\x01"
 _TOKEN_BYTES = bytes(b + 32 if 65 <= b <= 90 else b if 48 <= b <= 57 or 97 <= b <= 122 or b == 1 else 32
                      for b in range(256))
 _K1_PLUS_1 = _K1 + 1.0
-# How much memory the rows' term vectors kept for _rank_common may take (TermVectors' estimate): an every-word-
-# common window is the newest rows holding those words, so such queries read mostly the same rows again. 16 MiB
-# holds ~4,000 rows of ~300 bytes of text (several windows of 500), fewer of longer ones.
+# How much memory the rows' term vectors kept for _rank_common may take (TermVectors' estimate, within ~10% of
+# tracemalloc's count for rows of 1 to 300 words): an every-word-common window is the newest rows holding those
+# words, so such queries read mostly the same rows again. 16 MiB holds ~3,000 rows of ~300 bytes of text
+# (several windows of 500), fewer of longer ones.
 TERM_VECTOR_BYTES = 16 * 1024 * 1024
 
 
@@ -427,14 +429,16 @@ class TermVectors:
     row can never be given another text's counts, and one cache serves every database of the process. Thread-
     safe: a database's readers share it (lookups are single dict reads; changes hold the lock)."""
 
-    # Per token kept: the dict slot, the token's bytes object and its float, roughly.
+    # Per entry kept (its OrderedDict node, tuples, the empty dict and the int), and per distinct token (the dict
+    # slot, the token's bytes object and its float), roughly; the text is counted by sys.getsizeof.
+    _ENTRY_BYTES_EST = 400
     _TOKEN_BYTES_EST = 100
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
         self._lock = threading.Lock()
-        self._kept: OrderedDict[str, tuple[TermVector | None, int]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[TermVector, int]] = OrderedDict()
 
     def of(self, texts: list[str]) -> list[TermVector | None]:
         """The vector of each text, counted now for those not kept (and then kept)."""
@@ -442,13 +446,16 @@ class TermVectors:
         if None not in kept:
             return [k[0] for k in kept]  # type: ignore[index]
         out: list[TermVector | None] = []
-        fresh: dict[str, tuple[TermVector | None, int]] = {}
+        fresh: dict[str, tuple[TermVector, int]] = {}
         for t, k in zip(texts, kept, strict=True):
             if k is None:
                 k = fresh.get(t)
             if k is None:
                 v = _term_vector(t)
-                k = fresh[t] = (v, len(t) + self._TOKEN_BYTES_EST * (len(v[1]) if v else 0))
+                if v is None:  # not countable here (the caller ranks with bm25): cheap to find again, not kept
+                    out.append(None)
+                    continue
+                k = fresh[t] = (v, sys.getsizeof(t) + self._ENTRY_BYTES_EST + self._TOKEN_BYTES_EST * len(v[1]))
             out.append(k[0])
         with self._lock:
             for t, k in fresh.items():
