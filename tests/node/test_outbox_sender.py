@@ -330,14 +330,18 @@ async def test_idle_workers_share_one_read_a_tick_and_a_row_written_behind_their
         await db.close()
 
 
-class HalfFailingLink(AckingLink):
-    """ACKs the first frame of each group; the others fail as a dropped connection would."""
+class FailingLink(AckingLink):
+    """Frames fail as a dropped connection would: every one, or (``ack_first``) all but each group's first."""
+
+    def __init__(self, *, ack_first: bool = False) -> None:
+        super().__init__()
+        self.ack_first = ack_first
 
     async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
         self.sent.extend(cid for cid, _ in frames)
         await asyncio.sleep(0)
-        return [Ack.ok(cid, PEER) if i == 0 else MeshError("peer_unreachable", "the connection dropped")
-                for i, (cid, _) in enumerate(frames)]
+        dropped = MeshError("peer_unreachable", "the connection dropped")
+        return [Ack.ok(cid, PEER) if i == 0 and self.ack_first else dropped for i, (cid, _) in enumerate(frames)]
 
 
 async def test_a_failed_ack_delete_still_schedules_the_groups_failed_rows_retry(tmp_path: Path) -> None:
@@ -356,7 +360,7 @@ async def test_a_failed_ack_delete_still_schedules_the_groups_failed_rows_retry(
             return await real_write(fn, *args)
 
         db.write = busy_deletes  # type: ignore[method-assign]
-        link, acked = HalfFailingLink(), []
+        link, acked = FailingLink(ack_first=True), []
         sender = _sender(db, link, acked)
         sender.hand_off(rows)
 
@@ -420,15 +424,6 @@ async def test_a_row_that_waits_for_room_is_not_overtaken_by_smaller_ones(tmp_pa
         assert overtaken <= SEND_WINDOW_BYTES // 2_000, f"{overtaken} of {len(small)} small rows went first"
     finally:
         await db.close()
-
-
-class FailingLink(AckingLink):
-    """Every frame fails, as a dropped connection would."""
-
-    async def send_many(self, frames: Sequence[tuple[str, bytes]], **_: Any) -> list[Ack | MeshError]:
-        self.sent.extend(cid for cid, _ in frames)
-        await asyncio.sleep(0)
-        return [MeshError("peer_unreachable", "the connection dropped") for _ in frames]
 
 
 async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp_path: Path, caplog: Any) -> None:
