@@ -383,8 +383,8 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
         (" AND ".join(tokens), *ns_args, rank_window)).fetchall()
     if not window:
         return []
-    vectors = [v for v in TERM_VECTORS.of([r[1] for r in window]) if v is not None]
-    if len(vectors) < len(window):
+    vectors = TERM_VECTORS.of([r[1] for r in window])
+    if vectors is None:
         return None
     norms = [_K1 * (1 - _B + _B * length / avgdl) for length, _ in vectors]
     # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
@@ -440,21 +440,21 @@ class TermVectors:
         self._lock = threading.Lock()
         self._kept: OrderedDict[str, tuple[TermVector, int]] = OrderedDict()
 
-    def of(self, texts: list[str]) -> list[TermVector | None]:
-        """The vector of each text, counted now for those not kept (and then kept)."""
+    def of(self, texts: list[str]) -> list[TermVector] | None:
+        """The vector of each text, counted now for those not kept (and then kept); None as soon as one text
+        cannot be counted (the caller ranks with bm25 then, so the others are not counted for nothing)."""
         kept = list(map(self._kept.get, texts))
         if None not in kept:
             return [k[0] for k in kept]  # type: ignore[index]
-        out: list[TermVector | None] = []
+        out: list[TermVector] = []
         fresh: dict[str, tuple[TermVector, int]] = {}
         for t, k in zip(texts, kept, strict=True):
             if k is None:
                 k = fresh.get(t)
             if k is None:
                 v = _term_vector(t)
-                if v is None:  # not countable here (the caller ranks with bm25): cheap to find again, not kept
-                    out.append(None)
-                    continue
+                if v is None:
+                    return None  # nothing kept: what was counted is cheap to count again
                 k = fresh[t] = (v, sys.getsizeof(t) + self._ENTRY_BYTES_EST + self._TOKEN_BYTES_EST * len(v[1]))
             out.append(k[0])
         with self._lock:

@@ -418,6 +418,60 @@ def test_every_word_common_scores_a_rows_new_text_after_an_update_or_a_renumberi
     conn.close()
 
 
+_ASCII_SEPARATORS = [chr(c) for c in range(128) if c != 1 and not chr(c).isalnum()]
+
+
+def _random_ascii_text(rng: random.Random, n_words: int) -> str:
+    """Words (common ones in any case, digits, runs of up to 3,000 characters) between any ASCII separators."""
+    parts = []
+    for _ in range(n_words):
+        r = rng.random()
+        if r < 0.35:
+            word = "".join(ch.upper() if rng.random() < 0.3 else ch for ch in rng.choice(["the", "of", "a1"]))
+        elif r < 0.45:
+            word = "".join(rng.choices("abcdefghij0123456789ABC", k=rng.randint(50, 3000)))
+        else:
+            word = "".join(rng.choices("abcdefghijklmnopqrstuvwxyzTHEOF0123456789", k=rng.randint(1, 8)))
+        parts.append(word + ("".join(rng.choices(_ASCII_SEPARATORS, k=rng.randint(1, 3)))))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_word_common_agrees_with_fts5_on_random_ascii_text(seed: int):
+    """Each row's term vector is what FTS5 stores for it (%_docsize's length, fts5vocab's counts by column), and
+    _rank_common gives bm25's ids and scores, on random ASCII rows with every separator, in every window size."""
+    rng = random.Random(seed)
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(conn)
+    for _ in range(rng.choice([5, 30, 120])):
+        memories.insert(conn, make_memory(
+            namespace=rng.choice(("a", "b")), title=_random_ascii_text(rng, rng.choice([0, 1, 3, 8])),
+            content=_random_ascii_text(rng, rng.choice([0, 2, 10, 40])) + " the of " * (rng.random() < 0.8),
+            tags=tuple(_random_ascii_text(rng, rng.randint(0, 2)) for _ in range(rng.randint(0, 3)))))
+    conn.execute("CREATE VIRTUAL TABLE temp.v USING fts5vocab(main, memories_fts, instance)")
+    counts: dict[int, dict[bytes, list[int]]] = {}
+    for doc, col, term in conn.execute("SELECT doc, col, term FROM temp.v"):
+        counts.setdefault(doc, {}).setdefault(term.encode(), [0, 0, 0])[("title", "content", "tags").index(col)] += 1
+    lengths = {r[0]: sum(memories._varints(r[1])) for r in conn.execute("SELECT id, sz FROM memories_fts_docsize")}
+    for rowid, text in conn.execute("SELECT rowid, title || char(1) || content || char(1) || tags FROM memories"):
+        vector = memories._term_vector(text)
+        assert vector is not None
+        assert vector == (lengths[rowid], {t: 2.0 * c[0] + 1.0 * c[1] + 1.5 * c[2]
+                                           for t, c in counts.get(rowid, {}).items()})
+    for query in ["the", "of the", "OF the of", "a1", "the a1"]:
+        tokens = memories.fts_tokens(query)
+        if not all(memories.DocFreqs().common(conn, tokens)):
+            continue
+        for namespace in (None, "a"):
+            for rank_window in (1, 17, memories.RANK_WINDOW):
+                ours = memories._rank_common(conn, tokens, 10, namespace, rank_window)
+                assert ours is not None
+                if ours:  # [] when no row holds every word; the rank sorter's recall falls back to OR then
+                    assert [(m.id, s) for m, s in ours] == _rank_sorter_recall(conn, query, 10, namespace,
+                                                                               rank_window)
+    conn.close()
+
+
 def test_term_vectors_refuse_text_they_cannot_count():
     assert memories._term_vector("The\x01of, the\x01[\"the\"]") == (4, {b"the": 2.0 + 1.0 + 1.5, b"of": 1.0})
     assert memories._term_vector("café\x01the\x01") is None  # not ASCII: bm25 ranks
@@ -435,8 +489,9 @@ def test_term_vectors_keep_the_last_counted_within_their_bytes():
     assert texts[0] not in kept._kept and texts[-1] in kept._kept and texts[-2] in kept._kept
     huge = "x\x01" + "y " * 5_000 + "\x01"
     assert kept.of([huge]) == [memories._term_vector(huge)] and huge not in kept._kept  # over the whole budget
-    assert kept.of(["é\x01\x01", texts[-1]]) == [None, memories._term_vector(texts[-1])]
-    assert "é\x01\x01" not in kept._kept  # what cannot be counted is not kept: it is cheap to find again
+    # A window holding a text that cannot be counted is ranked by bm25: nothing of it is counted or kept.
+    assert kept.of([texts[-1], "é\x01\x01", "fresh\x01one\x01"]) is None
+    assert "é\x01\x01" not in kept._kept and "fresh\x01one\x01" not in kept._kept
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # Postgres ranks with ts_rank
