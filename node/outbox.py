@@ -273,7 +273,8 @@ class OutboxSender:
             now = self.clock_ms()
             for row in rows:
                 if row.expires_at <= now:
-                    await self._dead_letter(row, row.last_error or "expired before it could be delivered")
+                    await self._booking(peer, "dead letter", functools.partial(
+                        self._dead_letter, row, row.last_error or "expired before it could be delivered"))
             live = [r for r in rows if r.expires_at > now]
             if not live:
                 return

@@ -461,3 +461,34 @@ async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp
         assert any(getattr(r, "ev", {}).get("what") == "dead letter" for r in caplog.records)
     finally:
         await db.close()
+
+
+async def test_an_expired_rows_failed_dead_letter_does_not_hold_back_the_live_rows(tmp_path: Path, caplog: Any) -> None:
+    db = await Database.open(tmp_path / "memory.db", synchronous="normal")
+    try:
+        def write(conn: Any) -> list[OutboxRow]:
+            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "ping", b"\xa0", expires, 0, i)
+                    for i, expires in enumerate([500, 10**13])]  # the first expired (clock 1,000 ms)
+            return [r for r in rows if r is not None]
+        expired, live = await db.write(write)
+        real_write = db.write
+
+        async def full_disk(fn: Any, *args: Any) -> Any:
+            if fn.__name__ == "to_dead_letter":
+                raise StorageError("disk_full", "database or disk is full")
+            return await real_write(fn, *args)
+
+        db.write = full_disk  # type: ignore[method-assign]
+        link, acked = AckingLink(), []
+        sender = _sender(db, link, acked)
+        sender.hand_off([expired, live])
+
+        async def delivered() -> bool:
+            return live.correlation_id in acked
+        with caplog.at_level("ERROR", logger="node.outbox"):
+            await _run_until(sender, delivered)
+        assert link.sent == [live.correlation_id] and acked == [live.correlation_id]
+        assert await db.read(outbox.get, expired.id) is not None, "its dead letter failed: still due"
+        assert any(getattr(r, "ev", {}).get("what") == "dead letter" for r in caplog.records)
+    finally:
+        await db.close()
