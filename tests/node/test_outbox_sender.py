@@ -112,6 +112,29 @@ async def _enqueued(db: Database, n: int) -> list[OutboxRow]:
     return await db.write(write)
 
 
+def _refuse(db: Database, job: str, error: StorageError) -> list[str]:
+    """Make ``db`` refuse every writer job ``job`` (by the function's name) with ``error``; returns the list the
+    refusals are recorded in."""
+    real_write, refused = db.write, []
+
+    async def refusing(fn: Any, *args: Any) -> Any:
+        if fn.__name__ == job:
+            refused.append(job)
+            raise error
+        return await real_write(fn, *args)
+
+    db.write = refusing  # type: ignore[method-assign]
+    return refused
+
+
+async def _enqueued_expiring(db: Database, expiries: list[int]) -> list[OutboxRow]:
+    def write(conn: Any) -> list[OutboxRow]:
+        rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "ping", b"\xa0", expires, 0, i)
+                for i, expires in enumerate(expiries)]
+        return [r for r in rows if r is not None]
+    return await db.write(write)
+
+
 async def _run_until(sender: OutboxSender, done: Any, *, crash: bool = False) -> None:
     task = asyncio.create_task(sender.run())
     try:
@@ -350,16 +373,7 @@ async def test_a_failed_ack_delete_still_schedules_the_groups_failed_rows_retry(
     db = await Database.open(tmp_path / "memory.db", synchronous="normal")
     try:
         rows = await _enqueued(db, 3)
-        real_write = db.write
-        refused: list[str] = []
-
-        async def busy_deletes(fn: Any, *args: Any) -> Any:
-            if fn.__name__ == "_acked":
-                refused.append(fn.__name__)
-                raise StorageError("busy", "database is locked")
-            return await real_write(fn, *args)
-
-        db.write = busy_deletes  # type: ignore[method-assign]
+        refused = _refuse(db, "_acked", StorageError("busy", "database is locked"))
         link, acked = FailingLink(ack_first=True), []
         sender = _sender(db, link, acked)
         sender.hand_off(rows)
@@ -431,20 +445,9 @@ async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp
     write failing leaves that row due and logged, and the others' retries are still booked."""
     db = await Database.open(tmp_path / "memory.db", synchronous="normal")
     try:
-        def write(conn: Any) -> list[OutboxRow]:
-            # The first expires before its first retry would be due (clock 1,000 ms, first delay 1 s).
-            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "ping", b"\xa0", expires, 0, i)
-                    for i, expires in enumerate([1_500, 10**13, 10**13])]
-            return [r for r in rows if r is not None]
-        rows = await db.write(write)
-        real_write = db.write
-
-        async def full_disk(fn: Any, *args: Any) -> Any:
-            if fn.__name__ == "to_dead_letter":
-                raise StorageError("disk_full", "database or disk is full")
-            return await real_write(fn, *args)
-
-        db.write = full_disk  # type: ignore[method-assign]
+        # The first expires before its first retry would be due (clock 1,000 ms, first delay 1 s).
+        rows = await _enqueued_expiring(db, [1_500, 10**13, 10**13])
+        _refuse(db, "to_dead_letter", StorageError("disk_full", "database or disk is full"))
         sender = _sender(db, FailingLink(), [])
         sender.hand_off(rows)
 
@@ -466,19 +469,8 @@ async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp
 async def test_an_expired_rows_failed_dead_letter_does_not_hold_back_the_live_rows(tmp_path: Path, caplog: Any) -> None:
     db = await Database.open(tmp_path / "memory.db", synchronous="normal")
     try:
-        def write(conn: Any) -> list[OutboxRow]:
-            rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "ping", b"\xa0", expires, 0, i)
-                    for i, expires in enumerate([500, 10**13])]  # the first expired (clock 1,000 ms)
-            return [r for r in rows if r is not None]
-        expired, live = await db.write(write)
-        real_write = db.write
-
-        async def full_disk(fn: Any, *args: Any) -> Any:
-            if fn.__name__ == "to_dead_letter":
-                raise StorageError("disk_full", "database or disk is full")
-            return await real_write(fn, *args)
-
-        db.write = full_disk  # type: ignore[method-assign]
+        expired, live = await _enqueued_expiring(db, [500, 10**13])  # the first expired (clock 1,000 ms)
+        _refuse(db, "to_dead_letter", StorageError("disk_full", "database or disk is full"))
         link, acked = AckingLink(), []
         sender = _sender(db, link, acked)
         sender.hand_off([expired, live])
