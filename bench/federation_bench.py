@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/federation_bench.py [--links 10000] [--quick] [--memories 300]
         [--sessions 8] [--concurrency 32] [--batch 100] [--batch-links N] [--ping-interval-ms 10] [--idle-s 5]
-        [--timeout-s 600]
+        [--timeout-s 600] [--send-window-bytes N] [--links-per-envelope N]
 
 Three real ``ai-memory serve`` subprocesses (testbed.build + testbed.local), MCP over streamable HTTP on.
 1. A few hundred memories are stored on A (MCP HTTP) and the bench waits until B and C hold them all.
@@ -584,6 +584,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not pin CPUs (default: B and the pinger alone on one CPU, everything else on the "
                         "others, so B's ping latency shows B's own work rather than host contention)")
     p.add_argument("--pin-b-cpu", type=int, default=1, help="the CPU for B and the pinger (default 1)")
+    p.add_argument("--send-window-bytes", type=int, default=None,
+                   help="every node's federation.send_window_bytes (default: the node's, 64 KiB)")
+    p.add_argument("--links-per-envelope", type=int, default=None,
+                   help="every node's federation.links_per_envelope (default: the node's, 100)")
     args = p.parse_args(argv)
     if args.links is None:
         args.links = QUICK_LINKS if args.quick else 10_000
@@ -597,8 +601,12 @@ def main(argv: list[str] | None = None) -> int:
 
     pinned = None
     with tempfile.TemporaryDirectory(prefix="fedbench") as tmp:
-        extra = (f"[federation.namespaces.{CONTROL_NS}]\n"
-                 f'peers = ["{agent_id_for(1)}", "{agent_id_for(3)}"]\n')
+        extra = "".join(["[federation]\n",
+                         *(f"{key} = {value}\n" for key, value in (("send_window_bytes", args.send_window_bytes),
+                                                                   ("links_per_envelope", args.links_per_envelope))
+                           if value is not None),
+                         f"[federation.namespaces.{CONTROL_NS}]\n",
+                         f'peers = ["{agent_id_for(1)}", "{agent_id_for(3)}"]\n'])
         layout = build_layout(Path(tmp) / "mesh", 3, mcp_http=True, extra_config=extra)
         mesh = LocalMesh(layout)
         try:
@@ -609,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             mesh.stop_all()
     res["command"] = command
+    res["federation_settings"] = {"send_window_bytes": args.send_window_bytes,
+                                  "links_per_envelope": args.links_per_envelope}  # None: the node's default
     res["cpu_pinning"] = pinned
     res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     out = ROOT / "bench" / "out" / "federation.json"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2a.kinds import LINKS_PUT_MAX_ITEMS
+
 DEFAULT_HOME = "~/.config/ai-memory"
 HOME_ENV = "AI_MEMORY_HOME"
 HOOKS_CONFIG_ENV = "AI_MEMORY_HOOKS_CONFIG"
@@ -191,6 +193,11 @@ class FederationConfig:
     max_version_step: int = 1_000_000
     # A sync item that cannot be applied for this many pull rounds is parked and the cursor moves on.
     sync_park_after: int = 3
+    # Envelope bytes in flight to one peer at once, and most links packed into one links.put envelope: what a
+    # peer takes in at one time. Smaller keeps a flooded peer quicker to answer everything else (its ping tail),
+    # at some cost in links/s (PERFORMANCE.md, "Issue 16, eighth round").
+    send_window_bytes: int = 64 * 1024
+    links_per_envelope: int = LINKS_PUT_MAX_ITEMS
 
 
 @dataclass(frozen=True)
@@ -555,7 +562,7 @@ _POSITIVE_MESH_FEDERATION = ("mesh.reconnect_min_s", "mesh.reconnect_max_s", "me
                              "mesh.ready_writer_stuck_s",
                              "federation.quorum_timeout_s", "federation.sync_page_limit")
 _POSITIVE_SYNC = ("federation.sync_interval_s", "federation.max_clock_skew_s", "federation.max_version_step",
-                  "federation.sync_park_after")
+                  "federation.sync_park_after", "federation.send_window_bytes")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 MAX_PORT = 65535
 
@@ -640,6 +647,10 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
         raise ConfigError("config_invalid",
                           f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
     _all_positive(cfg, _POSITIVE_SYNC)
+    if not 1 <= cfg.federation.links_per_envelope <= LINKS_PUT_MAX_ITEMS:
+        raise ConfigError("config_invalid", f"federation.links_per_envelope must be in 1..{LINKS_PUT_MAX_ITEMS} "
+                                            f"(what a peer reads in one links.put), got "
+                                            f"{cfg.federation.links_per_envelope!r}")
     if cfg.mesh.trust not in ("pinned", "ca"):
         raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)

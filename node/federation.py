@@ -326,7 +326,8 @@ class Federation:
         """Inside the write transaction: the link.put bodies of one batch of links (each with its scope, both
         ends), queued per peer that may see them; returns each item's rows (a row may carry several items).
         A peer that accepts ``links.put`` gets its links packed into as few envelopes as the bounds allow (one
-        outbox row and one ACK for up to LINKS_PUT_MAX_ITEMS links); any other peer gets one link.put each."""
+        outbox row and one ACK for up to ``federation.links_per_envelope`` links); any other peer gets one link.put
+        each."""
         ttl_ms = int(self.cfg.a2a.ttl_s * 1000)
         per_item: list[Queued] = [[] for _ in items]
         alone: dict[int, list[str]] = {}  # item -> the peers that get it as a link.put of its own
@@ -341,7 +342,7 @@ class Federation:
         for peer, idx in packed.items():
             groups.setdefault(tuple(idx), []).append(peer)
         for idx, peers in groups.items():
-            for chunk in _link_chunks([items[i][0] for i in idx]):
+            for chunk in _link_chunks([items[i][0] for i in idx], self.cfg.federation.links_per_envelope):
                 if len(chunk) == 1:
                     alone.setdefault(idx[chunk[0]], []).extend(peers)
                     continue
@@ -1158,8 +1159,8 @@ class Federation:
             outcome["pending"] += 1
 
 
-def _link_chunks(bodies: Sequence[dict[str, Any]]) -> list[list[int]]:
-    """Positions of ``bodies`` (link.put bodies) in runs of at most LINKS_PUT_MAX_ITEMS whose encoded size stays
+def _link_chunks(bodies: Sequence[dict[str, Any]], most: int = LINKS_PUT_MAX_ITEMS) -> list[list[int]]:
+    """Positions of ``bodies`` (link.put bodies) in runs of at most ``most`` links whose encoded size stays
     under LINKS_PUT_MAX_BYTES (each body's size bounded from above: its strings' UTF-8 bytes plus the keys,
     integers and signature of a link.put, which take under 200 bytes)."""
     chunks: list[list[int]] = []
@@ -1169,7 +1170,7 @@ def _link_chunks(bodies: Sequence[dict[str, Any]]) -> list[list[int]]:
         link = body["link"]
         n = 200 + sum(len(v.encode()) for v in (link["src_id"], link["dst_id"], link["relation"],
                                                  link["observed_by"], body["signed_by"] or ""))
-        if run and (len(run) == LINKS_PUT_MAX_ITEMS or size + n > LINKS_PUT_MAX_BYTES):
+        if run and (len(run) == most or size + n > LINKS_PUT_MAX_BYTES):
             chunks.append(run)
             run, size = [], 0
         run.append(i)

@@ -71,7 +71,7 @@ class Node:
             for p in cfg.mesh.peers
         }
         self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
-                                   self.fed.record_ack)
+                                   self.fed.record_ack, window_bytes=cfg.federation.send_window_bytes)
         self.fed.on_enqueued = self.sender.hand_off
         self.sender.on_link_batches_refused = self.fed.refuses_link_batches
         self.metrics = NodeMetrics(self.scrape)

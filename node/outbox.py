@@ -14,9 +14,9 @@ not one per peer. The
 database stays the truth: a row is deleted only on its ACK, and a hand-off lost with the process is
 found by the next start's poll. A group of rows goes out through one ``send_many`` call (the link
 coalesces it into batch frames where the peer supports them) and its ACKs are deleted in one writer job.
-The window (SEND_WINDOW_BYTES) bounds the bytes on the wire: a group's bytes leave it when the peer has
-answered, not when the deletes commit, so a writer busy with the node's own writes does not hold the
-sends back.
+The window (``window_bytes``: ``federation.send_window_bytes``) bounds the bytes on the wire: a group's bytes
+leave it when the peer has answered, not when the deletes commit, so a writer busy with the node's own writes
+does not hold the sends back.
 
 A row may carry several links (``links.put``, sent only to a peer that accepts it). When the peer refuses
 one for good, the row is replaced, in one transaction, by one ``link.put`` row per link, which go out at
@@ -51,6 +51,7 @@ SEND_WINDOW = 256
 # outlived the ACK timeout. The bursts a peer takes in at once are what B's ping tail follows (batched flood,
 # one lock hold, ping p95 on B: 512 KiB 127-165 ms, 128 KiB 30-34 ms, 64 KiB 12-23 ms, at the same links/s):
 # 64 KiB is two full links.put, or ~170 single-link envelopes. A row larger than the window still goes, alone.
+# The default of ``federation.send_window_bytes``.
 SEND_WINDOW_BYTES = 64 * 1024
 # Most rows, and most envelope bytes, in one send_many call (a full links.put travels in a group of its own).
 GROUP_MAX = 32
@@ -101,8 +102,11 @@ class _Peer:
 
 class OutboxSender:
     def __init__(self, db: Database, links: dict[str, PeerLink], schedule: RetrySchedule,
-                 clock_ms: Callable[[], int], on_ack: OnAck) -> None:
+                 clock_ms: Callable[[], int], on_ack: OnAck, *, window_bytes: int = SEND_WINDOW_BYTES) -> None:
+        if window_bytes <= 0:
+            raise ValueError(f"window_bytes must be > 0, got {window_bytes!r}")
         self.db = db
+        self.window_bytes = window_bytes
         self.links = links
         self.schedule = schedule
         self.clock_ms = clock_ms
@@ -172,7 +176,7 @@ class OutboxSender:
             while not self._stopping:
                 state.wake.clear()
                 room = SEND_WINDOW - len(state.inflight)
-                budget = _Budget(SEND_WINDOW_BYTES - state.inflight_bytes, first=not state.inflight)
+                budget = _Budget(self.window_bytes - state.inflight_bytes, first=not state.inflight)
                 rows: list[OutboxRow] = []
                 # A row that did not fit what was left of the window waits for that much room, and nothing is taken
                 # meanwhile: each ACK's room would go to the smaller rows behind it, and it would wait for the whole

@@ -91,6 +91,9 @@ def test_namespaces_and_peers_parse() -> None:
      "twice"),
     ({"agent_id": "ai:me", "mesh": {"peers": [{"agent_id": "ai:me", "url": "https://a:1"}]}}, "itself"),
     ({"federation": {"orphan_hold_s": -1}}, "orphan_hold_s"),
+    ({"federation": {"send_window_bytes": 0}}, "federation.send_window_bytes"),
+    ({"federation": {"links_per_envelope": 0}}, "federation.links_per_envelope"),
+    ({"federation": {"links_per_envelope": 101}}, "1..100"),
     ({"storage": {"synchronous": "off"}}, "storage.synchronous"),
     ({"storage": {"fts_merge_pages": -1}}, "storage.fts_merge_pages"),
 ])

@@ -69,6 +69,23 @@ async def test_memory_link_many_packs_links_for_a_peer_that_reads_links_put_and_
         assert {k: v for k, v in singles[payload.dst_id].items() if k != "kind"} == item
 
 
+async def test_links_per_envelope_bounds_what_one_links_put_carries(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path / "home", mesh={"peers": [{"agent_id": B, "url": "https://127.0.0.1:1/"}]},
+                      federation={"links_per_envelope": 4})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    s = await open_service(cfg, require_identity=True)
+    try:
+        s.replicator.note_accepts(B, ["links.put"])
+        ids = [(await s.memory_store(f"memory {i}"))["id"] for i in range(11)]
+        await s.memory_link_many([{"src_id": ids[0], "dst_id": ids[i], "relation": "rel"} for i in range(1, 11)])
+        to_b = await _queued_links(s, B)
+        # 4 + 4 + 2, in the order made; a run of one would go as a link.put
+        assert [(r.kind, len(_decoded(r).payload["links"])) for r in to_b] == [("links.put", n) for n in (4, 4, 2)]
+        assert [item["link"]["dst_id"] for r in to_b for item in _decoded(r).payload["links"]] == ids[1:]
+    finally:
+        await s.close()
+
+
 async def test_one_link_goes_as_a_link_put_even_to_a_peer_that_reads_links_put(svc) -> None:
     svc.replicator.note_accepts(B, ["links.put"])
     a, b = [(await svc.memory_store(f"m {i}"))["id"] for i in range(2)]
@@ -91,6 +108,7 @@ def test_chunks_stay_within_the_item_and_byte_bounds() -> None:
         payload = {"kind": "links.put", "links": [big[i] for i in c]}
         assert len(cbor2.dumps(payload)) <= LINKS_PUT_MAX_BYTES
     assert _link_chunks([_body("é" * 40_000)]) == [[0]]  # one link past the bound still travels, alone
+    assert [len(c) for c in _link_chunks([_body("r")] * 60, 25)] == [25, 25, 10]
 
 
 def test_split_keeps_sender_recipient_and_expiry_and_refuses_other_kinds() -> None:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from a2a import Ack, RetrySchedule
 from mesh.errors import MeshError
 from node.outbox import SEND_WINDOW_BYTES, OutboxSender
@@ -152,10 +154,10 @@ async def _run_until(sender: OutboxSender, done: Any, *, crash: bool = False) ->
             await asyncio.wait_for(task, 5)
 
 
-def _sender(db: Database, link: Any, acked: list[str]) -> OutboxSender:
+def _sender(db: Database, link: Any, acked: list[str], window_bytes: int = SEND_WINDOW_BYTES) -> OutboxSender:
     async def on_ack(peer: str, cids: Sequence[str]) -> None:
         acked.extend(cids)
-    return OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, on_ack)
+    return OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, on_ack, window_bytes=window_bytes)
 
 
 async def test_rows_handed_over_and_polled_too_are_sent_once_in_groups(tmp_path: Path) -> None:
@@ -219,10 +221,12 @@ class WindowLink(AckingLink):
             self.inflight -= size
 
 
-async def test_envelope_bytes_in_flight_stay_within_the_window_handed_over_or_polled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window, row_bytes", [(SEND_WINDOW_BYTES, 30_000), (16 * 1024, 7_000)])
+async def test_envelope_bytes_in_flight_stay_within_the_window_handed_over_or_polled(tmp_path: Path, window: int,
+                                                                                      row_bytes: int) -> None:
     db = await Database.open(tmp_path / "memory.db", synchronous="normal")
     try:
-        big = b"\xa0" + b"\x00" * 30_000  # about a full links.put
+        big = b"\xa0" + b"\x00" * row_bytes  # about a full links.put, or a quarter of one
 
         def write(conn: Any) -> list[OutboxRow]:
             rows = [outbox.enqueue_row(conn, str(uuid.uuid4()), PEER, "links.put", big, 10**13, 0, i)
@@ -230,19 +234,19 @@ async def test_envelope_bytes_in_flight_stay_within_the_window_handed_over_or_po
             return [r for r in rows if r is not None]
         rows = await db.write(write)
         link, acked = WindowLink(), []
-        sender = _sender(db, link, acked)
+        sender = _sender(db, link, acked, window)
         sender.hand_off(rows[:10])  # the other ten only in the database
 
         async def done() -> bool:
             return len(acked) == 20 and await db.read(outbox.depth) == 0
         await _run_until(sender, done)
         assert sorted(link.sent) == sorted(r.correlation_id for r in rows)
-        assert 0 < link.most <= SEND_WINDOW_BYTES
+        assert window - row_bytes < link.most <= window  # the window filled, never passed
         # A row larger than the whole window still goes (alone).
         huge = await db.write(outbox.enqueue_row, str(uuid.uuid4()), PEER, "links.put",
-                              b"\x00" * (SEND_WINDOW_BYTES + 1), 10**13, 0, 99)
+                              b"\x00" * (window + 1), 10**13, 0, 99)
         link2, acked2 = WindowLink(), []
-        sender2 = _sender(db, link2, acked2)
+        sender2 = _sender(db, link2, acked2, window)
         sender2.hand_off([huge])
 
         async def done2() -> bool:
