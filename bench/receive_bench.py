@@ -1,11 +1,11 @@
 """CPU a received link costs a node, against an older commit, in one run.
 
-    .venv/bin/python bench/receive_bench.py [--base bf3c103] [--rounds 5] [--envelopes 60]
+    .venv/bin/python bench/receive_bench.py [--base bf3c103] [--rounds 5] [--envelopes 60] [--links-per-envelope 100]
 
 Each child process opens a real node store (SQLite file, writer thread, verify thread) with one peer's
 public key imported, stores 300 of that peer's memories, then decodes and applies ``--envelopes``
-``links.put`` envelopes of 100 links each, every link signed by the peer with Ed25519 (signed before the
-clock starts). Per envelope it takes the process's CPU time (every thread: the event loop, signature
+``links.put`` envelopes of ``--links-per-envelope`` links each (100), every link signed by the peer with Ed25519
+(signed before the clock starts). Per envelope it takes the process's CPU time (every thread: the event loop, signature
 verification, the writer, the readers) and the wall time from the frame's bytes to the ACK, over the
 links it carried, and the longest a 1 ms loop timer waited past its time while the envelope was applied (the
 longest stretch a ping's read would wait behind). This is the work a receiving node (B or C in
@@ -30,10 +30,10 @@ from hot_path_bench import alternate, base_parser, pct
 ROOT = Path(__file__).resolve().parent.parent
 PEER, ME = "ai:bench-peer@lab", "ai:bench-node@lab"
 MEMORIES = 300
-LINKS_PER_ENVELOPE = 100
+LINKS_PER_ENVELOPE = 100  # the default: a full links.put
 
 
-async def _measure(home: Path, envelopes: int) -> dict[str, list[float]]:
+async def _measure(home: Path, envelopes: int, per: int) -> dict[str, list[float]]:
     from a2a import new_envelope
     from a2a.envelope import decode_wire
     from mesh import keys
@@ -61,8 +61,8 @@ async def _measure(home: Path, envelopes: int) -> dict[str, list[float]]:
         wires = []
         for e in range(envelopes):
             items = []
-            for i in range(LINKS_PER_ENVELOPE):
-                n = e * LINKS_PER_ENVELOPE + i
+            for i in range(per):
+                n = e * per + i
                 link = LinkPayload(src_id=ids[n % MEMORIES], dst_id=ids[(n * 7 + 1) % MEMORIES],
                                    relation=f"bench_{n}", observed_by=PEER, valid_from=now - 1000, valid_until=None)
                 items.append({"link": link.to_dict(), "signature": attest.sign(peer.private_key, link),
@@ -81,8 +81,8 @@ async def _measure(home: Path, envelopes: int) -> dict[str, list[float]]:
                 c1, w1 = time.process_time(), time.perf_counter()
                 if not ack.accepted:
                     raise RuntimeError(f"links.put refused: {ack.reason}")
-                cpu_us.append((c1 - c0) / LINKS_PER_ENVELOPE * 1e6)
-                wall_us.append((w1 - w0) / LINKS_PER_ENVELOPE * 1e6)
+                cpu_us.append((c1 - c0) / per * 1e6)
+                wall_us.append((w1 - w0) / per * 1e6)
                 stretch_us.append(lag.worst * 1e6)
         finally:
             lag.stop()
@@ -113,21 +113,24 @@ class _Lag:
         self._handle.cancel()
 
 
-def child(envelopes: int) -> dict[str, list[float]]:
+def child(envelopes: int, per: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="receive-bench-") as tmp:
-        return asyncio.run(_measure(Path(tmp) / "home", envelopes))
+        return asyncio.run(_measure(Path(tmp) / "home", envelopes, per))
 
 
 def main() -> int:
     p = base_parser(__doc__, "bf3c103", 5)
     p.add_argument("--envelopes", type=int, default=60, help="links.put envelopes per child (default 60)")
+    p.add_argument("--links-per-envelope", type=int, default=LINKS_PER_ENVELOPE,
+                   help=f"links in each links.put (default {LINKS_PER_ENVELOPE}; 2..100)")
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.envelopes)))
+        print(json.dumps(child(args.envelopes, args.links_per_envelope)))
         return 0
-    if not 1 <= args.rounds <= 50 or not 5 <= args.envelopes <= 1000:
-        p.error("--rounds must be 1..50 and --envelopes 5..1000")
-    runs = alternate(args.base, args.rounds, Path(__file__), ["--envelopes", str(args.envelopes)])
+    if not 1 <= args.rounds <= 50 or not 5 <= args.envelopes <= 1000 or not 2 <= args.links_per_envelope <= 100:
+        p.error("--rounds must be 1..50, --envelopes 5..1000 and --links-per-envelope 2..100")
+    runs = alternate(args.base, args.rounds, Path(__file__),  # this script, on each tree's code
+                     ["--envelopes", str(args.envelopes), "--links-per-envelope", str(args.links_per_envelope)])
     if runs is None:
         return 2
     results: dict[str, dict[str, list[float]]] = {"base": {}, "this tree": {}}
@@ -137,7 +140,7 @@ def main() -> int:
                 # The first envelopes warm caches and the writer: the first tenth of each child is left out.
                 results[name].setdefault(piece, []).extend(values[len(values) // 10:])
     print(f"`.venv/bin/python bench/receive_bench.py --base {args.base} --rounds {args.rounds} "
-          f"--envelopes {args.envelopes}` ({os.cpu_count()} CPUs)\n")
+          f"--envelopes {args.envelopes} --links-per-envelope {args.links_per_envelope}` ({os.cpu_count()} CPUs)\n")
     print("| per received link (the stretch: per envelope) | base p50 / p95 / p99 (µs) | "
           "this tree p50 / p95 / p99 (µs) | p50 this tree / base |")
     print("|---|---|---|---:|")
