@@ -46,7 +46,7 @@ from storage.db import Database
 from storage.errors import StorageError
 from storage.graph import InvalidationRow
 from storage.links import LinkRow
-from storage.memories import MemoryRow
+from storage.memories import MemoryRow, Reach
 
 log = logging.getLogger("node.federation")
 
@@ -174,7 +174,7 @@ class _LinkLookup:
     """What an inbound link needs read first: is it stored already, and its ends as stored here."""
 
     stored: bool
-    ends: dict[str, MemoryRow]
+    ends: dict[str, Reach]
 
 
 @dataclass(slots=True)
@@ -186,7 +186,7 @@ class _InboundLink:
     link_id: str
     ids: frozenset[str]  # its two ends
     now: int  # when it was taken in (unix ms): its bounds' clock and its row's created_at
-    ends: dict[str, MemoryRow] = field(default_factory=dict)  # as read with its lookup (or after its hold)
+    ends: dict[str, Reach] = field(default_factory=dict)  # as read with its lookup (or after its hold)
     level: AttestLevel = AttestLevel.UNSIGNED
     hook_payload: dict[str, Any] = field(default_factory=dict)
 
@@ -305,7 +305,7 @@ class Federation:
         policy = self.cfg.federation.namespaces.get(namespace)
         return policy is None or peer in policy.peers
 
-    def visible_to(self, peer: str, m: MemoryRow) -> bool:
+    def visible_to(self, peer: str, m: MemoryRow | Reach) -> bool:
         """``peer`` may see memory ``m``: by this node's policy and by the list that travelled with it."""
         return self.shares(peer, m.namespace) and (m.share_with is None or peer in m.share_with)
 
@@ -789,7 +789,7 @@ class Federation:
         ids = set(x.ids)
         if not await self._ends_visible(sender, ids):
             return Applied("unknown_memory")
-        x.ends = await self.db.read(memories.get_many, ids)
+        x.ends = await self.db.read(memories.reach_many, ids)
         code = await self._gate_codes(sender, x.ends)
         if code is not None:
             return Applied(code)
@@ -808,7 +808,7 @@ class Federation:
     async def _lookup_links(self, asked: list[tuple[str, frozenset[str]]]) -> list[_LinkLookup]:
         """One read for the links of a turn: which are stored, and their ends."""
         def read(conn: Any) -> list[_LinkLookup]:
-            ends = memories.get_many(conn, set().union(*(ids for _, ids in asked)))
+            ends = memories.reach_many(conn, set().union(*(ids for _, ids in asked)))
             here = links.stored_ids(conn, [link_id for link_id, _ in asked])
             return [_LinkLookup(link_id in here, {i: ends[i] for i in ids if i in ends}) for link_id, ids in asked]
         return await self.db.read(read)
@@ -853,7 +853,7 @@ class Federation:
             return "expired_link"
         return None
 
-    async def _gate_codes(self, sender: str, ends: dict[str, MemoryRow]) -> str | None:
+    async def _gate_codes(self, sender: str, ends: dict[str, Reach]) -> str | None:
         """The permission gate's answer to ``sender`` linking memories in the namespaces of ``ends``."""
         if self.gate is not None:
             for ns in sorted({m.namespace for m in ends.values()}):
@@ -875,7 +875,7 @@ class Federation:
         stop = refusal(await self.gate.admit(sender, namespace, operation))
         return None if stop is None else stop[0]
 
-    def _all_visible(self, sender: str, ids: set[str], found: dict[str, MemoryRow]) -> bool:
+    def _all_visible(self, sender: str, ids: set[str], found: dict[str, Reach]) -> bool:
         return {i for i, m in found.items() if self.visible_to(sender, m)} == ids
 
     async def _ends_visible(self, sender: str, ids: set[str]) -> bool:
@@ -884,7 +884,7 @@ class Federation:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.federation.orphan_hold_s
         while True:
-            found = await self.db.read(memories.get_many, ids)
+            found = await self.db.read(memories.reach_many, ids)
             # A memory the sender may not see counts as missing, also in time: it waits the same hold.
             if self._all_visible(sender, ids, found):
                 return True

@@ -41,7 +41,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from storage.errors import StorageError
 
@@ -179,6 +179,27 @@ def get_many(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, MemoryRo
         marks = ",".join("?" * len(chunk))
         for r in conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
             found[r[0]] = _row(r)
+    return found
+
+
+class Reach(NamedTuple):
+    """Who may see a stored memory: its namespace and the list that travelled with it (None: every peer the
+    namespace's policy names). What an inbound link's ends are checked against, read without the rest of the row."""
+
+    namespace: str
+    share_with: tuple[str, ...] | None
+
+
+def reach_many(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Reach]:
+    """The Reach of the stored rows among ``ids``, by id (``get_many`` narrowed to the two columns: an inbound
+    links.put looks up ~200 ends a time, and building whole rows was most of that read)."""
+    wanted = list(dict.fromkeys(ids))
+    found: dict[str, Reach] = {}
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i:i + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for r in conn.execute(f"SELECT id, namespace, share_with FROM memories WHERE id IN ({marks})", chunk):
+            found[r[0]] = Reach(r[1], None if r[2] is None else tuple(json.loads(r[2])))
     return found
 
 

@@ -53,6 +53,18 @@ async def test_get_many_returns_the_present_subset(db: Database):
     assert set(await db.read(memories.get_many, ids)) == {rows[0].id, rows[1].id}
 
 
+async def test_reach_many_is_get_many_narrowed_to_who_may_see(db: Database):
+    rows = [make_memory(namespace="a"), make_memory(namespace="b", share_with=("ai:x", "ai:é")),
+            make_memory(namespace="b", share_with=())]
+    for r in rows:
+        await db.write(memories.insert, r)
+    ids = [r.id for r in rows] + ["nope"] + [f"x{i}" for i in range(1200)]  # past one IN (...) chunk
+    full = await db.read(memories.get_many, ids)
+    assert await db.read(memories.reach_many, ids) == {
+        i: memories.Reach(m.namespace, m.share_with) for i, m in full.items()}
+    assert [(await db.read(memories.reach_many, [r.id]))[r.id].share_with for r in rows] == [None, ("ai:x", "ai:é"), ()]
+
+
 async def test_update_bumps_version_and_reindexes(db: Database):
     row = make_memory(content="apples")
     await db.write(memories.insert, row)
