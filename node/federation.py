@@ -820,18 +820,20 @@ class Federation:
             stored: list[bool] = []
             applied: Counter[str] = Counter()
             here = links.stored_ids(conn, [row.link_id for row, _ in rows])  # one read for the batch
-            event = None  # the event appended last in this job: the next one chains to it without a read
+            fresh: list[LinkRow] = []
             for row, level in rows:
                 if row.link_id in here:
                     stored.append(False)
                     continue
-                links.insert(conn, row)
                 here.add(row.link_id)  # the same link twice in one batch: the second is a duplicate
-                event = events.append(conn, "link", row.link_id, row.observed_by, row.link_id, row.signature,
-                                      row.created_at, after=event)
-                changelog.append(conn, "link", row.link_id, 1, row.created_at)
+                fresh.append(row)
                 applied[level] += 1
                 stored.append(True)
+            # Each table's rows in one statement: a links.put's hundred links cost three, not three hundred.
+            links.insert_many(conn, fresh)
+            events.append_many(conn, "link", [(row.link_id, row.observed_by, row.link_id, row.signature,
+                                               row.created_at) for row in fresh])
+            changelog.append_many(conn, "link", [(row.link_id, 1, row.created_at) for row in fresh])
             for level, n in sorted(applied.items()):
                 changelog.incr(conn, f"applied:link.{level}", n)
             return stored

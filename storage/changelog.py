@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +33,14 @@ def append(conn: sqlite3.Connection, kind: ChangeKind, ref_id: str, version: int
     cur = conn.execute("INSERT INTO change_log (kind, ref_id, version, created_at) VALUES (?,?,?,?)",
                        (kind, ref_id, version, created_at))
     return inserted_id(cur)
+
+
+def append_many(conn: sqlite3.Connection, kind: ChangeKind, items: Sequence[tuple[str, int, int]]) -> None:
+    """``append`` for each (ref_id, version, created_at), in order, in one statement."""
+    if not items:
+        return
+    conn.executemany("INSERT INTO change_log (kind, ref_id, version, created_at) VALUES (?,?,?,?)",
+                     [(kind, ref_id, version, created_at) for ref_id, version, created_at in items])
 
 
 def page(conn: sqlite3.Connection, since_seq: int, limit: int) -> list[ChangeRow]:

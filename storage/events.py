@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from storage.errors import StorageError
@@ -70,21 +71,40 @@ def append(conn: sqlite3.Connection, event_type: str, link_id: str | None, agent
     StorageError('duplicate_link'). Must run on the writer (db.write) so appends are serialized.
     ``after``: the newest row when the caller holds it (the event it appended last in this same write job,
     nothing appended since), saving the read of the chain's head; a stale one collides on ``seq`` and fails."""
+    last = append_many(conn, event_type, [(link_id, agent_id, payload_hash, signature, created_at)], after=after)
+    assert last is not None
+    return last
+
+
+# One event to append: link_id, agent_id, payload_hash, signature, created_at.
+EventItem = tuple[str | None, str, str, bytes | None, int]
+
+
+def append_many(conn: sqlite3.Connection, event_type: str, items: Sequence[EventItem], *,
+                after: EventRow | None = None) -> EventRow | None:
+    """``append`` for each item in order, each chained to the one before, in one statement (the writer of a
+    links.put stores a hundred); the last event appended, or ``after`` when there are none. Raises as ``append``
+    does; the events before the one that failed are undone with the caller's job (its savepoint)."""
+    if not items:
+        return after
     if after is not None:
         seq, prev = after.seq + 1, after.event_hash
     else:
         last = conn.execute("SELECT seq, event_hash FROM signed_events ORDER BY seq DESC LIMIT 1").fetchone()
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS_HASH)
-    h = event_hash(prev, seq, event_type, link_id, agent_id, payload_hash, signature, created_at)
+    rows = []
+    for link_id, agent_id, payload_hash, signature, created_at in items:
+        h = event_hash(prev, seq, event_type, link_id, agent_id, payload_hash, signature, created_at)
+        rows.append((seq, event_type, link_id, agent_id, payload_hash, signature, prev, h, created_at))
+        seq, prev = seq + 1, h
     try:
-        conn.execute(f"INSERT INTO signed_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                     (seq, event_type, link_id, agent_id, payload_hash, signature, prev, h, created_at))
+        conn.executemany(f"INSERT INTO signed_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", rows)
     except sqlite3.IntegrityError as e:
         if "signed_events.link_id" in str(e):
-            raise StorageError("duplicate_link", f"a signed event for link {link_id} already exists") from e
+            which = f"link {rows[0][2]}" if len(rows) == 1 else f"one of {len(rows)} links"
+            raise StorageError("duplicate_link", f"a signed event for {which} already exists") from e
         raise
-    return EventRow(seq=seq, event_type=event_type, link_id=link_id, agent_id=agent_id, payload_hash=payload_hash,
-                    signature=signature, prev_hash=prev, event_hash=h, created_at=created_at)
+    return _row(rows[-1])  # its columns in _COLUMNS' order
 
 
 def get_by_link(conn: sqlite3.Connection, link_id: str) -> EventRow | None:

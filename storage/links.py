@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -48,14 +48,23 @@ def _row(r: Row) -> LinkRow:
 
 def insert(conn: sqlite3.Connection, link: LinkRow) -> None:
     """Store a link; an existing link_id raises StorageError('duplicate_link')."""
+    insert_many(conn, [link])
+
+
+def insert_many(conn: sqlite3.Connection, rows: Sequence[LinkRow]) -> None:
+    """``insert`` for each row, in one statement; a link_id stored already (or twice among ``rows``) raises as
+    ``insert`` does, and the rows before it are undone with the caller's job (its savepoint)."""
+    if not rows:
+        return
     try:
-        conn.execute(f"INSERT INTO memory_links ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", (
+        conn.executemany(f"INSERT INTO memory_links ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", [(
             link.link_id, link.src_id, link.dst_id, link.relation, link.observed_by, link.valid_from,
             link.valid_until, link.confidence, link.signature, str(link.attest_level), link.signed_by,
-            link.received_from, link.created_at))
+            link.received_from, link.created_at) for link in rows])
     except sqlite3.IntegrityError as e:
         if "memory_links.link_id" in str(e):
-            raise StorageError("duplicate_link", f"link {link.link_id} is already stored") from e
+            which = f"link {rows[0].link_id} is" if len(rows) == 1 else f"one of {len(rows)} links is"
+            raise StorageError("duplicate_link", f"{which} already stored") from e
         raise
 
 

@@ -25,7 +25,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,14 @@ class PgConn:
                 self.before_commit(self)
             sql = _WRITER_STATEMENTS.get(sql, sql)
             return PgCursor(self.raw.execute(_to_psycopg(sql), tuple(parameters)), self.raw)
+        except psycopg.Error as e:
+            raise as_dbapi_error(e) from e
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> None:
+        """One statement for each parameter row, in order (the table modules' INSERTs of a batch)."""
+        try:
+            with self.raw.cursor() as cur:
+                cur.executemany(_to_psycopg(sql), [tuple(p) for p in seq_of_parameters])
         except psycopg.Error as e:
             raise as_dbapi_error(e) from e
 

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from storage import Database, StorageError, events, links
+from storage import Database, StorageError, changelog, events, links
 from storage.links import AttestLevel, LinkRow
 from tests.storage.storage_helpers import Raw
 
@@ -170,3 +170,50 @@ async def test_append_after_a_stale_event_fails_and_leaves_the_chain_whole(db: D
         await db.write(lambda conn: events.append(conn, "link", "ee" * 32, "ai:a", "ff" * 32, None, 9, after=first))
     assert err.value.code != "duplicate_link" and "signed_events.seq" in str(err.value)
     assert await db.read(events.verify_chain) == events.ChainReport(True, 2, None, None)
+
+
+async def test_append_many_chains_each_event_as_append_does(db: Database):
+    first = await _append_n(db, 2)
+    items = [(f"{i + 70:064x}", "ai:a", f"{i + 7:064x}", bytes([i]) * 64 if i % 2 else None, 10 + i) for i in range(5)]
+    last = await db.write(lambda conn: events.append_many(conn, "link", items))
+    assert last is not None and last.seq == 7 and last.link_id == items[-1][0]
+    assert await db.read(events.head) == last
+    assert await db.read(events.verify_chain) == events.ChainReport(True, 7, None, None)
+    third = await db.read(events.get_by_link, items[0][0])
+    assert third is not None and third.prev_hash == first[-1].event_hash
+    assert third.event_hash == events.event_hash(first[-1].event_hash, 3, "link", *items[0])
+    # after= saves the read of the head; nothing to append answers it back
+    more = await db.write(lambda conn: events.append_many(conn, "link", [("e" * 64, "ai:a", "f" * 64, None, 1)],
+                                                          after=last))
+    assert more is not None and more.seq == 8 and more.prev_hash == last.event_hash
+    assert await db.write(lambda conn: events.append_many(conn, "link", [], after=more)) == more
+
+
+async def test_append_many_with_a_link_event_stored_already_stores_none_of_them(db: Database):
+    await _append_n(db, 2)
+    taken = f"{1:064x}"  # the second event's link
+    with pytest.raises(StorageError) as err:
+        await db.write(lambda conn: events.append_many(conn, "link", [("a" * 64, "ai:a", "b" * 64, None, 1),
+                                                                      (taken, "ai:a", "c" * 64, None, 2)]))
+    assert err.value.code == "duplicate_link"
+    assert await db.read(events.verify_chain) == events.ChainReport(True, 2, None, None)
+    assert await db.read(events.get_by_link, "a" * 64) is None
+
+
+async def test_insert_many_stores_every_row_or_none(db: Database):
+    rows = [make_link(i) for i in range(5)]
+    await db.write(links.insert_many, rows[:3])
+    assert [await db.read(links.get, r.link_id) for r in rows[:3]] == rows[:3]
+    for batch in ([rows[3], rows[0]], [rows[3], rows[4], rows[3]]):  # stored already; twice in the batch
+        with pytest.raises(StorageError) as err:
+            await db.write(links.insert_many, batch)
+        assert err.value.code == "duplicate_link"
+    assert await db.read(links.stored_ids, [r.link_id for r in rows]) == {r.link_id for r in rows[:3]}
+    await db.write(links.insert_many, [])
+
+
+async def test_changelog_append_many_appends_in_order(db: Database):
+    before = await db.read(changelog.last_seq)
+    await db.write(changelog.append_many, "link", [("l1", 1, 5), ("l2", 1, 6)])
+    await db.write(changelog.append_many, "link", [])
+    assert [(r.ref_id, r.created_at) for r in await db.read(changelog.page, before, 10)] == [("l1", 5), ("l2", 6)]
