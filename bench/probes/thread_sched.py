@@ -1,0 +1,102 @@
+"""Scheduler knobs on one running process's threads, set from outside while a bench runs (a probe: what it tried
+is in PERFORMANCE.md, "Issue 16, eighth round"; neither knob is used by the node).
+
+    python3 bench/probes/thread_sched.py batch "node-2/config.toml serve" [--seconds 120]
+    python3 bench/probes/thread_sched.py slice "node-2/config.toml serve" [--slice-us 100] [--seconds 120]
+
+Waits (up to --seconds) for a process whose command line contains the pattern, then:
+- ``batch``: puts every thread but the main one (the node's event loop) in SCHED_BATCH, every 0.2 s so that
+  threads started later are caught too (the verify thread, the storage writer and readers);
+- ``slice``: asks the EEVDF scheduler (Linux 6.12 and later) for a short time slice for the main thread
+  (``sched_attr.sched_runtime``), so that it is picked sooner when it wakes; its share of the CPU is unchanged.
+Run it as root (or the process's owner), started before the bench. Linux only; x86_64 and aarch64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import platform
+import time
+from pathlib import Path
+
+POLL_S = 0.2
+# sched_setattr / sched_getattr syscall numbers
+SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
+
+
+class _SchedAttr(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
+                ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
+                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64)]
+
+
+def find(pattern: bytes, deadline: float) -> int | None:
+    me = str(os.getpid())  # this probe's own command line holds the pattern too
+    while time.monotonic() < deadline:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            if cmdline.parent.name == me:
+                continue
+            try:
+                if pattern in cmdline.read_bytes().replace(b"\0", b" "):
+                    return int(cmdline.parent.name)
+            except OSError:
+                continue
+        time.sleep(POLL_S)
+    return None
+
+
+def set_slice(tid: int, slice_ns: int) -> int:
+    """The slice the thread had (ns); raises OSError when the kernel refuses the new one."""
+    set_nr, get_nr = SYSCALLS[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = _SchedAttr()
+    if libc.syscall(get_nr, tid, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
+        raise OSError(ctypes.get_errno(), "sched_getattr")
+    before = attr.runtime
+    attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), policy=os.SCHED_OTHER, runtime=slice_ns)
+    if libc.syscall(set_nr, tid, ctypes.byref(attr), 0) != 0:
+        raise OSError(ctypes.get_errno(), "sched_setattr")
+    return int(before)
+
+
+def batch_threads(pid: int, deadline: float) -> int:
+    """SCHED_BATCH for every thread of ``pid`` but its main one, until it exits or the deadline; how many."""
+    done: set[int] = set()
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            tid = int(task.name)
+            if tid == pid or tid in done:
+                continue
+            try:
+                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+                done.add(tid)
+            except OSError:
+                continue  # the thread ended
+        time.sleep(POLL_S)
+    return len(done)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("batch", "slice"))
+    p.add_argument("pattern")
+    p.add_argument("--slice-us", type=int, default=100, help="the main thread's slice (default 100 µs)")
+    p.add_argument("--seconds", type=float, default=120.0)
+    args = p.parse_args()
+    deadline = time.monotonic() + args.seconds
+    pid = find(args.pattern.encode(), deadline)
+    if pid is None:
+        print(f"no process matching {args.pattern!r}")
+        return 1
+    if args.mode == "slice":
+        before = set_slice(pid, args.slice_us * 1000)
+        print(f"pid {pid}: main thread's slice {before / 1000:.0f} -> {args.slice_us} µs")
+    else:
+        print(f"pid {pid}: {batch_threads(pid, deadline)} threads in SCHED_BATCH")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
