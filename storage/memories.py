@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
@@ -172,14 +172,16 @@ def counts_by_attest_level(conn: sqlite3.Connection) -> dict[str, int]:
 
 def get_many(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, MemoryRow]:
     """The stored rows among ``ids``, by id."""
+    return {r[0]: _row(r) for r in _rows_by_id(conn, _COLUMNS, ids)}
+
+
+def _rows_by_id(conn: sqlite3.Connection, columns: str, ids: Iterable[str]) -> Iterator[Row]:
+    """``columns`` (the id first) of the stored rows among ``ids``: one query per ``_CHUNK`` ids."""
     wanted = list(dict.fromkeys(ids))
-    found: dict[str, MemoryRow] = {}
     for i in range(0, len(wanted), _CHUNK):
         chunk = wanted[i:i + _CHUNK]
         marks = ",".join("?" * len(chunk))
-        for r in conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id IN ({marks})", chunk):
-            found[r[0]] = _row(r)
-    return found
+        yield from conn.execute(f"SELECT {columns} FROM memories WHERE id IN ({marks})", chunk)
 
 
 class Reach(NamedTuple):
@@ -193,14 +195,8 @@ class Reach(NamedTuple):
 def reach_many(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, Reach]:
     """The Reach of the stored rows among ``ids``, by id (``get_many`` narrowed to the two columns: an inbound
     links.put looks up ~200 ends a time, and building whole rows was most of that read)."""
-    wanted = list(dict.fromkeys(ids))
-    found: dict[str, Reach] = {}
-    for i in range(0, len(wanted), _CHUNK):
-        chunk = wanted[i:i + _CHUNK]
-        marks = ",".join("?" * len(chunk))
-        for r in conn.execute(f"SELECT id, namespace, share_with FROM memories WHERE id IN ({marks})", chunk):
-            found[r[0]] = Reach(r[1], None if r[2] is None else tuple(json.loads(r[2])))
-    return found
+    return {r[0]: Reach(r[1], None if r[2] is None else tuple(json.loads(r[2])))
+            for r in _rows_by_id(conn, "id, namespace, share_with", ids)}
 
 
 def next_version(old: MemoryRow, *, writer: str, updated_at: int, title: str | None = None,

@@ -32,17 +32,27 @@ def find(pattern: bytes, deadline: float) -> str | None:
     return None
 
 
+def wait_for(pattern: str, seconds: float) -> tuple[int, float] | None:
+    """The pid of the process whose command line holds ``pattern`` and the monotonic deadline ``seconds`` from
+    now, or None (said) when none appears by then."""
+    deadline = time.monotonic() + seconds
+    pid = find(pattern.encode(), deadline)
+    if pid is None:
+        print(f"no process matching {pattern!r}")
+        return None
+    return int(pid), deadline
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("pattern")
     p.add_argument("--seconds", type=float, default=120.0)
     args = p.parse_args()
-    deadline = time.monotonic() + args.seconds
-    pid = find(args.pattern.encode(), deadline)
-    if pid is None:
-        print(f"no process matching {args.pattern!r}")
+    found = wait_for(args.pattern, args.seconds)
+    if found is None:
         return 1
+    pid, deadline = found
     with args.out.open("w") as out:
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             now = time.monotonic()

@@ -21,6 +21,8 @@ import platform
 import time
 from pathlib import Path
 
+from schedstat_monitor import wait_for  # the same wait for the process, by its command line
+
 POLL_S = 0.2
 # sched_setattr / sched_getattr syscall numbers
 SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
@@ -30,21 +32,6 @@ class _SchedAttr(ctypes.Structure):
     _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32), ("flags", ctypes.c_uint64),
                 ("nice", ctypes.c_int32), ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
                 ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64)]
-
-
-def find(pattern: bytes, deadline: float) -> int | None:
-    me = str(os.getpid())  # this probe's own command line holds the pattern too
-    while time.monotonic() < deadline:
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            if cmdline.parent.name == me:
-                continue
-            try:
-                if pattern in cmdline.read_bytes().replace(b"\0", b" "):
-                    return int(cmdline.parent.name)
-            except OSError:
-                continue
-        time.sleep(POLL_S)
-    return None
 
 
 def set_slice(tid: int, slice_ns: int) -> int:
@@ -85,11 +72,10 @@ def main() -> int:
     p.add_argument("--slice-us", type=int, default=100, help="the main thread's slice (default 100 µs)")
     p.add_argument("--seconds", type=float, default=120.0)
     args = p.parse_args()
-    deadline = time.monotonic() + args.seconds
-    pid = find(args.pattern.encode(), deadline)
-    if pid is None:
-        print(f"no process matching {args.pattern!r}")
+    found = wait_for(args.pattern, args.seconds)
+    if found is None:
         return 1
+    pid, deadline = found
     if args.mode == "slice":
         before = set_slice(pid, args.slice_us * 1000)
         print(f"pid {pid}: main thread's slice {before / 1000:.0f} -> {args.slice_us} µs")
