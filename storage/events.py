@@ -84,7 +84,8 @@ def append_many(conn: sqlite3.Connection, event_type: str, items: Sequence[Event
                 after: EventRow | None = None) -> EventRow | None:
     """``append`` for each item in order, each chained to the one before, in one statement (the writer of a
     links.put stores a hundred); the last event appended, or ``after`` when there are none. Raises as ``append``
-    does; the events before the one that failed are undone with the caller's job (its savepoint)."""
+    does; the events before the one that failed are undone only when the error leaves the caller's job (its
+    savepoint)."""
     if not items:
         return after
     if after is not None:

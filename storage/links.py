@@ -53,7 +53,7 @@ def insert(conn: sqlite3.Connection, link: LinkRow) -> None:
 
 def insert_many(conn: sqlite3.Connection, rows: Sequence[LinkRow]) -> None:
     """``insert`` for each row, in one statement; a link_id stored already (or twice among ``rows``) raises as
-    ``insert`` does, and the rows before it are undone with the caller's job (its savepoint)."""
+    ``insert`` does; the rows before it are undone only when the error leaves the caller's job (its savepoint)."""
     if not rows:
         return
     try:
