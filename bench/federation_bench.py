@@ -84,15 +84,16 @@ def summary(samples_ms: list[float], failed: int = 0) -> dict[str, Any]:
 # ---- the pinger (its own process) -----------------------------------------------------------
 
 def pinger_main(cfg: dict[str, Any], ready: Any, stop: Any) -> None:
-    """Ping B as A over one PeerLink until ``stop``; write [(t_send_monotonic_ns, rtt_ns | -1)] to cfg['out']."""
-    samples: list[tuple[int, int]] = []
+    """Ping B as A over one PeerLink until ``stop``; write [(t_send_monotonic_ns, rtt_ns | -1, t_written_ns | 0)]
+    to cfg['out'] (t_written: when ``send_wire`` returned, the frame handed to the socket)."""
+    samples: list[tuple[int, int, int]] = []
     try:
         asyncio.run(_pinger(cfg, ready, stop, samples))
     finally:
         Path(cfg["out"]).write_text(json.dumps(samples))
 
 
-async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tuple[int, int]]) -> None:
+async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tuple[int, int, int]]) -> None:
     ctx = tls.client_context(Path(cfg["cert"]), Path(cfg["key"]), Path(cfg["ca"]))
     pinned = {cfg["peer_id"]: keys.load_public_key(Path(cfg["peer_pub"]))}
     link = PeerLink(cfg["peer_id"], cfg["peer_url"], ctx, pinned=lambda: pinned, backoff=Backoff(0.1, 1.0),
@@ -103,13 +104,15 @@ async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tupl
         now_ms = int(time.time() * 1000)
         env = new_envelope(cfg["me"], [cfg["peer_id"]], {"kind": "ping", "sent_at": now_ms}, now_ms, PING_TTL_MS)
         frame = env.to_wire()
-        t0 = time.monotonic_ns()
+        t0 = written = time.monotonic_ns()
         try:
-            ack = await link.send_wire(env.correlation_id, frame, timeout_s=PING_TIMEOUT_S)
+            acked = link.send_wire(env.correlation_id, frame, timeout_s=PING_TIMEOUT_S)
+            written = time.monotonic_ns()
+            ack = await acked
             rtt = time.monotonic_ns() - t0 if ack.accepted else -1
         except Exception:  # ack_timeout / link_down: counted as a failed ping
             rtt = -1
-        samples.append((t0, rtt))
+        samples.append((t0, rtt, written))
 
     runner = asyncio.create_task(link.run(), name="pinger-link")
     try:
@@ -421,7 +424,17 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
         await sessions.close()
 
     samples = json.loads(pings_path.read_text())
+    keep_pings(args.keep_pings, samples, {"idle": (idle_start, idle_end), "single": main, "batched": batched})
     return report(args, samples, (idle_start, idle_end), cpu_idle, prefill_s, main, control, caps, batched)
+
+
+def keep_pings(path: Path | None, samples: list[Any], phases: dict[str, Any]) -> None:
+    """Every ping and each phase's window (monotonic ns) to ``path``, for bench/probes/ping_path/split.py."""
+    if path is None:
+        return
+    windows = {name: list(p) if isinstance(p, tuple) else [p["start"], p["end"]]
+               for name, p in phases.items() if p is not None}
+    path.write_text(json.dumps({"samples": samples, "windows": windows}))
 
 
 async def wait_pinger_ready(proc: mp.Process, ready: Any) -> None:
@@ -434,13 +447,13 @@ async def wait_pinger_ready(proc: mp.Process, ready: Any) -> None:
         await asyncio.sleep(0.05)
 
 
-def ping_window(samples: list[tuple[int, int]], lo: int, hi: int) -> dict[str, Any]:
+def ping_window(samples: list[tuple[int, int, int]], lo: int, hi: int) -> dict[str, Any]:
     """Ping RTT summary (ms) of the pings sent in [lo, hi) monotonic ns; failed pings counted apart."""
-    rows = [(t, r) for t, r in samples if lo <= t < hi]
+    rows = [(t, r) for t, r, _ in samples if lo <= t < hi]
     return summary([r / 1e6 for _, r in rows if r >= 0], failed=sum(1 for _, r in rows if r < 0))
 
 
-def flood_stats(samples: list[tuple[int, int]], f: dict[str, Any]) -> dict[str, Any]:
+def flood_stats(samples: list[tuple[int, int, int]], f: dict[str, Any]) -> dict[str, Any]:
     made = f["made"]
     calls_s, conv_s = (f["calls_end"] - f["start"]) / 1e9, (f["end"] - f["start"]) / 1e9
     return {"links_made": made, "links_per_call": f["batch"], "calls": len(f["call_ms"]),
@@ -458,7 +471,7 @@ def p95_ratio(during: dict[str, Any], idle: dict[str, Any]) -> float | None:
     return during["p95_ms"] / idle["p95_ms"] if during.get("n") and idle.get("n") else None
 
 
-def report(args: argparse.Namespace, samples: list[tuple[int, int]], idle_ns: tuple[int, int], cpu_idle: Any,
+def report(args: argparse.Namespace, samples: list[tuple[int, int, int]], idle_ns: tuple[int, int], cpu_idle: Any,
            prefill_s: float, main: dict[str, Any], control: dict[str, Any] | None,
            caps: dict[str, Any], batched: dict[str, Any] | None = None) -> dict[str, Any]:
     idle = ping_window(samples, *idle_ns)
@@ -580,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-control", dest="control", action="store_false",
                    help="skip the control flood (same load on A and C, namespace not shared with B)")
     p.add_argument("--no-perf-md", action="store_true", help="do not write PERFORMANCE.md")
+    p.add_argument("--keep-pings", type=Path, default=None, metavar="FILE",
+                   help="write every ping (sent, round trip, written) and the phases' windows to FILE "
+                        "(read by bench/probes/ping_path/split.py)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin CPUs (default: B and the pinger alone on one CPU, everything else on the "
                         "others, so B's ping latency shows B's own work rather than host contention)")
