@@ -562,7 +562,9 @@ _POSITIVE_MESH_FEDERATION = ("mesh.reconnect_min_s", "mesh.reconnect_max_s", "me
                              "mesh.ready_writer_stuck_s",
                              "federation.quorum_timeout_s", "federation.sync_page_limit")
 _POSITIVE_SYNC = ("federation.sync_interval_s", "federation.max_clock_skew_s", "federation.max_version_step",
-                  "federation.sync_park_after", "federation.send_window_bytes")
+                  "federation.sync_park_after")
+# Below this a links.put of a dozen links fills the window: every envelope would go alone, after the last one's ACK.
+MIN_SEND_WINDOW_BYTES = 4096
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 MAX_PORT = 65535
 
@@ -647,6 +649,10 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
         raise ConfigError("config_invalid",
                           f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
     _all_positive(cfg, _POSITIVE_SYNC)
+    if cfg.federation.send_window_bytes < MIN_SEND_WINDOW_BYTES:
+        raise ConfigError("config_invalid", f"federation.send_window_bytes must be >= {MIN_SEND_WINDOW_BYTES} (below "
+                                            f"it every envelope goes alone, after the previous one's ACK), got "
+                                            f"{cfg.federation.send_window_bytes!r}")
     if not 1 <= cfg.federation.links_per_envelope <= LINKS_PUT_MAX_ITEMS:
         raise ConfigError("config_invalid", f"federation.links_per_envelope must be in 1..{LINKS_PUT_MAX_ITEMS} "
                                             f"(what a peer reads in one links.put), got "

@@ -36,6 +36,17 @@ def test_bad_values_in_a_toml_file_are_refused(tmp_path: Path, line: str) -> Non
     assert err.value.code == "config_invalid"
 
 
+@pytest.mark.parametrize("value", [1, 1024, 4095])
+def test_a_window_below_4_kib_is_refused(value: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_dict({"federation": {"send_window_bytes": value}}, env={})
+    assert err.value.code == "config_invalid" and ">= 4096" in err.value.message
+
+
+def test_a_window_of_4_kib_is_taken() -> None:
+    assert from_dict({"federation": {"send_window_bytes": 4096}}, env={}).federation.send_window_bytes == 4096
+
+
 def test_the_example_config_sets_the_defaults() -> None:
     raw = tomllib.loads((ROOT / "configs" / "node.example.toml").read_text())
     cfg = from_dict({"federation": {k: raw["federation"][k] for k in ("send_window_bytes", "links_per_envelope")}},
