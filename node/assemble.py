@@ -7,6 +7,7 @@ MCP server) builds its service here, so its writes replicate: the outbox is in t
 
 from __future__ import annotations
 
+from node import priority
 from node.config import NodeConfig
 from node.federation import Federation
 from node.hooks import Hooks
@@ -34,6 +35,8 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
     db = await open_database(backend=st.backend, path=cfg.db_path, dsn=st.dsn, batch_max=st.batch_max,
                              readers=st.readers, synchronous=st.synchronous, age=st.age,
                              fts_merge_pages=st.fts_merge_pages)
+    if db.writer_thread_id is not None:
+        priority.lower(db.writer_thread_id, cfg.federation.background_nice)
     # One permission gate for local operations and peer writes (docs/permissions.md).
     try:
         gate = await Gate.open(cfg, db)

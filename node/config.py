@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from a2a.kinds import LINKS_PUT_MAX_ITEMS
+from node import priority
+from node.priority import MAX_NICE
 
 DEFAULT_HOME = "~/.config/ai-memory"
 HOME_ENV = "AI_MEMORY_HOME"
@@ -198,6 +201,9 @@ class FederationConfig:
     # at some cost in links/s (PERFORMANCE.md, "Issue 16, eighth round").
     send_window_bytes: int = 64 * 1024
     links_per_envelope: int = LINKS_PUT_MAX_ITEMS
+    # Nice steps below the event loop for the storage writer and the signature verifier (0..19, Linux; 0 = none):
+    # a node taking in a flood then answers first (docs/operations.md).
+    background_nice: int = 0
 
 
 @dataclass(frozen=True)
@@ -563,7 +569,8 @@ _POSITIVE_MESH_FEDERATION = ("mesh.reconnect_min_s", "mesh.reconnect_max_s", "me
                              "federation.quorum_timeout_s", "federation.sync_page_limit")
 _POSITIVE_SYNC = ("federation.sync_interval_s", "federation.max_clock_skew_s", "federation.max_version_step",
                   "federation.sync_park_after")
-# Below this a links.put of a dozen links fills the window: every envelope would go alone, after the last one's ACK.
+# Below this a links.put of a dozen links (~260 bytes a link) fills the window alone: each such envelope would wait
+# for the previous one's ACK.
 MIN_SEND_WINDOW_BYTES = 4096
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 MAX_PORT = 65535
@@ -651,8 +658,15 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
     _all_positive(cfg, _POSITIVE_SYNC)
     if cfg.federation.send_window_bytes < MIN_SEND_WINDOW_BYTES:
         raise ConfigError("config_invalid", f"federation.send_window_bytes must be >= {MIN_SEND_WINDOW_BYTES} (below "
-                                            f"it every envelope goes alone, after the previous one's ACK), got "
+                                            f"it a links.put of a dozen links waits for the previous envelope's "
+                                            f"ACK), got "
                                             f"{cfg.federation.send_window_bytes!r}")
+    if not 0 <= cfg.federation.background_nice <= MAX_NICE:
+        raise ConfigError("config_invalid", f"federation.background_nice must be in 0..{MAX_NICE}, got "
+                                            f"{cfg.federation.background_nice!r}")
+    if cfg.federation.background_nice and not priority.SUPPORTED:
+        raise ConfigError("config_invalid", f"federation.background_nice needs Linux (per-thread priorities), "
+                                            f"not {sys.platform}")
     if not 1 <= cfg.federation.links_per_envelope <= LINKS_PUT_MAX_ITEMS:
         raise ConfigError("config_invalid", f"federation.links_per_envelope must be in 1..{LINKS_PUT_MAX_ITEMS} "
                                             f"(what a peer reads in one links.put), got "

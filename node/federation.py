@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from a2a import Ack, Envelope, ProtocolError, validate_payload
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from a2a.kinds import LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS
-from node import attest
+from node import attest, priority
 from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
@@ -275,7 +275,9 @@ class Federation:
         self.peers = {p.agent_id: p for p in cfg.mesh.peers}
         self.counters: Counter[str] = Counter()
         # One worker: verification is GIL-bound, so more threads would add switching, not throughput.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify",
+                                            initializer=priority.lower_this_thread,
+                                            initargs=(cfg.federation.background_nice,))
         self.verifier = VerifyBatcher(self._executor)
         # The inbound links of one loop turn (a batch frame's) share one read and one write.
         self._link_lookups: TurnBatch[tuple[str, frozenset[str]], _LinkLookup] = TurnBatch(self._lookup_links)

@@ -154,6 +154,11 @@ class Database:
         return self._schema_version
 
     @property
+    def writer_thread_id(self) -> int | None:
+        """The writer thread's native id (None before it starts)."""
+        return self._writer.native_id if self._writer is not None else None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

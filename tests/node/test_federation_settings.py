@@ -1,15 +1,20 @@
-"""Review: federation.send_window_bytes and federation.links_per_envelope, from TOML to what is queued."""
+"""Review: federation.send_window_bytes, links_per_envelope and background_nice, from TOML to what a node does."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
+import threading
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from mesh import keys
+from node import priority
 from node.assemble import open_service
-from node.config import ConfigError, from_dict, load_config
+from node.config import ConfigError, NodeConfig, from_dict, load_config
 from tests.node.conftest import AGENT, make_config
 from tests.node.test_links_put import _decoded, _queued_links
 
@@ -17,7 +22,7 @@ B = "ai:b@lab"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("key", ["send_window_bytes", "links_per_envelope"])
+@pytest.mark.parametrize("key", ["send_window_bytes", "links_per_envelope", "background_nice"])
 @pytest.mark.parametrize("value", ["64", 64.0, 8.5, True, False, -1, [1], {"a": 1}])
 def test_a_bad_value_is_a_clear_config_error(key: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
@@ -79,5 +84,33 @@ async def test_links_per_envelope_one_sends_every_link_as_a_link_put(tmp_path: P
             p = _decoded(r).payload
             dsts += [item["link"]["dst_id"] for item in p["links"]] if r.kind == "links.put" else [p["link"]["dst_id"]]
         assert dsts == ids[1:]
+    finally:
+        await s.close()
+
+
+@pytest.mark.parametrize("value", [-1, 20, 100])
+def test_background_nice_out_of_0_to_19_is_refused(value: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_dict({"federation": {"background_nice": value}}, env={})
+    assert err.value.code == "config_invalid" and "0..19" in err.value.message
+
+
+def _nice() -> int:
+    """The calling thread's nice value."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not priority.SUPPORTED, reason="per-thread priorities are Linux only")
+@pytest.mark.parametrize("steps", [0, 5, 19])
+async def test_background_nice_lowers_the_writer_and_the_verifier_only(cfg: NodeConfig, steps: int) -> None:
+    cfg = dataclasses.replace(cfg, federation=dataclasses.replace(cfg.federation, background_nice=steps))
+    base = _nice()
+    s = await open_service(cfg, require_identity=True)
+    try:
+        writer = await s.db.write(lambda conn: _nice())
+        verifier = await asyncio.get_running_loop().run_in_executor(s.replicator._executor, _nice)
+        reader = await s.db.read(lambda conn: _nice())
+        lowered = min(priority.MAX_NICE, base + steps)
+        assert (writer, verifier, reader, _nice()) == (lowered, lowered, base, base)
     finally:
         await s.close()
