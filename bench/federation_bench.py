@@ -37,6 +37,7 @@ import shlex
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from a2a import Backoff, new_envelope  # noqa: E402
 from mesh import keys, tls  # noqa: E402
 from mesh.link import LinkState, PeerLink  # noqa: E402
-from node.config import load_config  # noqa: E402
+from node.config import MIN_SEND_WINDOW_BYTES, load_config  # noqa: E402
 from testbed.build import MeshLayout, NodeSpec, agent_id_for, build_layout  # noqa: E402
 from testbed.local import LocalMesh  # noqa: E402
 from testbed.state import cpu_seconds  # noqa: E402
@@ -84,16 +85,18 @@ def summary(samples_ms: list[float], failed: int = 0) -> dict[str, Any]:
 # ---- the pinger (its own process) -----------------------------------------------------------
 
 def pinger_main(cfg: dict[str, Any], ready: Any, stop: Any) -> None:
-    """Ping B as A over one PeerLink until ``stop``; write [(t_send_monotonic_ns, rtt_ns | -1, t_written_ns | 0)]
-    to cfg['out'] (t_written: when ``send_wire`` returned, the frame handed to the socket)."""
-    samples: list[tuple[int, int, int]] = []
+    """Ping B as A over one PeerLink until ``stop``; write [(t_send, rtt | -1, t_written, crc32 of the frame)]
+    to cfg['out'] (monotonic ns; t_written: when ``send_wire`` returned, which has written the frame while the link
+    is up and its socket takes it, t_send when the call raised). The crc finds the frame again in what B took
+    (bench/probes/ping_path)."""
+    samples: list[tuple[int, int, int, int]] = []
     try:
         asyncio.run(_pinger(cfg, ready, stop, samples))
     finally:
         Path(cfg["out"]).write_text(json.dumps(samples))
 
 
-async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tuple[int, int, int]]) -> None:
+async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tuple[int, int, int, int]]) -> None:
     ctx = tls.client_context(Path(cfg["cert"]), Path(cfg["key"]), Path(cfg["ca"]))
     pinned = {cfg["peer_id"]: keys.load_public_key(Path(cfg["peer_pub"]))}
     link = PeerLink(cfg["peer_id"], cfg["peer_url"], ctx, pinned=lambda: pinned, backoff=Backoff(0.1, 1.0),
@@ -112,7 +115,7 @@ async def _pinger(cfg: dict[str, Any], ready: Any, stop: Any, samples: list[tupl
             rtt = time.monotonic_ns() - t0 if ack.accepted else -1
         except Exception:  # ack_timeout / link_down: counted as a failed ping
             rtt = -1
-        samples.append((t0, rtt, written))
+        samples.append((t0, rtt, written, zlib.crc32(frame)))
 
     runner = asyncio.create_task(link.run(), name="pinger-link")
     try:
@@ -447,13 +450,13 @@ async def wait_pinger_ready(proc: mp.Process, ready: Any) -> None:
         await asyncio.sleep(0.05)
 
 
-def ping_window(samples: list[tuple[int, int, int]], lo: int, hi: int) -> dict[str, Any]:
+def ping_window(samples: list[tuple[int, int, int, int]], lo: int, hi: int) -> dict[str, Any]:
     """Ping RTT summary (ms) of the pings sent in [lo, hi) monotonic ns; failed pings counted apart."""
-    rows = [(t, r) for t, r, _ in samples if lo <= t < hi]
+    rows = [(t, r) for t, r, *_ in samples if lo <= t < hi]
     return summary([r / 1e6 for _, r in rows if r >= 0], failed=sum(1 for _, r in rows if r < 0))
 
 
-def flood_stats(samples: list[tuple[int, int, int]], f: dict[str, Any]) -> dict[str, Any]:
+def flood_stats(samples: list[tuple[int, int, int, int]], f: dict[str, Any]) -> dict[str, Any]:
     made = f["made"]
     calls_s, conv_s = (f["calls_end"] - f["start"]) / 1e9, (f["end"] - f["start"]) / 1e9
     return {"links_made": made, "links_per_call": f["batch"], "calls": len(f["call_ms"]),
@@ -471,7 +474,7 @@ def p95_ratio(during: dict[str, Any], idle: dict[str, Any]) -> float | None:
     return during["p95_ms"] / idle["p95_ms"] if during.get("n") and idle.get("n") else None
 
 
-def report(args: argparse.Namespace, samples: list[tuple[int, int, int]], idle_ns: tuple[int, int], cpu_idle: Any,
+def report(args: argparse.Namespace, samples: list[tuple[int, int, int, int]], idle_ns: tuple[int, int], cpu_idle: Any,
            prefill_s: float, main: dict[str, Any], control: dict[str, Any] | None,
            caps: dict[str, Any], batched: dict[str, Any] | None = None) -> dict[str, Any]:
     idle = ping_window(samples, *idle_ns)
@@ -604,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="every node's federation.send_window_bytes (default: the node's, 64 KiB)")
     p.add_argument("--links-per-envelope", type=int, default=None,
                    help="every node's federation.links_per_envelope (default: the node's, 100)")
+    p.add_argument("--background-nice", type=int, default=None, choices=range(20), metavar="0..19",
+                   help="every node's federation.background_nice (default: the node's, 0)")
     args = p.parse_args(argv)
     if args.links is None:
         args.links = QUICK_LINKS if args.quick else 10_000
@@ -613,13 +618,16 @@ def main(argv: list[str] | None = None) -> int:
         args.idle_s = 3.0 if args.quick else 5.0
     if args.memories < 2 or args.links < 1:
         p.error("need --memories >= 2 and --links >= 1")
+    if args.send_window_bytes is not None and args.send_window_bytes < MIN_SEND_WINDOW_BYTES:
+        p.error(f"--send-window-bytes must be >= {MIN_SEND_WINDOW_BYTES} (a node refuses less)")
     command = ".venv/bin/python bench/federation_bench.py" + "".join(f" {shlex.quote(x)}" for x in sys.argv[1:])
 
     pinned = None
     with tempfile.TemporaryDirectory(prefix="fedbench") as tmp:
         extra = "".join(["[federation]\n",
                          *(f"{key} = {value}\n" for key, value in (("send_window_bytes", args.send_window_bytes),
-                                                                   ("links_per_envelope", args.links_per_envelope))
+                                                                   ("links_per_envelope", args.links_per_envelope),
+                                                                   ("background_nice", args.background_nice))
                            if value is not None),
                          f"[federation.namespaces.{CONTROL_NS}]\n",
                          f'peers = ["{agent_id_for(1)}", "{agent_id_for(3)}"]\n'])
@@ -633,8 +641,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             mesh.stop_all()
     res["command"] = command
-    res["federation_settings"] = {"send_window_bytes": args.send_window_bytes,
-                                  "links_per_envelope": args.links_per_envelope}  # None: the node's default
+    res["federation_settings"] = {"send_window_bytes": args.send_window_bytes,  # None: the node's default
+                                  "links_per_envelope": args.links_per_envelope,
+                                  "background_nice": args.background_nice}
     res["cpu_pinning"] = pinned
     res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     out = ROOT / "bench" / "out" / "federation.json"

@@ -1,12 +1,15 @@
 """Scheduler knobs on one running process's threads, set from outside while a bench runs (a probe: what it tried
-is in PERFORMANCE.md, "Issue 16, eighth round"; neither knob is used by the node).
+is in PERFORMANCE.md, "Issue 16, eighth round" and "ninth round"; no knob here is used by the node).
 
     python3 bench/probes/thread_sched.py batch "node-2/config.toml serve" [--seconds 120]
     python3 bench/probes/thread_sched.py slice "node-2/config.toml serve" [--slice-us 100] [--seconds 120]
+    python3 bench/probes/thread_sched.py nice "node-2/config.toml serve" [--nice 19] [--seconds 120]
 
 Waits (up to --seconds) for a process whose command line contains the pattern, then:
 - ``batch``: puts every thread but the main one (the node's event loop) in SCHED_BATCH, every 0.2 s so that
   threads started later are caught too (the verify thread, the storage writer and readers);
+- ``nice``: sets every thread but the main one to nice ``--nice`` (19), caught every 0.2 s as ``batch`` does
+  (Linux's setpriority on a thread id: that thread only);
 - ``slice``: asks the EEVDF scheduler (Linux 6.12 and later) for a short time slice for the main thread
   (``sched_attr.sched_runtime``), so that it is picked sooner when it wakes; its share of the CPU is unchanged.
 Run it as root (or the process's owner), started before the bench. Linux only; x86_64 and aarch64.
@@ -19,6 +22,7 @@ import ctypes
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from schedstat_monitor import wait_for  # the same wait for the process, by its command line
@@ -48,8 +52,8 @@ def set_slice(tid: int, slice_ns: int) -> int:
     return int(before)
 
 
-def batch_threads(pid: int, deadline: float) -> int:
-    """SCHED_BATCH for every thread of ``pid`` but its main one, until it exits or the deadline; how many."""
+def other_threads(pid: int, deadline: float, change: Callable[[int], None]) -> int:
+    """``change`` each thread of ``pid`` but its main one, once, until it exits or the deadline; how many."""
     done: set[int] = set()
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
         for task in Path(f"/proc/{pid}/task").iterdir():
@@ -57,7 +61,7 @@ def batch_threads(pid: int, deadline: float) -> int:
             if tid == pid or tid in done:
                 continue
             try:
-                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+                change(tid)
                 done.add(tid)
             except OSError:
                 continue  # the thread ended
@@ -67,9 +71,10 @@ def batch_threads(pid: int, deadline: float) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("batch", "slice"))
+    p.add_argument("mode", choices=("batch", "slice", "nice"))
     p.add_argument("pattern")
     p.add_argument("--slice-us", type=int, default=100, help="the main thread's slice (default 100 µs)")
+    p.add_argument("--nice", type=int, default=19, help="the other threads' nice value (default 19)")
     p.add_argument("--seconds", type=float, default=120.0)
     args = p.parse_args()
     found = wait_for(args.pattern, args.seconds)
@@ -79,8 +84,12 @@ def main() -> int:
     if args.mode == "slice":
         before = set_slice(pid, args.slice_us * 1000)
         print(f"pid {pid}: main thread's slice {before / 1000:.0f} -> {args.slice_us} µs")
+    elif args.mode == "batch":
+        n = other_threads(pid, deadline, lambda tid: os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0)))
+        print(f"pid {pid}: {n} threads in SCHED_BATCH")
     else:
-        print(f"pid {pid}: {batch_threads(pid, deadline)} threads in SCHED_BATCH")
+        n = other_threads(pid, deadline, lambda tid: os.setpriority(os.PRIO_PROCESS, tid, args.nice))
+        print(f"pid {pid}: {n} threads at nice {args.nice}")
     return 0
 
 

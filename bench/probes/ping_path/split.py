@@ -1,6 +1,7 @@
 """Splits each ping of a federation bench run into its legs (see sitecustomize.py here for how to record one):
 
-- pinger: from the pinger's clock read to ``send_wire`` returning (the frame written to its socket);
+- pinger: from the pinger's clock read to ``send_wire`` returning (the frame written to its socket), or to B
+  taking the frame when B, on the same CPU, ran first;
 - to B: from then until B's ``_Socket.on_frame`` takes the frame (B's loop reading and parsing it);
 - B: inside ``on_frame`` (decode, checks, the ACK made);
 - back: from then until the pinger has the ACK (B writing it, the pinger reading it).
@@ -9,16 +10,17 @@
 
 DIR holds B's frames-<pid>.bin; FILE (default DIR/pings.json) is what ``--keep-pings`` wrote. Prints p50 / p95 /
 p99 of each leg for each phase (idle, the single-link flood, the batched flood), and of the batched flood by
-second. A ping is matched to the first small frame B took after the pinger wrote it, before its ACK came back.
+second. A ping is matched to the frame B took with the same crc32 (each ping's bytes differ: its correlation id);
+a ping B's record has no frame for (or one taken outside the ping's round trip) is counted apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import array
-import bisect
 import json
 from pathlib import Path
+from typing import Any
 
 LEGS = ("round trip", "pinger", "to B", "B", "back")
 
@@ -28,19 +30,31 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-def legs(samples: list[list[int]], taken: list[int], answered: list[int]) -> list[tuple[int, list[float]]]:
-    """(sent ns, [round trip, pinger, to B, B, back] in ms) of every answered ping matched to a frame on B."""
+def frames_by_crc(times: array.array[int]) -> dict[int, tuple[int, int]]:
+    """B's record (taken ns, answered ns, crc32 triples) as crc32 -> (taken, answered); the first frame of a crc."""
+    out: dict[int, tuple[int, int]] = {}
+    for i in range(0, len(times) - 2, 3):
+        out.setdefault(times[i + 2], (times[i], times[i + 1]))
+    return out
+
+
+def legs(samples: list[list[int]], frames: dict[int, tuple[int, int]]) -> tuple[list[tuple[int, list[float]]], int]:
+    """(sent ns, [round trip, pinger, to B, B, back] in ms) of every answered ping found on B, and how many answered
+    pings were not (no frame with their crc, or one taken outside their round trip)."""
     out = []
-    for sent, rtt, written in samples:
+    missing = 0
+    for sent, rtt, written, crc in samples:
         if rtt < 0:
             continue
-        i = bisect.bisect_left(taken, written)
-        if i == len(taken) or taken[i] > sent + rtt:
-            continue
         acked = sent + rtt
-        out.append((sent, [x / 1e6 for x in (rtt, written - sent, taken[i] - written, answered[i] - taken[i],
-                                              acked - answered[i])]))
-    return out
+        taken, answered = frames.get(crc, (0, 0))
+        if not sent <= taken <= answered <= acked:
+            missing += 1
+            continue
+        written = min(written, taken)  # B, on the same CPU, may take the frame before the pinger reads its clock
+        parts = (rtt, written - sent, taken - written, answered - taken, acked - answered)
+        out.append((sent, [x / 1e6 for x in parts]))
+    return out, missing
 
 
 def table(title: str, rows: dict[str, list[list[float]]]) -> str:
@@ -54,18 +68,26 @@ def table(title: str, rows: dict[str, list[list[float]]]) -> str:
     return "\n".join(lines)
 
 
+def load(directory: Path, pings: Path | None) -> tuple[dict[str, Any], int, dict[int, tuple[int, int]]]:
+    """What ``--keep-pings`` wrote (``pings``, default DIR/pings.json), B's pid and B's frames by crc32."""
+    kept = json.loads((pings or directory / "pings.json").read_text())
+    files = sorted(directory.glob("frames-*.bin"))
+    if len(files) != 1:
+        raise SystemExit(f"expected one frames-<pid>.bin in {directory}, found {len(files)}")
+    times = array.array("q")
+    times.frombytes(files[0].read_bytes())
+    return kept, int(files[0].stem.split("-")[1]), frames_by_crc(times)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path)
     p.add_argument("--pings", type=Path, default=None)
     args = p.parse_args()
-    kept = json.loads((args.pings or args.dir / "pings.json").read_text())
-    files = sorted(args.dir.glob("frames-*.bin"))
-    if len(files) != 1:
-        raise SystemExit(f"expected one frames-<pid>.bin in {args.dir}, found {len(files)}")
-    times = array.array("q")
-    times.frombytes(files[0].read_bytes())
-    matched = legs(kept["samples"], list(times[0::2]), list(times[1::2]))
+    kept, _, frames = load(args.dir, args.pings)
+    matched, missing = legs(kept["samples"], frames)
+    if missing:
+        print(f"({missing} answered pings have no frame in B's record and are left out)")
     phases = {name: [v for sent, v in matched if lo <= sent < hi] for name, (lo, hi) in kept["windows"].items()}
     print(table("phase", phases))
     if "batched" in kept["windows"]:
