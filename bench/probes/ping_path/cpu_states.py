@@ -7,11 +7,11 @@ scheduler's own record:
     kill -INT %1; perf script -i DIR/sched.data -F pid,tid,cpu,time,event,trace > DIR/sched.txt
     python3 bench/probes/ping_path/cpu_states.py DIR [--cpu 1] [--slow-ms 2] [--pings FILE]
 
-(-k CLOCK_MONOTONIC puts perf's times on the clock the pinger and B read.) For the batched flood's pings whose
-"to B" leg took at least --slow-ms, prints how that time splits between B's main thread running, runnable but
-waiting for a CPU, and asleep (blocked on something: a futex, which is where a thread waiting for the GIL is, or
-anything else; the frame was already on its socket), and which threads held B's CPU (--cpu: where the bench pins
-B, 1) meanwhile: B's own by name (threads-<pid>.json), or other processes.
+(perf: Debian's linux-perf, run as root; -k CLOCK_MONOTONIC puts its times on the clock the pinger and B read.)
+For the batched flood's pings whose "to B" leg took at least --slow-ms, prints how that time splits between B's
+main thread running, runnable but waiting for a CPU, and asleep (blocked on something: a futex, which is where a
+thread waiting for the GIL is, or anything else; the frame was already on its socket), and which threads held B's
+CPU (--cpu: where the bench pins B, 1) meanwhile: B's own by name (threads-<pid>.json), or other processes.
 """
 
 from __future__ import annotations
