@@ -427,7 +427,8 @@ async def run(layout: MeshLayout, args: argparse.Namespace, workdir: Path, pids:
         await sessions.close()
 
     samples = json.loads(pings_path.read_text())
-    keep_pings(args.keep_pings, samples, {"idle": (idle_start, idle_end), "single": main, "batched": batched})
+    keep_pings(args.keep_pings, samples, {"idle": {"start": idle_start, "end": idle_end}, "single": main,
+                                          "batched": batched})
     return report(args, samples, (idle_start, idle_end), cpu_idle, prefill_s, main, control, caps, batched)
 
 
@@ -435,8 +436,7 @@ def keep_pings(path: Path | None, samples: list[Any], phases: dict[str, Any]) ->
     """Every ping and each phase's window (monotonic ns) to ``path``, for bench/probes/ping_path/split.py."""
     if path is None:
         return
-    windows = {name: list(p) if isinstance(p, tuple) else [p["start"], p["end"]]
-               for name, p in phases.items() if p is not None}
+    windows = {name: [p["start"], p["end"]] for name, p in phases.items() if p is not None}
     path.write_text(json.dumps({"samples": samples, "windows": windows}))
 
 
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the control flood (same load on A and C, namespace not shared with B)")
     p.add_argument("--no-perf-md", action="store_true", help="do not write PERFORMANCE.md")
     p.add_argument("--keep-pings", type=Path, default=None, metavar="FILE",
-                   help="write every ping (sent, round trip, written) and the phases' windows to FILE "
+                   help="write every ping (sent, round trip, written, frame crc32) and the phases' windows to FILE "
                         "(read by bench/probes/ping_path/split.py)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin CPUs (default: B and the pinger alone on one CPU, everything else on the "
