@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from base.errors import ProjectError
+
 
 class ErrorCode(StrEnum):
     """Stable codes carried by ProtocolError.code (also used in ACK reasons as ``rejected:<code>``)."""
@@ -18,7 +20,7 @@ class ErrorCode(StrEnum):
     BAD_PAYLOAD = "bad_payload"
 
 
-class ProtocolError(Exception):
+class ProtocolError(ProjectError):
     """An A2A frame or payload that cannot be accepted.
 
     ``code`` is a stable snake_case string (an ErrorCode member), ``message`` a human sentence
@@ -28,10 +30,5 @@ class ProtocolError(Exception):
     """
 
     def __init__(self, code: str, message: str, *, correlation_id: str | None = None) -> None:
-        super().__init__(message)
-        self.code = str(code)
-        self.message = message
+        super().__init__(str(code), message)
         self.correlation_id = correlation_id
-
-    def __repr__(self) -> str:
-        return f"ProtocolError(code={self.code!r}, message={self.message!r})"

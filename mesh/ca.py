@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mesh import keys
-from mesh.errors import MeshError
+from mesh.errors import MeshCode, MeshError
 
 CA_KEY_NAME = "ca.key"
 CA_CERT_NAME = "ca.crt"
@@ -80,12 +80,12 @@ def init_ca(
     paths = ca_paths(out_dir)
     if not force and (paths.key.exists() or paths.cert.exists()):
         raise MeshError(
-            "ca_exists",
+            MeshCode.CA_EXISTS,
             f"A mesh CA already exists in {paths.dir}; replacing it invalidates "
             "every node certificate it issued (pass force to do it anyway).",
         )
     if validity_days <= 0:
-        raise MeshError("bad_validity", f"validity_days must be positive, not {validity_days}.")
+        raise MeshError(MeshCode.BAD_VALIDITY, f"validity_days must be positive, not {validity_days}.")
     key = Ed25519PrivateKey.generate()
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name[:CN_MAX])])
     now = _now()
@@ -128,12 +128,12 @@ def load_cert(path: Path) -> x509.Certificate:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise MeshError("cert_missing", f"The certificate file {path} does not exist.") from None
+        raise MeshError(MeshCode.CERT_MISSING, f"The certificate file {path} does not exist.") from None
     try:
         return x509.load_pem_x509_certificate(data)
     except ValueError as exc:
         raise MeshError(
-            "cert_invalid", f"The certificate file {path} is not a PEM certificate ({exc})."
+            MeshCode.CERT_INVALID, f"The certificate file {path} is not a PEM certificate ({exc})."
         ) from None
 
 
@@ -142,7 +142,7 @@ def load_ca(ca_dir: Path) -> tuple[Ed25519PrivateKey, x509.Certificate]:
     paths = ca_paths(ca_dir)
     if not paths.key.exists() or not paths.cert.exists():
         raise MeshError(
-            "ca_missing",
+            MeshCode.CA_MISSING,
             f"No mesh CA in {paths.dir} (need {CA_KEY_NAME} and {CA_CERT_NAME}); "
             "run `ai-memory mesh ca init`.",
         )
@@ -150,7 +150,7 @@ def load_ca(ca_dir: Path) -> tuple[Ed25519PrivateKey, x509.Certificate]:
     cert = load_cert(paths.cert)
     if keys.raw_public_bytes(key.public_key()) != _raw_cert_key(cert, paths.cert):
         raise MeshError(
-            "cert_invalid", f"{paths.cert} does not belong to the key in {paths.key}."
+            MeshCode.CERT_INVALID, f"{paths.cert} does not belong to the key in {paths.key}."
         )
     return key, cert
 
@@ -158,7 +158,7 @@ def load_ca(ca_dir: Path) -> tuple[Ed25519PrivateKey, x509.Certificate]:
 def _raw_cert_key(cert: x509.Certificate, source: object) -> bytes:
     pk = cert.public_key()
     if not isinstance(pk, Ed25519PublicKey):
-        raise MeshError("key_invalid", f"The certificate {source} is not over an Ed25519 key.")
+        raise MeshError(MeshCode.KEY_INVALID, f"The certificate {source} is not over an Ed25519 key.")
     return keys.raw_public_bytes(pk)
 
 
@@ -168,7 +168,7 @@ def _sans(
     if not agent_id.isascii():
         # A URI SAN is IA5String; percent-encoding would change the identity.
         raise MeshError(
-            "bad_agent_id",
+            MeshCode.BAD_AGENT_ID,
             f"The agent_id {agent_id!a} has non-ASCII characters and cannot be "
             "carried in a certificate URI.",
         )
@@ -177,13 +177,13 @@ def _sans(
     ips = ["127.0.0.1", *extra_ips]
     for host in dict.fromkeys(dns):
         if not host or not host.isascii() or any(c.isspace() for c in host):
-            raise MeshError("bad_san", f"{host!r} is not a valid DNS name.")
+            raise MeshError(MeshCode.BAD_SAN, f"{host!r} is not a valid DNS name.")
         names.append(x509.DNSName(host))
     for ip in dict.fromkeys(str(i) for i in ips):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(ip)))
         except ValueError:
-            raise MeshError("bad_san", f"{ip!r} is not an IP address.") from None
+            raise MeshError(MeshCode.BAD_SAN, f"{ip!r} is not an IP address.") from None
     return names
 
 
@@ -215,7 +215,7 @@ def issue_node_cert(
     start = not_before if not_before is not None else now - CLOCK_SKEW
     end = not_after if not_after is not None else now + dt.timedelta(days=validity_days)
     if end <= start:
-        raise MeshError("bad_validity", f"Certificate validity ends ({end}) before it starts ({start}).")
+        raise MeshError(MeshCode.BAD_VALIDITY, f"Certificate validity ends ({end}) before it starts ({start}).")
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, agent_id[:CN_MAX])]))

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from nacl.bindings import crypto_core_ed25519_is_valid_point
 
-from mesh.errors import MeshError
+from mesh.errors import MeshCode, MeshError
 
 log = logging.getLogger(__name__)
 
@@ -70,28 +70,28 @@ def validate_agent_id(agent_id: object) -> str:
     characters, not ``.``/``..`` and no leading ``.``. ``ai:node-1@lab`` is fine.
     """
     if not isinstance(agent_id, str) or not agent_id:
-        raise MeshError("bad_agent_id", "The agent_id must be a non-empty string.")
+        raise MeshError(MeshCode.BAD_AGENT_ID, "The agent_id must be a non-empty string.")
     shown = ascii(agent_id)
     if len(agent_id) > MAX_AGENT_ID_LEN:
         raise MeshError(
-            "bad_agent_id",
+            MeshCode.BAD_AGENT_ID,
             f"The agent_id {shown} is {len(agent_id)} characters long; "
             f"the limit is {MAX_AGENT_ID_LEN}.",
         )
     if "/" in agent_id or "\\" in agent_id:
         raise MeshError(
-            "bad_agent_id", f"The agent_id {shown} contains a path separator."
+            MeshCode.BAD_AGENT_ID, f"The agent_id {shown} contains a path separator."
         )
     for ch in agent_id:
         # Cc = control, Zs/Zl/Zp = separators; isspace catches the rest.
         if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Zs", "Zl", "Zp"):
             raise MeshError(
-                "bad_agent_id",
+                MeshCode.BAD_AGENT_ID,
                 f"The agent_id {shown} contains a control or whitespace character.",
             )
     if agent_id.startswith("."):
         raise MeshError(
-            "bad_agent_id",
+            MeshCode.BAD_AGENT_ID,
             f"The agent_id {shown} starts with '.', which would make a hidden "
             "or relative file name.",
         )
@@ -157,7 +157,7 @@ def write_file_atomic(path: Path, data: bytes, mode: int, *, replace: bool) -> N
                 os.link(tmp, path)
             except FileExistsError:
                 raise MeshError(
-                    "file_exists", f"{path} already exists; not overwriting it."
+                    MeshCode.FILE_EXISTS, f"{path} already exists; not overwriting it."
                 ) from None
             os.unlink(tmp)
     except BaseException:
@@ -189,17 +189,17 @@ def _read_file(path: Path, what: str) -> tuple[bytes, os.stat_result]:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise MeshError("key_missing", f"The {what} file {path} does not exist.") from None
+        raise MeshError(MeshCode.KEY_MISSING, f"The {what} file {path} does not exist.") from None
     except IsADirectoryError:
-        raise MeshError("key_invalid", f"The {what} path {path} is a directory.") from None
+        raise MeshError(MeshCode.KEY_INVALID, f"The {what} path {path} is a directory.") from None
     except PermissionError:
         raise MeshError(
-            "key_file_mode", f"The {what} file {path} is not readable by this user."
+            MeshCode.KEY_FILE_MODE, f"The {what} file {path} is not readable by this user."
         ) from None
     try:
         st = os.fstat(fd)  # stat the opened file itself, not the name (no race)
         if not stat.S_ISREG(st.st_mode):
-            raise MeshError("key_invalid", f"The {what} path {path} is not a regular file.")
+            raise MeshError(MeshCode.KEY_INVALID, f"The {what} path {path} is not a regular file.")
         with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read(), st
     finally:
@@ -218,7 +218,7 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     data, st = _read_file(path, "private key")
     if st.st_mode & 0o077:
         raise MeshError(
-            "key_file_mode",
+            MeshCode.KEY_FILE_MODE,
             f"The private key file {path} has mode {stat.S_IMODE(st.st_mode):04o}, "
             f"which lets other users read it; run: chmod 600 {path}",
         )
@@ -226,15 +226,15 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
         raise MeshError(
-            "key_invalid", f"The private key file {path} is encrypted; it must not be."
+            MeshCode.KEY_INVALID, f"The private key file {path} is encrypted; it must not be."
         ) from None
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise MeshError(
-            "key_invalid", f"The private key file {path} is not a PEM private key ({exc})."
+            MeshCode.KEY_INVALID, f"The private key file {path} is not a PEM private key ({exc})."
         ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise MeshError(
-            "key_invalid",
+            MeshCode.KEY_INVALID,
             f"The private key file {path} holds a {type(key).__name__}, not Ed25519.",
         )
     return key
@@ -246,19 +246,19 @@ def public_key_from_pem(data: bytes, *, source: str = "the data") -> Ed25519Publ
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise MeshError(
-            "key_invalid",
+            MeshCode.KEY_INVALID,
             f"{source} is not a SubjectPublicKeyInfo PEM public key ({exc}).",
         ) from None
     if not isinstance(key, Ed25519PublicKey):
         raise MeshError(
-            "key_invalid", f"{source} holds a {type(key).__name__}, not Ed25519."
+            MeshCode.KEY_INVALID, f"{source} holds a {type(key).__name__}, not Ed25519."
         )
     if not crypto_core_ed25519_is_valid_point(key.public_bytes_raw()):
         # Small order, a small-order component, or not canonical: no key pair makes one, and under a
         # small-order key OpenSSL would take a single (R, S) as a signature of every message
         # (node/attest.py verify refuses all of them).
         raise MeshError(
-            "key_invalid",
+            MeshCode.KEY_INVALID,
             f"{source} holds an Ed25519 point that no generated key has (small order, a small-order "
             "component, or not canonical); ask its operator for the .pub file again.",
         )
@@ -310,7 +310,7 @@ def generate_identity(keys_dir: Path, agent_id: str, *, force: bool = False) -> 
         existing = [p for p in (priv_path, pub_path) if p.exists()]
         if existing:
             raise MeshError(
-                "identity_exists",
+                MeshCode.IDENTITY_EXISTS,
                 f"An identity for {agent_id} already exists ({existing[0]}); "
                 "pass force to replace it (peers holding the old .pub will stop "
                 "trusting this node).",
@@ -326,7 +326,7 @@ def generate_identity(keys_dir: Path, agent_id: str, *, force: bool = False) -> 
             raise
         # Lost a race with another writer: say so in identity terms.
         raise MeshError(
-            "identity_exists",
+            MeshCode.IDENTITY_EXISTS,
             f"An identity for {agent_id} appeared while generating: {exc.message}",
         ) from None
     return Identity.of(agent_id, private_key, priv_path, pub_path)
@@ -351,20 +351,20 @@ def load_identity(keys_dir: Path, agent_id: str | None = None) -> Identity:
         )
         if not candidates:
             raise MeshError(
-                "no_identity",
+                MeshCode.NO_IDENTITY,
                 f"No identity found in {keys_dir}; run `ai-memory identity generate`.",
             )
         if len(candidates) > 1:
             names = ", ".join(_agent_id_from_name(p.name, PRIV_SUFFIX) for p in candidates)
             raise MeshError(
-                "ambiguous_identity",
+                MeshCode.AMBIGUOUS_IDENTITY,
                 f"Several identities in {keys_dir} ({names}); name the agent_id to use.",
             )
         agent_id = _agent_id_from_name(candidates[0].name, PRIV_SUFFIX)
     priv_path, pub_path = _identity_paths(keys_dir, agent_id)
     if not priv_path.exists():
         raise MeshError(
-            "no_identity",
+            MeshCode.NO_IDENTITY,
             f"No private key for {agent_id} at {priv_path}; "
             "run `ai-memory identity generate`.",
         )
@@ -374,7 +374,7 @@ def load_identity(keys_dir: Path, agent_id: str | None = None) -> Identity:
         on_disk = load_public_key(pub_path)
         if raw_public_bytes(on_disk) != raw_public_bytes(public_key):
             raise MeshError(
-                "key_pair_mismatch",
+                MeshCode.KEY_PAIR_MISMATCH,
                 f"{pub_path} does not match {priv_path}; re-export the public key "
                 "or restore the right pair.",
             )
@@ -530,7 +530,7 @@ def import_peer(
         except MeshError as exc:
             if not force:
                 raise MeshError(
-                    "peer_key_conflict",
+                    MeshCode.PEER_KEY_CONFLICT,
                     f"Peer {agent_id} is trusted with a key file that cannot be read ({exc.message}); "
                     "pass force to replace it without keeping the old key.",
                 ) from None
@@ -560,7 +560,7 @@ def _parse_retired_name(name: str) -> tuple[str, str]:
     agent_id, dot, fp = stem.rpartition(".")
     if not dot or len(fp) != FINGERPRINT_LEN or not set(fp) <= _HEX:
         raise MeshError(
-            "bad_key_file_name",
+            MeshCode.BAD_KEY_FILE_NAME,
             f"{name!r} is not <agent_id>.<16 hex fingerprint>.pub, so it names no retired key.",
         )
     return validate_agent_id(agent_id), fp
@@ -602,11 +602,13 @@ def _load_retired(retired_dir: Path, agent_id: str | None = None) -> dict[str, l
                 continue
             where = loose_dir or (path if path.stat().st_mode & 0o022 else None)
             if where is not None:
-                raise MeshError("key_file_mode", f"{where} is writable by group or others, so anyone could add "
-                                                 f"a key that old signatures verify against; run: chmod go-w {where}")
+                raise MeshError(MeshCode.KEY_FILE_MODE,
+                                f"{where} is writable by group or others, so anyone could add "
+                                f"a key that old signatures verify against; run: chmod go-w {where}")
             key = load_public_key(path)
             if fingerprint(key) != fp:
-                raise MeshError("key_invalid", f"{path} holds key {fingerprint(key)}, not the {fp} its name says.")
+                raise MeshError(MeshCode.KEY_INVALID,
+                                f"{path} holds key {fingerprint(key)}, not the {fp} its name says.")
         except MeshError as exc:
             log.warning("skipping retired key file %s: %s", path, exc.message)
             continue
@@ -698,8 +700,9 @@ def load_peer_keys(peers_dir: Path) -> PeerKeys:
         try:
             if dir_writable or path.stat().st_mode & 0o022:
                 where = peers_dir if dir_writable else path
-                raise MeshError("key_file_mode", f"{where} is writable by group or others, so anyone could replace "
-                                                 f"a trusted key; run: chmod go-w {where}")
+                raise MeshError(MeshCode.KEY_FILE_MODE,
+                                f"{where} is writable by group or others, so anyone could replace "
+                                f"a trusted key; run: chmod go-w {where}")
             agent_id = validate_agent_id(_agent_id_from_name(path.name, PUB_SUFFIX))
             keys[agent_id] = load_public_key(path)
         except MeshError as exc:
@@ -757,7 +760,7 @@ def export_pub(keys_dir: Path, agent_id: str, out_dir: Path) -> Path:
         key = load_private_key(priv_path).public_key()
     else:
         raise MeshError(
-            "no_identity", f"No identity for {agent_id} in {keys_dir}."
+            MeshCode.NO_IDENTITY, f"No identity for {agent_id} in {keys_dir}."
         )
     out_dir = Path(out_dir)
     _ensure_dir(out_dir, PEERS_DIR_MODE)

@@ -42,7 +42,7 @@ from a2a import (
     encode_batch,
     plan_batches,
 )
-from mesh.errors import MeshError
+from mesh.errors import MeshCode, MeshError
 from mesh.receive import Resumed
 from mesh.tls import verify_peer
 from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
@@ -263,7 +263,7 @@ class PeerLink:
     def _record_down(self, error: MeshError | None) -> float:
         """Account the failure, log an outage's start (or a changed reason), return the delay in s."""
         if error is None:
-            error = MeshError("link_closed", "the connection ended")
+            error = MeshError(MeshCode.LINK_CLOSED, "the connection ended")
         previous_code = self.last_error_code
         self.last_error, self.last_error_code = f"{error.code}: {error.message}", error.code
         new_outage = self.health.went_down(time.monotonic())
@@ -283,7 +283,7 @@ class PeerLink:
             return e
         if isinstance(e, aiohttp.WSServerHandshakeError) and 400 <= e.status < 600:
             return await self._refusal(e.status)
-        return MeshError("connect_failed", f"{type(e).__name__}: {e}")
+        return MeshError(MeshCode.CONNECT_FAILED, f"{type(e).__name__}: {e}")
 
     async def _refusal(self, status: int) -> MeshError:
         """Ask why the peer refused the upgrade: aiohttp drops that answer's body, so send one plain GET
@@ -306,8 +306,9 @@ class PeerLink:
     async def _connect_and_read(self) -> None:
         assert self._session is not None
         if self.member is not None and not self.member(self.agent_id):
-            raise MeshError("not_a_member", f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
-                                            "\"pinned\": not dialled until its .pub is imported")
+            raise MeshError(MeshCode.NOT_A_MEMBER,
+                            f"{self.agent_id} has no .pub in this node's peers/ and mesh.trust is "
+                            "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
                                             max_msg_size=self.ws_max_msg_size, heartbeat=None, compress=0,
                                             autoping=True, protocols=(BATCH_SUBPROTOCOL,))
@@ -334,9 +335,9 @@ class PeerLink:
         if error is not None:
             # 1011 rather than 1006, which RFC 6455 forbids in a close frame
             await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.INTERNAL_ERROR))
-            raise MeshError("ws_error", str(error))
+            raise MeshError(MeshCode.WS_ERROR, str(error))
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
-        raise MeshError("link_closed", f"peer closed the socket (code {ws.close_code})")
+        raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {ws.close_code})")
 
     def on_ack_frame(self, data: bytes) -> None:
         """One frame the peer sent on this link's socket: an ACK or a batch of them."""
@@ -374,7 +375,7 @@ class PeerLink:
         self._ws = None
         for fut in list(self._pending.values()):
             if not fut.done():
-                fut.set_exception(MeshError("link_down", f"link to {self.agent_id} went down before the ACK"))
+                fut.set_exception(MeshError(MeshCode.LINK_DOWN, f"link to {self.agent_id} went down before the ACK"))
         self._pending.clear()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
@@ -414,7 +415,7 @@ class PeerLink:
             pass
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
             self._pending.pop(correlation_id, None)
-            return self._failed(MeshError("link_down", f"send to {self.agent_id} failed: {e}"))
+            return self._failed(MeshError(MeshCode.LINK_DOWN, f"send to {self.agent_id} failed: {e}"))
         else:  # the transport is over its high-water mark: the rest of the send waits for it to drain
             return self._finish_send(correlation_id, fut, Resumed(sending, yielded), deadline, timeout)
         self._arm_ack_timer(correlation_id, fut, deadline, timeout)
@@ -474,7 +475,7 @@ class PeerLink:
         if self._pending.get(correlation_id) is fut:
             del self._pending[correlation_id]
         if not fut.done():
-            fut.set_exception(MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s"))
+            fut.set_exception(MeshError(MeshCode.ACK_TIMEOUT, f"no ACK from {self.agent_id} within {timeout:.3g} s"))
 
     async def _finish_send(self, correlation_id: str, fut: asyncio.Future[Ack], sending: Awaitable[None],
                            deadline: float, wait_s: float) -> Ack:
@@ -482,7 +483,7 @@ class PeerLink:
             await sending
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
             self._pending.pop(correlation_id, None)
-            raise MeshError("link_down", f"send to {self.agent_id} failed: {e}") from None
+            raise MeshError(MeshCode.LINK_DOWN, f"send to {self.agent_id} failed: {e}") from None
         self._arm_ack_timer(correlation_id, fut, deadline, wait_s)
         return await fut
 
@@ -494,10 +495,10 @@ class PeerLink:
             try:
                 await asyncio.wait_for(self._up.wait(), wait_s)
             except TimeoutError:
-                raise MeshError("link_down", f"no connection to {self.agent_id} ({self.last_error})") from None
+                raise MeshError(MeshCode.LINK_DOWN, f"no connection to {self.agent_id} ({self.last_error})") from None
         ws = self._ws
         if ws is None or ws.closed:
-            raise MeshError("link_down", f"no connection to {self.agent_id}")
+            raise MeshError(MeshCode.LINK_DOWN, f"no connection to {self.agent_id}")
         fut = self._future(correlation_id, loop)
         return await self._finish_send(correlation_id, fut, ws.send_bytes(frame), deadline, wait_s)
 
@@ -524,7 +525,7 @@ class PeerLink:
             await self._write_many(ws, frames)
         except (ConnectionError, RuntimeError, aiohttp.ClientError) as e:
             self._forget(frames, futures)
-            failed = MeshError("link_down", f"send to {self.agent_id} failed: {e}")
+            failed = MeshError(MeshCode.LINK_DOWN, f"send to {self.agent_id} failed: {e}")
             return [self._outcome(fut) or failed for fut in futures]
         waiting = {fut for fut in futures if not fut.done()}
         if waiting:
@@ -532,7 +533,7 @@ class PeerLink:
                 await asyncio.wait(waiting, timeout=max(0.0, deadline - loop.time()))
             finally:
                 self._forget(frames, futures)
-        late = MeshError("ack_timeout", f"no ACK from {self.agent_id} within {timeout:.3g} s")
+        late = MeshError(MeshCode.ACK_TIMEOUT, f"no ACK from {self.agent_id} within {timeout:.3g} s")
         return [self._outcome(fut) or late for fut in futures]
 
     async def _socket(self, wait_s: float) -> aiohttp.ClientWebSocketResponse | MeshError:
@@ -541,10 +542,10 @@ class PeerLink:
             try:
                 await asyncio.wait_for(self._up.wait(), wait_s)
             except TimeoutError:
-                return MeshError("link_down", f"no connection to {self.agent_id} ({self.last_error})")
+                return MeshError(MeshCode.LINK_DOWN, f"no connection to {self.agent_id} ({self.last_error})")
         ws = self._ws
         if ws is None or ws.closed:
-            return MeshError("link_down", f"no connection to {self.agent_id}")
+            return MeshError(MeshCode.LINK_DOWN, f"no connection to {self.agent_id}")
         return ws
 
     def _future(self, correlation_id: str, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Ack]:
@@ -579,7 +580,7 @@ class PeerLink:
         exc = fut.exception()
         if exc is None:
             return fut.result()
-        return exc if isinstance(exc, MeshError) else MeshError("link_down", f"{type(exc).__name__}: {exc}")
+        return exc if isinstance(exc, MeshError) else MeshError(MeshCode.LINK_DOWN, f"{type(exc).__name__}: {exc}")
 
     async def fetch(self, path: str, params: Mapping[str, int | str], *, timeout_s: float) -> bytes:
         """GET ``path`` on the peer over the link's mTLS session (identity verified); returns the body.
@@ -588,14 +589,15 @@ class PeerLink:
         us is spent for now), ``http_error`` on any other non-200 answer.
         """
         if self._session is None or self._session.closed:
-            raise MeshError("link_down", f"no session to {self.agent_id}")
+            raise MeshError(MeshCode.LINK_DOWN, f"no session to {self.agent_id}")
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._session.get(self.url + path, params=dict(params), timeout=timeout) as resp:
             body = await resp.read()
             if resp.status == 429:
-                raise MeshError("rate_limited", f"GET {path} on {self.agent_id}: HTTP 429: {body[:200]!r}")
+                raise MeshError(MeshCode.RATE_LIMITED, f"GET {path} on {self.agent_id}: HTTP 429: {body[:200]!r}")
             if resp.status != 200:
-                raise MeshError("http_error", f"GET {path} on {self.agent_id}: HTTP {resp.status}: {body[:200]!r}")
+                raise MeshError(MeshCode.HTTP_ERROR,
+                                f"GET {path} on {self.agent_id}: HTTP {resp.status}: {body[:200]!r}")
             return body
 
     async def close(self) -> None:

@@ -26,7 +26,8 @@ from aiohttp.web_request import BaseRequest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Envelope, Outcome, encode_batch, plan_batches
-from mesh.errors import MeshError
+from base.errors import describe, status_of
+from mesh.errors import MeshCode, MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.tls import verify_peer
 from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
@@ -65,8 +66,9 @@ ReadyHandler = Callable[[], tuple[bool, Mapping[str, Any]]]
 MetricsHandler = Callable[[], Awaitable[tuple[bytes, str]]]
 
 
-def json_error(status: int, code: str, message: str) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"error": {"code": code, "message": message}}),
+def json_error(code: str, message: str) -> web.Response:
+    """The error answer: the status the project's one map gives ``code``, and ``{"error": {code, message}}``."""
+    return web.Response(status=status_of(code), body=orjson.dumps({"error": {"code": code, "message": message}}),
                         content_type="application/json")
 
 
@@ -135,15 +137,15 @@ def _peer_identity(hooks: ServerHooks):
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
         if der is None:
-            return json_error(401, "no_client_certificate", "this endpoint requires a mesh client certificate")
+            return json_error("no_client_certificate", "this endpoint requires a mesh client certificate")
         try:
             peer = verify_peer(der, expected_agent_id=None, pinned=hooks.pinned())
         except MeshError as e:
             log.warning(e.code, extra={"ev": {"remote": request.remote, "detail": e.message}})
-            return json_error(403, e.code, e.message)
+            return json_error(e.code, e.message)
         if hooks.member is not None and not hooks.member(peer):
             log.warning("not_a_member", extra={"ev": {"remote": request.remote, "peer": peer}})
-            return json_error(403, "not_a_member",
+            return json_error("not_a_member",
                               f"{peer} holds a mesh certificate but is not a member of this node's federation "
                               "(no .pub in its peers/; mesh.trust = \"pinned\")")
         request[PEER_KEY] = peer
@@ -157,21 +159,20 @@ def _messages(hooks: ServerHooks):
             async with asyncio.timeout(BODY_READ_TIMEOUT_S):
                 body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return json_error(413, "too_large", f"message is larger than {hooks.receiver.max_bytes} bytes")
+            return json_error("too_large", f"message is larger than {hooks.receiver.max_bytes} bytes")
         except TimeoutError:
-            return json_error(408, "body_timeout", f"the message body did not arrive within {BODY_READ_TIMEOUT_S:g} s")
+            return json_error("body_timeout", f"the message body did not arrive within {BODY_READ_TIMEOUT_S:g} s")
         result = await hooks.receiver.receive(body, request[PEER_KEY])
         if result.error is not None:
-            status = 413 if result.error.code == "too_large" else 400
-            return json_error(status, result.error.code, result.error.message)
+            return json_error(result.error.code, result.error.message)
         decision = result.decision
         if decision is not None and decision.code == "sender_mismatch":
-            return json_error(403, "sender_mismatch",
+            return json_error("sender_mismatch",
                               f"sender does not match the TLS identity {request[PEER_KEY]!r}")
         if decision is not None and decision.outcome is Outcome.EXPIRED:
-            return json_error(410, "expired", "message expired before it arrived; dropped without an ACK")
+            return json_error("expired", "message expired before it arrived; dropped without an ACK")
         if result.ack is None:
-            return json_error(503, "not_stored", "the message could not be stored now; retry later")
+            return json_error("not_stored", "the message could not be stored now; retry later")
         return web.Response(body=result.ack.to_wire(), content_type=CBOR)
     return handler
 
@@ -488,18 +489,17 @@ class _Socket:
 def _sync(hooks: ServerHooks):
     async def handler(request: web.Request) -> web.StreamResponse:
         if hooks.sync is None:
-            return json_error(404, "not_found", "this node does not serve a change log")
+            return json_error("not_found", "this node does not serve a change log")
         try:
             since, limit, skip = _sync_params(request.query)
         except ValueError as e:
-            return json_error(400, "bad_input", str(e))
+            return json_error("bad_input", str(e))
         try:
             page = await hooks.sync(request[PEER_KEY], since, limit, skip)
         except Exception as e:
             log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
-            code = getattr(e, "code", "internal")
-            status = 500 if not hasattr(e, "code") else 429 if code == "rate_limited" else 400
-            return json_error(status, code, getattr(e, "message", str(e)))
+            d = describe(e)
+            return json_error(d.code, d.message)
         return web.Response(body=cbor2.dumps(dict(page)), content_type=CBOR)
     return handler
 
@@ -535,9 +535,9 @@ async def _bind(site: web.TCPSite, key: str, host: str, port: int) -> None:
         await site.start()
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise MeshError("port_in_use", f"{host}:{port} ({key}) is in use: is this node already running, "
-                                           f"or does another program hold the port?") from None
-        raise MeshError("cannot_listen", f"cannot listen on {host}:{port} ({key}): {e.strerror or e}") from None
+            raise MeshError(MeshCode.PORT_IN_USE, f"{host}:{port} ({key}) is in use: is this node already running, "
+                                                  f"or does another program hold the port?") from None
+        raise MeshError(MeshCode.CANNOT_LISTEN, f"cannot listen on {host}:{port} ({key}): {e.strerror or e}") from None
 
 
 class MeshServer:

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from mesh import keys
 from mesh.ca import AGENT_URI_PREFIX, load_cert
-from mesh.errors import MeshError
+from mesh.errors import MeshCode, MeshError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _configure(ctx: ssl.SSLContext, cert_path: Path, key_path: Path, ca_path: Pa
     own = load_cert(cert_path)
     if _raw_key(own, cert_path) != keys.raw_public_bytes(private_key.public_key()):
         raise MeshError(
-            "cert_key_mismatch",
+            MeshCode.CERT_KEY_MISMATCH,
             f"The certificate {cert_path} is not over the key in {key_path}; "
             "issue a new one from this node's .pub.",
         )
@@ -90,7 +90,7 @@ def _configure(ctx: ssl.SSLContext, cert_path: Path, key_path: Path, ca_path: Pa
         ctx.load_cert_chain(certfile=str(cert_path), keyfile=str(key_path))
     except (ssl.SSLError, OSError) as exc:
         raise MeshError(
-            "tls_config",
+            MeshCode.TLS_CONFIG,
             f"Could not load TLS material (cert {cert_path}, key {key_path}, "
             f"CA {ca_path}): {exc}",
         ) from None
@@ -101,9 +101,9 @@ def _check_issued_by(cert: x509.Certificate, cert_path: Path, ca_path: Path) -> 
     try:
         cas = x509.load_pem_x509_certificates(ca_path.read_bytes())
     except FileNotFoundError:
-        raise MeshError("ca_missing", f"The CA certificate file {ca_path} does not exist.") from None
+        raise MeshError(MeshCode.CA_MISSING, f"The CA certificate file {ca_path} does not exist.") from None
     except ValueError as exc:
-        raise MeshError("cert_invalid", f"{ca_path} holds no PEM certificate ({exc}).") from None
+        raise MeshError(MeshCode.CERT_INVALID, f"{ca_path} holds no PEM certificate ({exc}).") from None
     for ca_cert in cas:
         try:
             cert.verify_directly_issued_by(ca_cert)
@@ -111,7 +111,7 @@ def _check_issued_by(cert: x509.Certificate, cert_path: Path, ca_path: Path) -> 
         except (ValueError, TypeError, InvalidSignature):
             continue
     raise MeshError(
-        "cert_not_from_ca",
+        MeshCode.CERT_NOT_FROM_CA,
         f"The certificate {cert_path} was not issued by the CA in {ca_path}.",
     )
 
@@ -123,14 +123,14 @@ def _load_der(der: bytes) -> x509.Certificate:
     try:
         return x509.load_der_x509_certificate(bytes(der))
     except ValueError as exc:
-        raise MeshError("cert_invalid", f"The peer certificate does not parse ({exc}).") from None
+        raise MeshError(MeshCode.CERT_INVALID, f"The peer certificate does not parse ({exc}).") from None
 
 
 def _raw_key(cert: x509.Certificate, source: object) -> bytes:
     pk = cert.public_key()
     if not isinstance(pk, Ed25519PublicKey):
         raise MeshError(
-            "key_invalid", f"The certificate {source} is over a {type(pk).__name__}, not Ed25519."
+            MeshCode.KEY_INVALID, f"The certificate {source} is over a {type(pk).__name__}, not Ed25519."
         )
     return keys.raw_public_bytes(pk)
 
@@ -151,13 +151,13 @@ def agent_id_from_cert(der: bytes) -> str:
     ids = sorted({u[len(AGENT_URI_PREFIX):] for u in uris if u.startswith(AGENT_URI_PREFIX)})
     if not ids:
         raise MeshError(
-            "no_agent_san",
+            MeshCode.NO_AGENT_SAN,
             f"The peer certificate ({cert.subject.rfc4514_string()}) has no "
             f"{AGENT_URI_PREFIX}<agent_id> SAN URI, so it names no mesh agent.",
         )
     if len(ids) > 1:
         raise MeshError(
-            "ambiguous_agent_san",
+            MeshCode.AMBIGUOUS_AGENT_SAN,
             f"The peer certificate names several agents ({', '.join(ids)}).",
         )
     return keys.validate_agent_id(ids[0])
@@ -176,11 +176,11 @@ def peer_cert_der(peer: Any) -> bytes:
     if hasattr(peer, "get_extra_info") and not hasattr(peer, "getpeercert"):
         ssl_object = peer.get_extra_info("ssl_object")
         if ssl_object is None:
-            raise MeshError("no_peer_cert", "The connection is not TLS; there is no peer certificate.")
+            raise MeshError(MeshCode.NO_PEER_CERT, "The connection is not TLS; there is no peer certificate.")
         peer = ssl_object
     der = peer.getpeercert(binary_form=True)
     if not der:
-        raise MeshError("no_peer_cert", "The peer presented no certificate.")
+        raise MeshError(MeshCode.NO_PEER_CERT, "The peer presented no certificate.")
     return der
 
 
@@ -207,7 +207,7 @@ def verify_peer(
     agent_id = agent_id_from_cert(der)
     if expected_agent_id is not None and agent_id != expected_agent_id:
         raise MeshError(
-            "peer_identity_mismatch",
+            MeshCode.PEER_IDENTITY_MISMATCH,
             f"Expected to reach {expected_agent_id} but the peer's certificate "
             f"names {agent_id}.",
         )
@@ -217,7 +217,7 @@ def verify_peer(
         expected = keys.raw_public_bytes(pinned_key)
         if presented != expected:
             raise MeshError(
-                "peer_key_mismatch",
+                MeshCode.PEER_KEY_MISMATCH,
                 f"The certificate for {agent_id} is over key "
                 f"{keys.fingerprint(Ed25519PublicKey.from_public_bytes(presented))}, but the pinned "
                 f".pub is {keys.fingerprint(pinned_key)}; refusing. If {agent_id} rotated its key, its "

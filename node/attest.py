@@ -15,12 +15,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import cbor2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from nacl.bindings import crypto_sign_open
 from nacl.exceptions import BadSignatureError
+
+from base.errors import ProjectError
 
 # The one enum of attest levels lives with the column it constrains; re-exported for the node room.
 from storage.links import AttestLevel as AttestLevel
@@ -32,11 +35,17 @@ MEMORY_PAYLOAD_TYPE = "memory.version"
 SIGNATURE_BYTES = 64
 
 
-class AttestError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class AttestCode(StrEnum):
+    """The codes an AttestError carries: which signed field set a value does not fit."""
+
+    BAD_LINK_FIELD = "bad_link_field"
+    BAD_MEMORY_FIELD = "bad_memory_field"
+    BAD_INVALIDATION_FIELD = "bad_invalidation_field"
+    BAD_TRANSCRIPT_FIELD = "bad_transcript_field"
+
+
+class AttestError(ProjectError):
+    """A value that cannot be part of a signed payload; the message names the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +66,22 @@ class LinkPayload:
         for name in ("src_id", "dst_id", "relation", "observed_by"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise AttestError("bad_link_field", f"link field {name} must be a non-empty string, got {value!r}")
+                raise AttestError(AttestCode.BAD_LINK_FIELD,
+                                  f"link field {name} must be a non-empty string, got {value!r}")
         if not _is_int(self.valid_from) or self.valid_from < 0:
-            raise AttestError("bad_link_field",
+            raise AttestError(AttestCode.BAD_LINK_FIELD,
                               f"valid_from must be an integer >= 0 (unix ms), got {self.valid_from!r}")
         if self.valid_until is not None and (not _is_int(self.valid_until) or self.valid_until < self.valid_from):
-            raise AttestError("bad_link_field", "valid_until must be null or an integer >= valid_from (unix ms), "
-                                                f"got {self.valid_until!r}")
+            raise AttestError(AttestCode.BAD_LINK_FIELD,
+                              "valid_until must be null or an integer >= valid_from (unix ms), "
+                              f"got {self.valid_until!r}")
         object.__setattr__(self, "_canonical", cbor2.dumps(self.to_dict(), canonical=True))
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> LinkPayload:
         missing = [f for f in SIGNED_FIELDS if f not in m]
         if missing:
-            raise AttestError("bad_link_field", f"link is missing field(s) {', '.join(missing)}")
+            raise AttestError(AttestCode.BAD_LINK_FIELD, f"link is missing field(s) {', '.join(missing)}")
         return cls(**{f: m[f] for f in SIGNED_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,7 +107,7 @@ class MemoryPayload:
     def from_mapping(cls, m: Mapping[str, Any]) -> MemoryPayload:
         missing = [f for f in MEMORY_SIGNED_FIELDS if f not in m]
         if missing:
-            raise AttestError("bad_memory_field", f"memory is missing field(s) {', '.join(missing)}")
+            raise AttestError(AttestCode.BAD_MEMORY_FIELD, f"memory is missing field(s) {', '.join(missing)}")
         norm = {f: m[f] for f in MEMORY_SIGNED_FIELDS}
         norm["tags"] = list(norm["tags"])
         norm["confidence"] = float(norm["confidence"])
@@ -136,17 +147,18 @@ class InvalidationPayload:
         for name in ("link_id", "observed_by"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise AttestError("bad_invalidation_field",
+                raise AttestError(AttestCode.BAD_INVALIDATION_FIELD,
                                   f"invalidation field {name} must be a non-empty string, got {value!r}")
         if not _is_int(self.valid_until) or self.valid_until < 0:
-            raise AttestError("bad_invalidation_field",
+            raise AttestError(AttestCode.BAD_INVALIDATION_FIELD,
                               f"valid_until must be an integer >= 0 (unix ms), got {self.valid_until!r}")
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> InvalidationPayload:
         missing = [f for f in INVALIDATION_FIELDS if f not in m]
         if missing:
-            raise AttestError("bad_invalidation_field", f"invalidation is missing field(s) {', '.join(missing)}")
+            raise AttestError(AttestCode.BAD_INVALIDATION_FIELD,
+                              f"invalidation is missing field(s) {', '.join(missing)}")
         return cls(**{f: m[f] for f in INVALIDATION_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,29 +196,30 @@ class TranscriptPayload:
         for name in ("id", "namespace", "agent", "content_hash"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise AttestError("bad_transcript_field",
+                raise AttestError(AttestCode.BAD_TRANSCRIPT_FIELD,
                                   f"transcript field {name} must be a non-empty string, got {value!r}")
         for name in ("created_at", "raw_bytes"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
-                raise AttestError("bad_transcript_field", f"{name} must be an integer >= 0, got {value!r}")
+                raise AttestError(AttestCode.BAD_TRANSCRIPT_FIELD, f"{name} must be an integer >= 0, got {value!r}")
         for span in self.spans:
             ok = (len(span) == 3 and isinstance(span[0], str) and span[0] and _is_int(span[1]) and _is_int(span[2])
                   and 0 <= span[1] <= span[2])
             if not ok:
-                raise AttestError("bad_transcript_field",
+                raise AttestError(AttestCode.BAD_TRANSCRIPT_FIELD,
                                   f"a span must be [memory_id, start, end] with 0 <= start <= end, got {span!r}")
         if list(self.spans) != sorted(set(self.spans)):
-            raise AttestError("bad_transcript_field", "spans must be sorted and distinct")
+            raise AttestError(AttestCode.BAD_TRANSCRIPT_FIELD, "spans must be sorted and distinct")
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> TranscriptPayload:
         missing = [f for f in TRANSCRIPT_FIELDS if f not in m]
         if missing:
-            raise AttestError("bad_transcript_field", f"transcript is missing field(s) {', '.join(missing)}")
+            raise AttestError(AttestCode.BAD_TRANSCRIPT_FIELD, f"transcript is missing field(s) {', '.join(missing)}")
         spans = m["spans"]
         if not isinstance(spans, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in spans):
-            raise AttestError("bad_transcript_field", f"spans must be a list of [memory_id, start, end], got {spans!r}")
+            raise AttestError(AttestCode.BAD_TRANSCRIPT_FIELD,
+                              f"spans must be a list of [memory_id, start, end], got {spans!r}")
         return cls(**{f: m[f] for f in TRANSCRIPT_FIELDS if f != "spans"}, spans=tuple(tuple(s) for s in spans))
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,10 +16,12 @@ import sys
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from a2a.kinds import LINKS_PUT_MAX_ITEMS
+from base.errors import ProjectError
 from node import priority
 from node.priority import MAX_NICE
 
@@ -29,13 +31,17 @@ HOOKS_CONFIG_ENV = "AI_MEMORY_HOOKS_CONFIG"
 LOG_LEVEL_ENV = "AI_MEMORY_LOG_LEVEL"
 
 
-class ConfigError(Exception):
-    """A configuration that cannot be used; ``code`` is stable, the message names key and value."""
+class ConfigCode(StrEnum):
+    """The codes a ConfigError carries."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    CONFIG_NOT_FOUND = "config_not_found"
+    CONFIG_MALFORMED = "config_malformed"
+    CONFIG_UNKNOWN_KEY = "config_unknown_key"
+    CONFIG_INVALID = "config_invalid"
+
+
+class ConfigError(ProjectError):
+    """A configuration that cannot be used; ``code`` is stable, the message names key and value."""
 
 
 @dataclass(frozen=True)
@@ -369,11 +375,11 @@ def load_config(path: Path | None = None, *, env: dict[str, str] | None = None,
         try:
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError("config_not_found", f"config file {path} does not exist") from None
+            raise ConfigError(ConfigCode.CONFIG_NOT_FOUND, f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config_malformed", f"config file {path} is not valid TOML: {e}") from None
+            raise ConfigError(ConfigCode.CONFIG_MALFORMED, f"config file {path} is not valid TOML: {e}") from None
         except UnicodeDecodeError:
-            raise ConfigError("config_malformed", f"config file {path} is not UTF-8 text") from None
+            raise ConfigError(ConfigCode.CONFIG_MALFORMED, f"config file {path} is not UTF-8 text") from None
     if overrides:
         raw = {**raw, **overrides}
     return from_dict(raw, env=env, config_dir=None if path is None else Path(path).absolute().parent)
@@ -387,7 +393,7 @@ def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None,
     known = {"agent_id", "home", *_SECTIONS}
     for key in raw:
         if key not in known:
-            raise ConfigError("config_unknown_key", f"unknown config key {key!r}; known: {sorted(known)}")
+            raise ConfigError(ConfigCode.CONFIG_UNKNOWN_KEY, f"unknown config key {key!r}; known: {sorted(known)}")
     in_file = raw.pop("home", None)
     if env.get(HOME_ENV):
         home = Path(env[HOME_ENV]).expanduser()
@@ -410,9 +416,9 @@ def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None,
 
 def _expect(typ: type | tuple[type, ...], key: str, value: Any) -> Any:
     if isinstance(value, bool) and typ is not bool and bool not in (typ if isinstance(typ, tuple) else (typ,)):
-        raise ConfigError("config_invalid", f"{key} must be {_tname(typ)}, got {value!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be {_tname(typ)}, got {value!r}")
     if not isinstance(value, typ):
-        raise ConfigError("config_invalid", f"{key} must be {_tname(typ)}, got {value!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be {_tname(typ)}, got {value!r}")
     return value
 
 
@@ -424,7 +430,7 @@ def _tname(typ: type | tuple[type, ...]) -> str:
 
 def _section(name: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError("config_invalid", f"[{name}] must be a table, got {raw!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"[{name}] must be a table, got {raw!r}")
     if cls is TranscriptsConfig:
         return _transcripts(raw)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -432,7 +438,7 @@ def _section(name: str, cls: type, raw: Any) -> Any:
     for key, value in raw.items():
         dotted = f"{name}.{key}"
         if key not in fields:
-            raise ConfigError("config_unknown_key", f"unknown config key {dotted!r}; known: {sorted(fields)}")
+            raise ConfigError(ConfigCode.CONFIG_UNKNOWN_KEY, f"unknown config key {dotted!r}; known: {sorted(fields)}")
         kwargs[key] = _coerce(dotted, fields[key], value)
     return cls(**kwargs)
 
@@ -446,7 +452,7 @@ def _coerce(dotted: str, f: dataclasses.Field, value: Any) -> Any:
     if dotted == "federation.write_quorum":
         if value == "majority" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
-        raise ConfigError("config_invalid", f"{dotted} must be \"majority\" or an integer >= 1, got {value!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{dotted} must be \"majority\" or an integer >= 1, got {value!r}")
     if isinstance(default, Path):
         return Path(_expect(str, dotted, value))
     if isinstance(default, tuple):
@@ -467,10 +473,11 @@ def _peers(value: Any) -> tuple[PeerConfig, ...]:
     for i, item in enumerate(items):
         key = f"mesh.peers[{i}]"
         if not isinstance(item, dict) or set(item) != {"agent_id", "url"}:
-            raise ConfigError("config_invalid", f"{key} must be a table with exactly agent_id and url, got {item!r}")
+            raise ConfigError(ConfigCode.CONFIG_INVALID,
+                              f"{key} must be a table with exactly agent_id and url, got {item!r}")
         url = _expect(str, f"{key}.url", item["url"])
         if not url.startswith("https://"):
-            raise ConfigError("config_invalid", f"{key}.url must start with https://, got {url!r}")
+            raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key}.url must start with https://, got {url!r}")
         peers.append(PeerConfig(agent_id=_expect(str, f"{key}.agent_id", item["agent_id"]), url=url.rstrip("/")))
     return tuple(peers)
 
@@ -481,8 +488,8 @@ def _namespaces(value: Any) -> dict[str, NamespacePolicy]:
     for ns, policy in table.items():
         key = f"federation.namespaces.{ns!r}"
         if not isinstance(policy, dict) or set(policy) - {"peers", "writers"}:
-            raise ConfigError("config_invalid", f"{key} must be a table with only 'peers' and 'writers', "
-                                                f"got {policy!r}")
+            raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be a table with only 'peers' and 'writers', "
+                                                         f"got {policy!r}")
         peers = _expect(list, f"{key}.peers", policy.get("peers", []))
         writers = _expect(list, f"{key}.writers", policy.get("writers", []))
         out[ns] = NamespacePolicy(peers=tuple(_expect(str, f"{key}.peers[]", p) for p in peers),
@@ -505,9 +512,10 @@ def _transcripts(raw: dict[str, Any]) -> TranscriptsConfig:
         if key in policy_keys or key in _TRANSCRIPTS_PASS_KEYS:
             continue
         if not isinstance(value, dict):
-            raise ConfigError("config_unknown_key", f"unknown config key 'transcripts.{key}'; known: "
-                                                    f"{sorted(policy_keys | set(_TRANSCRIPTS_PASS_KEYS))} or a "
-                                                    "[transcripts.\"<namespace>\"] table")
+            raise ConfigError(ConfigCode.CONFIG_UNKNOWN_KEY,
+                              f"unknown config key 'transcripts.{key}'; known: "
+                              f"{sorted(policy_keys | set(_TRANSCRIPTS_PASS_KEYS))} or a "
+                              "[transcripts.\"<namespace>\"] table")
         namespaces[key] = _transcript_policy(f"transcripts.{key!r}", default, value)
     return TranscriptsConfig(default=default, namespaces=namespaces,
                              lifecycle_batch=_expect(int, "transcripts.lifecycle_batch", batch),
@@ -521,7 +529,7 @@ def _transcript_policy(where: str, base: TranscriptPolicy, raw: dict[str, Any]) 
     for key, value in raw.items():
         dotted = f"{where}.{key}"
         if key not in fields:
-            raise ConfigError("config_unknown_key", f"unknown config key {dotted!r}; known: {sorted(fields)}")
+            raise ConfigError(ConfigCode.CONFIG_UNKNOWN_KEY, f"unknown config key {dotted!r}; known: {sorted(fields)}")
         default = getattr(TranscriptPolicy(), key)
         if isinstance(default, bool):
             kwargs[key] = _expect(bool, dotted, value)
@@ -533,13 +541,13 @@ def _transcript_policy(where: str, base: TranscriptPolicy, raw: dict[str, Any]) 
     for key in ("ttl_s", "prune_after_s", "max_bytes", "max_spans"):
         _positive(f"{where}.{key}", getattr(policy, key))
     if policy.replay not in REPLAY_MODES:
-        raise ConfigError("config_invalid", f"{where}.replay must be allow|deny, got {policy.replay!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{where}.replay must be allow|deny, got {policy.replay!r}")
     return policy
 
 
 def _positive(key: str, value: float) -> None:
     if value <= 0:
-        raise ConfigError("config_invalid", f"{key} must be > 0, got {value!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be > 0, got {value!r}")
 
 
 def _validate_hooks(hooks: HooksConfig) -> None:
@@ -547,18 +555,19 @@ def _validate_hooks(hooks: HooksConfig) -> None:
         if f.name != "config":
             _positive(f"hooks.{f.name}", getattr(hooks, f.name))
     if hooks.daemon_restart_min_s > hooks.daemon_restart_max_s:
-        raise ConfigError("config_invalid", f"hooks.daemon_restart_min_s ({hooks.daemon_restart_min_s}) must "
-                                            f"not exceed hooks.daemon_restart_max_s ({hooks.daemon_restart_max_s})")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"hooks.daemon_restart_min_s ({hooks.daemon_restart_min_s}) must "
+                          f"not exceed hooks.daemon_restart_max_s ({hooks.daemon_restart_max_s})")
 
 
 def _validate_backend(st: StorageConfig) -> None:
     if st.backend not in ("sqlite", "postgres"):
-        raise ConfigError("config_invalid", f"storage.backend must be sqlite|postgres, got {st.backend!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"storage.backend must be sqlite|postgres, got {st.backend!r}")
     if st.backend == "postgres" and not st.dsn:
-        raise ConfigError("config_invalid", "storage.backend is postgres but storage.dsn is empty; "
-                                            "give a libpq DSN, e.g. \"host=/run/postgresql dbname=ai_memory\"")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, "storage.backend is postgres but storage.dsn is empty; "
+                                                     "give a libpq DSN, e.g. \"host=/run/postgresql dbname=ai_memory\"")
     if st.age not in ("auto", "on", "off"):
-        raise ConfigError("config_invalid", f"storage.age must be auto|on|off, got {st.age!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"storage.age must be auto|on|off, got {st.age!r}")
 
 
 # Settings that must be > 0, checked in this order (section.name).
@@ -580,10 +589,11 @@ def _validate_approval(a: ApprovalConfig) -> None:
     for key in ("default_timeout_seconds", "sweep_interval_s", "timestamp_window_s", "key_grace_s"):
         _positive(f"approval.{key}", getattr(a, key))
     if not 0 <= a.http_port <= MAX_PORT:
-        raise ConfigError("config_invalid", f"approval.http_port must be in 0..65535, got {a.http_port!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"approval.http_port must be in 0..65535, got {a.http_port!r}")
     if a.http_host not in ("127.0.0.1", "::1"):
-        raise ConfigError("config_invalid", f"approval.http_host must be 127.0.0.1 or ::1 (the approval API is "
-                                            f"local only), got {a.http_host!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"approval.http_host must be 127.0.0.1 or ::1 (the approval API is "
+                          f"local only), got {a.http_host!r}")
 
 
 # Settings where 0 turns the check off.
@@ -594,8 +604,8 @@ def _validate(cfg: NodeConfig) -> None:
     _all_positive(cfg, [f"{section}.{f.name}" for section in ("limits", "kg")
                         for f in dataclasses.fields(getattr(cfg, section)) if f.name not in _ZERO_IS_OFF])
     if cfg.limits.peer_requests_per_second < 0:
-        raise ConfigError("config_invalid", "limits.peer_requests_per_second must be >= 0 (0 = no limit), got "
-                                            f"{cfg.limits.peer_requests_per_second}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, "limits.peer_requests_per_second must be >= 0 (0 = no limit), got "
+                                                     f"{cfg.limits.peer_requests_per_second}")
     _all_positive(cfg, _POSITIVE_STORAGE_A2A)
     _positive("transcripts.lifecycle_batch", cfg.transcripts.lifecycle_batch)
     _positive("transcripts.lifecycle_interval_s", cfg.transcripts.lifecycle_interval_s)
@@ -616,63 +626,68 @@ def _all_positive(cfg: NodeConfig, keys: Iterable[str]) -> None:
 def _validate_retry_delays(cfg: NodeConfig) -> None:
     for i, d in enumerate(cfg.a2a.retry_delays_s):
         if d < 0:
-            raise ConfigError("config_invalid", f"a2a.retry_delays_s[{i}] must be >= 0, got {d!r}")
+            raise ConfigError(ConfigCode.CONFIG_INVALID, f"a2a.retry_delays_s[{i}] must be >= 0, got {d!r}")
 
 
 def _validate_listen_addresses(cfg: NodeConfig) -> None:
     for key in ("listen_port", "health_port"):
         port = getattr(cfg.mesh, key)
         if not 0 <= port <= MAX_PORT:
-            raise ConfigError("config_invalid", f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
+            raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
     if not 0 <= cfg.mcp.http_port <= MAX_PORT:
-        raise ConfigError("config_invalid", f"mcp.http_port must be in 0..{MAX_PORT}, got {cfg.mcp.http_port!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"mcp.http_port must be in 0..{MAX_PORT}, got {cfg.mcp.http_port!r}")
     if cfg.mcp.http_port and cfg.mcp.http_host not in LOOPBACK_HOSTS:
-        raise ConfigError("config_invalid",
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"mcp.http_host must be a loopback address (127.0.0.1, ::1), got {cfg.mcp.http_host!r}")
 
 
 def _validate_sync_mode_and_backoff(cfg: NodeConfig) -> None:
     if cfg.storage.synchronous not in ("full", "normal"):
-        raise ConfigError("config_invalid", f"storage.synchronous must be full|normal, got {cfg.storage.synchronous!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"storage.synchronous must be full|normal, got {cfg.storage.synchronous!r}")
     _validate_backend(cfg.storage)
     if not 0 <= cfg.storage.fts_merge_pages <= 1_000_000:
-        raise ConfigError("config_invalid",
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"storage.fts_merge_pages must be in 0..1000000, got {cfg.storage.fts_merge_pages!r}")
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
-        raise ConfigError("config_invalid", f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
-                                            f"mesh.reconnect_max_s ({cfg.mesh.reconnect_max_s})")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
+                          f"mesh.reconnect_max_s ({cfg.mesh.reconnect_max_s})")
 
 
 def _validate_peers(cfg: NodeConfig) -> None:
     ids = [p.agent_id for p in cfg.mesh.peers]
     if len(set(ids)) != len(ids):
-        raise ConfigError("config_invalid", f"mesh.peers names an agent_id twice: {sorted(ids)}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.peers names an agent_id twice: {sorted(ids)}")
     if cfg.agent_id and cfg.agent_id in ids:
-        raise ConfigError("config_invalid", f"mesh.peers lists this node itself ({cfg.agent_id!r})")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.peers lists this node itself ({cfg.agent_id!r})")
 
 
 def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
     if cfg.federation.orphan_hold_s < 0:
-        raise ConfigError("config_invalid",
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
     _all_positive(cfg, _POSITIVE_SYNC)
     if cfg.federation.send_window_bytes < MIN_SEND_WINDOW_BYTES:
-        raise ConfigError("config_invalid", f"federation.send_window_bytes must be >= {MIN_SEND_WINDOW_BYTES} (below "
-                                            f"it a links.put of a dozen links waits for the previous envelope's "
-                                            f"ACK), got "
-                                            f"{cfg.federation.send_window_bytes!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"federation.send_window_bytes must be >= {MIN_SEND_WINDOW_BYTES} (below "
+                          f"it a links.put of a dozen links waits for the previous envelope's "
+                          f"ACK), got "
+                          f"{cfg.federation.send_window_bytes!r}")
     if not 0 <= cfg.federation.background_nice <= MAX_NICE:
-        raise ConfigError("config_invalid", f"federation.background_nice must be in 0..{MAX_NICE}, got "
-                                            f"{cfg.federation.background_nice!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"federation.background_nice must be in 0..{MAX_NICE}, got "
+                                                     f"{cfg.federation.background_nice!r}")
     if cfg.federation.background_nice and not priority.SUPPORTED:
-        raise ConfigError("config_invalid", f"federation.background_nice needs Linux (per-thread priorities), "
-                                            f"not {sys.platform}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"federation.background_nice needs Linux (per-thread priorities), "
+                                                     f"not {sys.platform}")
     if not 1 <= cfg.federation.links_per_envelope <= LINKS_PUT_MAX_ITEMS:
-        raise ConfigError("config_invalid", f"federation.links_per_envelope must be in 1..{LINKS_PUT_MAX_ITEMS} "
-                                            f"(what a peer reads in one links.put), got "
-                                            f"{cfg.federation.links_per_envelope!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"federation.links_per_envelope must be in 1..{LINKS_PUT_MAX_ITEMS} "
+                          f"(what a peer reads in one links.put), got "
+                          f"{cfg.federation.links_per_envelope!r}")
     if cfg.mesh.trust not in ("pinned", "ca"):
-        raise ConfigError("config_invalid", f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.trust must be pinned|ca, got {cfg.mesh.trust!r}")
     _validate_hooks(cfg.hooks)
     _validate_log(cfg.log)
     _validate_profile(cfg.mcp.profile)
@@ -682,8 +697,8 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
 def _validate_permissions(cfg: NodeConfig) -> None:
     _positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
     if cfg.permissions.max_bytes_per_agent < 0:
-        raise ConfigError("config_invalid", f"permissions.max_bytes_per_agent must be >= 0 (0 = no quota), "
-                                            f"got {cfg.permissions.max_bytes_per_agent}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"permissions.max_bytes_per_agent must be >= 0 (0 = no quota), "
+                                                     f"got {cfg.permissions.max_bytes_per_agent}")
     _validate_approval(cfg.approval)
     _positive("subscriptions.timeout_s", cfg.subscriptions.timeout_s)
     _positive("subscriptions.poll_s", cfg.subscriptions.poll_s)
@@ -694,12 +709,13 @@ def _validate_profile(profile: str) -> None:
     try:
         parse_family(profile)
     except ValueError as e:
-        raise ConfigError("config_invalid", f"mcp.profile: {e}") from None
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"mcp.profile: {e}") from None
 
 
 def _validate_log(log: LogConfig) -> None:
     if log.level not in ("debug", "info", "warning", "error"):
-        raise ConfigError("config_invalid", f"log.level (or {LOG_LEVEL_ENV}) must be debug|info|warning|error, "
-                                            f"got {log.level!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID,
+                          f"log.level (or {LOG_LEVEL_ENV}) must be debug|info|warning|error, "
+                          f"got {log.level!r}")
     if log.format not in ("json", "text"):
-        raise ConfigError("config_invalid", f"log.format must be json|text, got {log.format!r}")
+        raise ConfigError(ConfigCode.CONFIG_INVALID, f"log.format must be json|text, got {log.format!r}")

@@ -1,54 +1,65 @@
-"""The node's error family, and the one mapping from any room's error to (code, message, HTTP status).
+"""The service room's errors, and the node's one door to the project's error root (``base.errors``).
 
-Every room raises its own exception type carrying a stable ``code`` and a human ``message``
-(ConfigError, StorageError, MeshError, ProtocolError, AttestError, ServiceError); the edges
-(CLI, MCP, HTTP) turn them into exit codes, tool errors and JSON bodies through ``describe``.
+Every room raises its own ``ProjectError`` subclass with a stable ``code`` from its StrEnum and a human
+``message`` (ConfigError, StorageError, MeshError, ProtocolError, AttestError, HookError, ServiceError); the
+edges (CLI, MCP, HTTP) turn any of them into exit codes, tool errors and JSON bodies through ``describe``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from enum import StrEnum
+
+from base.errors import Described, ProjectError, describe
+
+__all__ = ["Described", "ServiceCode", "ServiceError", "describe", "is_project_error"]
 
 
-class ServiceError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class ServiceCode(StrEnum):
+    """The codes a ServiceError carries. A permission rule's or a hook's deny keeps the code it names."""
+
+    BAD_INPUT = "bad_input"
+    TOO_LARGE = "too_large"
+    CONTENT_EMPTY = "content_empty"
+    NOT_FOUND = "not_found"
+    UNKNOWN_MEMORY = "unknown_memory"
+    UNKNOWN_LINK = "unknown_link"
+    UNKNOWN_PEER = "unknown_peer"
+    UNKNOWN_TOOL = "unknown_tool"
+    DUPLICATE_LINK = "duplicate_link"
+    ALREADY_ENDED = "already_ended"
+    SPAN_OUT_OF_RANGE = "span_out_of_range"
+    WRITER_NOT_ALLOWED = "writer_not_allowed"
+    VERSION_EXHAUSTED = "version_exhausted"
+    TRANSCRIPTS_DISABLED = "transcripts_disabled"
+    PERMISSION_DENIED = "permission_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    APPROVALS_UNAVAILABLE = "approvals_unavailable"
+    ALREADY_DECIDED = "already_decided"
+    APPROVAL_EXPIRED = "approval_expired"
+    UNAUTHORIZED = "unauthorized"
+    RATE_LIMITED = "rate_limited"
+    STORAGE_FULL = "storage_full"
+    QUORUM_NOT_REACHED = "quorum_not_reached"
+    # The local doors: the node's socket and home.
+    BAD_FRAME = "bad_frame"
+    NODE_UNAVAILABLE = "node_unavailable"
+    NODE_RESTARTED = "node_restarted"
+    SOCKET_IN_USE = "socket_in_use"
+    SOCKET_PATH_TAKEN = "socket_path_taken"
+    PORT_IN_USE = "port_in_use"
+    CANNOT_LISTEN = "cannot_listen"
+    HOME_NOT_FOUND = "home_not_found"
+    HOME_EMPTY = "home_empty"
+    KEY_INVALID = "key_invalid"
+    KEY_FILE_MODE = "key_file_mode"
 
 
-class Described(NamedTuple):
-    code: str
-    message: str
-    http_status: int
-
-
-# Codes that are the caller's fault map to 4xx; anything unknown is a 500.
-_STATUS = {
-    "not_found": 404,
-    "unknown_memory": 404,
-    "unknown_link": 404,
-    "unknown_peer": 404,
-    "too_large": 413,
-    "rate_limited": 429,
-    "sender_mismatch": 403,
-    "quorum_not_reached": 503,
-    "duplicate_link": 409,
-    "permission_denied": 403,
-    "quota_exceeded": 403,
-    "already_decided": 409,
-    "approval_expired": 410,
-}
-
-
-def describe(exc: BaseException) -> Described:
-    """Stable code, sentence and HTTP status for any project error (duck-typed on .code/.message)."""
-    code = getattr(exc, "code", None)
-    message = getattr(exc, "message", None)
-    if not isinstance(code, str) or not isinstance(message, str):
-        return Described("internal", f"internal error: {type(exc).__name__}: {exc}", 500)
-    return Described(code, message, _STATUS.get(code, 400))
+class ServiceError(ProjectError):
+    """An operation the service refuses or cannot do: ``code`` (a ServiceCode, or the code a permission rule
+    or hook denied with) and a sentence."""
 
 
 def is_project_error(exc: BaseException) -> bool:
-    return isinstance(getattr(exc, "code", None), str) and isinstance(getattr(exc, "message", None), str)
+    """True for an error the project raised on purpose (it has a code and a sentence), False for a bug."""
+    return isinstance(exc, ProjectError)

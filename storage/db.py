@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from storage import migrations
-from storage.errors import StorageError, translate
+from storage.errors import StorageCode, StorageError, translate
 
 T = TypeVar("T")
 
@@ -133,9 +133,10 @@ class Database:
         Raises StorageError not_a_database / foreign_database / schema_too_new, leaving the file unchanged.
         """
         if synchronous not in SYNCHRONOUS:
-            raise StorageError("bad_setting", f"synchronous must be one of {sorted(SYNCHRONOUS)}, got {synchronous!r}")
+            raise StorageError(StorageCode.BAD_SETTING,
+                               f"synchronous must be one of {sorted(SYNCHRONOUS)}, got {synchronous!r}")
         if fts_merge_pages < 0:
-            raise StorageError("bad_setting", f"fts_merge_pages must be >= 0, got {fts_merge_pages!r}")
+            raise StorageError(StorageCode.BAD_SETTING, f"fts_merge_pages must be >= 0, got {fts_merge_pages!r}")
         db = cls(Path(path), batch_max, readers)
         db._synchronous = synchronous
         db._fts_merge_pages = fts_merge_pages
@@ -226,7 +227,7 @@ class Database:
 
     async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], per_commit: bool) -> T:
         if self._closed:
-            raise StorageError("closed", "the database is closed; no further writes are accepted")
+            raise StorageError(StorageCode.CLOSED, "the database is closed; no further writes are accepted")
         assert self._loop is not None
         fut: asyncio.Future[T] = self._loop.create_future()
         self._queue.put(_Job(fn, args, fut, per_commit))
@@ -395,7 +396,7 @@ class Database:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            err = StorageError("commit_failed", f"the batch could not be committed: {e}")
+            err = StorageError(StorageCode.COMMIT_FAILED, f"the batch could not be committed: {e}")
             for j in uncommitted:
                 j.error = err
                 j.result = None
@@ -417,7 +418,7 @@ class Database:
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run sync ``fn(conn, *args)`` on a read-only connection in a thread pool, in one snapshot."""
         if self._closed or self._reader_pool is None:
-            raise StorageError("closed", "the database is closed")
+            raise StorageError(StorageCode.CLOSED, "the database is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader_pool, self._run_read, fn, args)
 
@@ -469,7 +470,7 @@ def _roll_back_savepoint(conn: sqlite3.Connection) -> None:
 def _lost_with_transaction(uncommitted: list[_Job], cause: BaseException) -> list[_Job]:
     """Mark jobs that had succeeded in a transaction SQLite has since rolled back; returns them."""
     for lost in uncommitted:
-        lost.error = StorageError("transaction_aborted",
+        lost.error = StorageError(StorageCode.TRANSACTION_ABORTED,
                                   f"the batch transaction was rolled back by a later job's error: {cause}")
     return uncommitted
 
@@ -504,7 +505,7 @@ def _open_writer(path: Path, synchronous: str = "full") -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS:d}")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
-            raise StorageError("sql_error", f"could not switch {path} to WAL (journal_mode is {mode})")
+            raise StorageError(StorageCode.SQL_ERROR, f"could not switch {path} to WAL (journal_mode is {mode})")
         conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[synchronous]}")
         conn.execute("PRAGMA foreign_keys = ON")
         migrations.migrate(conn)
@@ -531,7 +532,8 @@ def _owner_only(path: Path) -> None:
         except FileNotFoundError:
             continue
         except PermissionError as e:
-            raise StorageError("file_mode", f"{p} is readable by others and cannot be made 0600: {e}") from None
+            raise StorageError(StorageCode.FILE_MODE,
+                               f"{p} is readable by others and cannot be made 0600: {e}") from None
 
 
 def _open_reader(path: Path) -> sqlite3.Connection:

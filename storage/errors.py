@@ -3,36 +3,55 @@
 from __future__ import annotations
 
 import sqlite3
+from enum import StrEnum
+
+from base.errors import ProjectError
 
 
-class StorageError(Exception):
-    """A storage failure with a stable snake_case ``code`` and a human ``message``.
+class StorageCode(StrEnum):
+    """The codes a StorageError carries."""
 
-    Codes in use: not_a_database, foreign_database, schema_too_new, not_found, duplicate_link,
-    duplicate_memory, already_queued, append_only, constraint, busy, read_only, disk_full,
-    io_error, corrupt, closed, commit_failed, transaction_aborted, sql_error, transcript_corrupt,
-    unknown_transcript.
-    """
+    NOT_A_DATABASE = "not_a_database"
+    FOREIGN_DATABASE = "foreign_database"
+    SCHEMA_TOO_NEW = "schema_too_new"
+    NOT_FOUND = "not_found"
+    DUPLICATE_LINK = "duplicate_link"
+    DUPLICATE_MEMORY = "duplicate_memory"
+    DUPLICATE_INVALIDATION = "duplicate_invalidation"
+    ALREADY_QUEUED = "already_queued"
+    APPEND_ONLY = "append_only"
+    CONSTRAINT = "constraint"
+    BUSY = "busy"
+    READ_ONLY = "read_only"
+    DISK_FULL = "disk_full"
+    IO_ERROR = "io_error"
+    CORRUPT = "corrupt"
+    CLOSED = "closed"
+    COMMIT_FAILED = "commit_failed"
+    TRANSACTION_ABORTED = "transaction_aborted"
+    SQL_ERROR = "sql_error"
+    TRANSCRIPT_CORRUPT = "transcript_corrupt"
+    UNKNOWN_TRANSCRIPT = "unknown_transcript"
+    BAD_SETTING = "bad_setting"
+    FILE_MODE = "file_mode"
+    CANNOT_CONNECT = "cannot_connect"
+    AGE_UNAVAILABLE = "age_unavailable"
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
-    def __repr__(self) -> str:
-        return f"StorageError({self.code!r}, {self.message!r})"
+class StorageError(ProjectError):
+    """A storage failure with a stable snake_case ``code`` (a StorageCode) and a human ``message``."""
 
 
 # sqlite3 extended error names (Python 3.11 exposes them) mapped to our codes, by prefix.
-_BY_ERRORNAME: tuple[tuple[str, str], ...] = (
-    ("SQLITE_CONSTRAINT", "constraint"),
-    ("SQLITE_BUSY", "busy"),
-    ("SQLITE_LOCKED", "busy"),
-    ("SQLITE_READONLY", "read_only"),
-    ("SQLITE_FULL", "disk_full"),
-    ("SQLITE_IOERR", "io_error"),
-    ("SQLITE_CORRUPT", "corrupt"),
-    ("SQLITE_NOTADB", "not_a_database"),
+_BY_ERRORNAME: tuple[tuple[str, StorageCode], ...] = (
+    ("SQLITE_CONSTRAINT", StorageCode.CONSTRAINT),
+    ("SQLITE_BUSY", StorageCode.BUSY),
+    ("SQLITE_LOCKED", StorageCode.BUSY),
+    ("SQLITE_READONLY", StorageCode.READ_ONLY),
+    ("SQLITE_FULL", StorageCode.DISK_FULL),
+    ("SQLITE_IOERR", StorageCode.IO_ERROR),
+    ("SQLITE_CORRUPT", StorageCode.CORRUPT),
+    ("SQLITE_NOTADB", StorageCode.NOT_A_DATABASE),
 )
 
 
@@ -40,10 +59,10 @@ def translate(exc: sqlite3.Error, doing: str = "") -> StorageError:
     """Turn any sqlite3.Error into a StorageError with a stable code; ``doing`` prefixes the message."""
     text = str(exc)
     if "append-only" in text:
-        code = "append_only"
+        code = StorageCode.APPEND_ONLY
     else:
         name = getattr(exc, "sqlite_errorname", "") or ""
-        fallback = "constraint" if isinstance(exc, sqlite3.IntegrityError) else "sql_error"
+        fallback = StorageCode.CONSTRAINT if isinstance(exc, sqlite3.IntegrityError) else StorageCode.SQL_ERROR
         code = next((c for prefix, c in _BY_ERRORNAME if name.startswith(prefix)), fallback)
     prefix = f"{doing}: " if doing else ""
     return StorageError(code, f"{prefix}{text}")

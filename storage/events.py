@@ -20,7 +20,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 from storage.rows import Row
 
 GENESIS_HASH = "0" * 64
@@ -103,7 +103,7 @@ def append_many(conn: sqlite3.Connection, event_type: str, items: Sequence[Event
     except sqlite3.IntegrityError as e:
         if "signed_events.link_id" in str(e):
             which = f"link {rows[0][2]}" if len(rows) == 1 else f"one of {len(rows)} links"
-            raise StorageError("duplicate_link", f"a signed event for {which} already exists") from e
+            raise StorageError(StorageCode.DUPLICATE_LINK, f"a signed event for {which} already exists") from e
         raise
     return _row(rows[-1])  # its columns in _COLUMNS' order
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 from storage.sqlconn import Conn
 
 # Bound on host parameters per statement (SQLite's default cap is 32766).
@@ -128,7 +128,7 @@ def _inv_row(r: Sequence[Any]) -> InvalidationRow:
 def insert_invalidation(conn: Conn, row: InvalidationRow) -> None:
     """Store an invalidation; an existing inval_id raises StorageError('duplicate_invalidation')."""
     if get_invalidation(conn, row.inval_id) is not None:
-        raise StorageError("duplicate_invalidation", f"invalidation {row.inval_id} is already stored")
+        raise StorageError(StorageCode.DUPLICATE_INVALIDATION, f"invalidation {row.inval_id} is already stored")
     conn.execute(f"INSERT INTO link_invalidations ({_INV_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", (
         row.inval_id, row.link_id, row.observed_by, row.valid_until, row.signature, row.attest_level,
         row.signed_by, row.received_from, row.created_at))

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 from storage.rows import Row
 
 
@@ -64,7 +64,7 @@ def insert_many(conn: sqlite3.Connection, rows: Sequence[LinkRow]) -> None:
     except sqlite3.IntegrityError as e:
         if "memory_links.link_id" in str(e):
             which = f"link {rows[0].link_id} is" if len(rows) == 1 else f"one of {len(rows)} links is"
-            raise StorageError("duplicate_link", f"{which} already stored") from e
+            raise StorageError(StorageCode.DUPLICATE_LINK, f"{which} already stored") from e
         raise
 
 

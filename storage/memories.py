@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 
 _COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, origin, "
             "version, created_at, updated_at, writer, signature, signed_by, attest_level, share_with, received_from")
@@ -137,7 +137,7 @@ def insert(conn: sqlite3.Connection, m: MemoryRow) -> None:
         conn.execute(f"INSERT INTO memories ({_COLUMNS}) VALUES ({_MARKS})", _params(m))
     except sqlite3.IntegrityError as e:
         if "memories.id" in str(e):
-            raise StorageError("duplicate_memory", f"a memory with id {m.id!r} already exists") from e
+            raise StorageError(StorageCode.DUPLICATE_MEMORY, f"a memory with id {m.id!r} already exists") from e
         raise
 
 

@@ -12,7 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import StorageError, translate
+from storage.errors import StorageCode, StorageError, translate
 
 # 'AMSH' in ASCII: marks the file as ours in the SQLite header (PRAGMA application_id).
 APPLICATION_ID = 0x414D5348
@@ -347,7 +347,7 @@ def migrate(conn: sqlite3.Connection) -> int:
 
 def _too_new(found: int) -> StorageError:
     return StorageError(
-        "schema_too_new",
+        StorageCode.SCHEMA_TOO_NEW,
         f"the database was written by schema {found}, this build supports up to {MAX_SUPPORTED_SCHEMA}; "
         "upgrade attested-mesh to open it (the file was left unchanged)",
     )
@@ -372,7 +372,7 @@ def guard(path: Path) -> None:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e) or getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
-            raise StorageError("not_a_database",
+            raise StorageError(StorageCode.NOT_A_DATABASE,
                                f"{path} is not an SQLite database; refusing to touch it (left unchanged)") from e
         raise translate(e, f"reading the header of {path}") from e
     finally:
@@ -380,10 +380,10 @@ def guard(path: Path) -> None:
     if user_version > MAX_SUPPORTED_SCHEMA:
         raise _too_new(user_version)
     if app_id not in (0, APPLICATION_ID):
-        raise StorageError("foreign_database",
+        raise StorageError(StorageCode.FOREIGN_DATABASE,
                            f"{path} belongs to another application (application_id {app_id:#x}); left unchanged")
     foreign = sorted(n for n in names if n not in OUR_TABLES)
     if foreign or (user_version > 0 and app_id != APPLICATION_ID):
         shown = ", ".join(foreign[:5]) or f"user_version {user_version} without our application_id"
-        raise StorageError("foreign_database",
+        raise StorageError(StorageCode.FOREIGN_DATABASE,
                            f"{path} is an SQLite database of another application ({shown}); left unchanged")

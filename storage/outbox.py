@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 from storage.rows import Row, inserted_id, scalar_int
 
 # Ids per IN (...) statement: under SQLite's default bound of 999 variables.
@@ -222,7 +222,7 @@ def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expir
     when the outbox already holds that (correlation_id, peer)."""
     r = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters WHERE id = ?", (id,)).fetchone()
     if r is None:
-        raise StorageError("not_found", f"no dead letter with id {id}")
+        raise StorageError(StorageCode.NOT_FOUND, f"no dead letter with id {id}")
     d = _dead(r)
     cid = correlation_id or d.correlation_id
     try:
@@ -230,7 +230,7 @@ def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expir
                            (cid, d.peer, d.kind, d.envelope if envelope is None else envelope,
                             new_expires_at, now_ms, now_ms))
     except sqlite3.IntegrityError as e:
-        raise StorageError("already_queued",
+        raise StorageError(StorageCode.ALREADY_QUEUED,
                            f"message {cid} for {d.peer} is already in the outbox; not replayed") from e
     conn.execute("DELETE FROM a2a_dead_letters WHERE id = ?", (id,))
     return inserted_id(cur)

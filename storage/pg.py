@@ -36,7 +36,7 @@ from psycopg_pool import ConnectionPool
 
 from storage import migrations
 from storage.db import Database
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 from storage.migrations import MAX_SUPPORTED_SCHEMA, Migration
 
 # Arbitrary but fixed: the advisory lock every write transaction takes ('AMSH').
@@ -153,7 +153,8 @@ def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.Error as e:
-        raise StorageError("cannot_connect", f"cannot connect to postgres at {dsn!r}: {str(e).strip()}") from e
+        raise StorageError(StorageCode.CANNOT_CONNECT,
+                           f"cannot connect to postgres at {dsn!r}: {str(e).strip()}") from e
 
 
 # ---- schema ---------------------------------------------------------------------------------
@@ -242,14 +243,14 @@ def guard(raw: psycopg.Connection[Any], dsn: str) -> None:
     """Refuse, changing nothing, a database of a newer schema or of another application."""
     version = _stored_version(raw)
     if version is not None and version > MAX_SUPPORTED_SCHEMA:
-        raise StorageError("schema_too_new",
+        raise StorageError(StorageCode.SCHEMA_TOO_NEW,
                            f"the database at {dsn!r} was written by schema {version}, this build supports up to "
                            f"{MAX_SUPPORTED_SCHEMA}; upgrade attested-mesh to open it (left unchanged)")
     if version is None:
         names = [r[0] for r in raw.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1").fetchall()]
         if names:
-            raise StorageError("foreign_database",
+            raise StorageError(StorageCode.FOREIGN_DATABASE,
                                f"the database at {dsn!r} holds tables of another application "
                                f"({', '.join(names[:5])}); left unchanged")
 
@@ -264,7 +265,8 @@ def migrate(conn: PgConn) -> int:
                 raw.execute(sql)
             current = _stored_version(raw) or 0
             if current > MAX_SUPPORTED_SCHEMA:
-                raise StorageError("schema_too_new", f"schema {current} appeared while migrating; left unchanged")
+                raise StorageError(StorageCode.SCHEMA_TOO_NEW,
+                                   f"schema {current} appeared while migrating; left unchanged")
             if current >= m.version:
                 continue
             for sql in pg_statements(m):
@@ -333,7 +335,7 @@ class PgDatabase(Database):
             return conn
         except psycopg.Error as e:
             raw.close()
-            raise StorageError("sql_error", f"preparing the postgres schema: {e}") from e
+            raise StorageError(StorageCode.SQL_ERROR, f"preparing the postgres schema: {e}") from e
         except BaseException:
             raw.close()
             raise
@@ -344,8 +346,9 @@ class PgDatabase(Database):
             return
         if not age_installed(conn.raw):
             if self._age_mode == "on":
-                raise StorageError("age_unavailable", "storage.age is \"on\" but the database has no 'age' "
-                                                      "extension (CREATE EXTENSION age; build it from the AGE source)")
+                raise StorageError(StorageCode.AGE_UNAVAILABLE,
+                                   "storage.age is \"on\" but the database has no 'age' "
+                                   "extension (CREATE EXTENSION age; build it from the AGE source)")
             return
         from storage import age
         age.prepare_session(conn.raw)
@@ -385,7 +388,7 @@ class PgDatabase(Database):
                 finally:
                     raw.execute("ROLLBACK")
         except psycopg.Error as e:
-            raise StorageError("sql_error", f"postgres read: {e}") from e
+            raise StorageError(StorageCode.SQL_ERROR, f"postgres read: {e}") from e
         except sqlite3.Error as e:
             from storage.errors import translate
             raise translate(e) from e

@@ -6,7 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 
 Row = tuple[Any, ...]
 
@@ -15,12 +15,12 @@ def scalar_int(conn: sqlite3.Connection, sql: str, params: Sequence[object] = ()
     """The integer in the first column of the first row (count(*), coalesce(max(..), 0), RETURNING value)."""
     row = conn.execute(sql, params).fetchone()
     if row is None or not isinstance(row[0], int):
-        raise StorageError("sql_error", f"expected one integer from `{sql}`, got {row!r}")
+        raise StorageError(StorageCode.SQL_ERROR, f"expected one integer from `{sql}`, got {row!r}")
     return row[0]
 
 
 def inserted_id(cur: sqlite3.Cursor) -> int:
     """The rowid of the row ``cur``'s INSERT just wrote."""
     if cur.lastrowid is None:
-        raise StorageError("sql_error", "the INSERT reported no rowid")
+        raise StorageError(StorageCode.SQL_ERROR, "the INSERT reported no rowid")
     return cur.lastrowid

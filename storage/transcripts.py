@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import zstandard
 
-from storage.errors import StorageError
+from storage.errors import StorageCode, StorageError
 from storage.rows import Row
 from storage.sqlconn import Conn
 
@@ -65,15 +65,17 @@ def decompress(row: TranscriptRow) -> str:
     try:
         raw = zstandard.ZstdDecompressor().decompress(row.body, max_output_size=row.raw_bytes)
     except zstandard.ZstdError as e:
-        raise StorageError("transcript_corrupt", f"transcript {row.id}: its stored zstd frame does not decode "
-                                                 f"({e}); the stored bytes are left as they are") from None
+        raise StorageError(StorageCode.TRANSCRIPT_CORRUPT,
+                           f"transcript {row.id}: its stored zstd frame does not decode "
+                           f"({e}); the stored bytes are left as they are") from None
     if len(raw) != row.raw_bytes or hashlib.sha256(raw).hexdigest() != row.content_hash:
-        raise StorageError("transcript_corrupt", f"transcript {row.id}: its stored frame decodes to text that "
-                                                 "does not match the stored size and content hash")
+        raise StorageError(StorageCode.TRANSCRIPT_CORRUPT,
+                           f"transcript {row.id}: its stored frame decodes to text that "
+                           "does not match the stored size and content hash")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise StorageError("transcript_corrupt", f"transcript {row.id}: stored text is not UTF-8") from None
+        raise StorageError(StorageCode.TRANSCRIPT_CORRUPT, f"transcript {row.id}: stored text is not UTF-8") from None
 
 
 def _row(r: Row, archived_at: int | None = None) -> TranscriptRow:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from node.hooks.decision import Allow, AskUser, Decision, Deny, Modify
-from node.hooks.errors import ApprovalRequired, HookCode, HookError, HookRefused
+from node.hooks.decision import Allow, ApprovalRequired, AskUser, Decision, Deny, HookRefused, Modify
+from node.hooks.errors import HookCode, HookError
 from node.hooks.events import SPECS, EventClass, HookEvent
 
 __all__ = ["Allow", "ApprovalRequired", "AskUser", "Decision", "Deny", "EventClass", "HookCode", "HookError",

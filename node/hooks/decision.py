@@ -15,7 +15,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from node.hooks.errors import HookCode
+from node.hooks.errors import HookCode, HookError
 from node.hooks.events import EventSpec, FieldKind, Phase
 
 # Deny codes travel as error codes (MCP "[code] ...", CLI, A2A "rejected:<code>"): snake_case, short.
@@ -31,8 +31,11 @@ MAX_PROPOSED_MEMORIES = 32
 DEFAULT_OPTIONS = ("approve", "deny")
 
 
-class DecisionError(ValueError):
+class DecisionError(HookError, ValueError):
     """A hook's answer that is not a valid decision; the message says what is wrong."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(HookCode.DECISION_INVALID, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,3 +344,27 @@ def _merge(payload: Mapping[str, Any], delta: Mapping[str, Any]) -> dict[str, An
         else:
             merged[key] = value
     return merged
+
+
+class HookRefused(HookError):
+    """A hook chain refused the operation: ``code`` is the denying hook's own code."""
+
+    def __init__(self, hook: str, event: str, deny: Deny) -> None:
+        super().__init__(deny.code, f"hook {hook!r} denied {event}: {deny.reason}")
+        self.hook = hook
+        self.event = event
+        self.deny = deny
+
+
+class ApprovalRequired(HookError):
+    """A hook asked for a person's decision. Until approvals are routed, the operation is refused."""
+
+    def __init__(self, hook: str, event: str, ask: AskUser, payload: dict[str, Any]) -> None:
+        super().__init__(HookCode.APPROVAL_REQUIRED,
+                         f"hook {hook!r} asks for approval of {event}: {ask.prompt} "
+                         f"(options: {', '.join(ask.options)}; default: {ask.default})")
+        self.hook = hook
+        self.event = event
+        self.ask = ask
+        # The operation as it would run once approved (Modify deltas of earlier hooks applied).
+        self.payload = payload

@@ -18,8 +18,22 @@ from typing import Any
 
 from node.config import HooksConfig, NodeConfig
 from node.hooks.config import HooksFile, HookSpec, load_hooks
-from node.hooks.decision import Allow, Ask, AskUser, Chain, Decision, Deny, Failure, Modify, Proceed, Refuse, on_failure
-from node.hooks.errors import ApprovalRequired, HookError, HookRefused
+from node.hooks.decision import (
+    Allow,
+    ApprovalRequired,
+    Ask,
+    AskUser,
+    Chain,
+    Decision,
+    Deny,
+    Failure,
+    HookRefused,
+    Modify,
+    Proceed,
+    Refuse,
+    on_failure,
+)
+from node.hooks.errors import HookError
 from node.hooks.events import SPECS, HookEvent
 from node.hooks.executor import HookFailed, Runner, make_runner
 

@@ -48,8 +48,6 @@ NONCES_MAX = 100_000
 SSE_QUEUE_MAX = 256
 SSE_HEARTBEAT_S = 15.0
 STOP_TIMEOUT_S = 5.0
-_STATUS = {"unauthorized": 401, "not_found": 404, "already_decided": 409, "approval_expired": 410,
-           "bad_input": 400, "permission_denied": 403}
 
 
 def key_path(cfg: NodeConfig) -> Path:
@@ -152,8 +150,7 @@ class Verifier:
 
 def _error(exc: BaseException) -> web.Response:
     d = describe(exc)
-    return web.json_response({"error": {"code": d.code, "message": d.message}},
-                             status=_STATUS.get(d.code, d.http_status))
+    return web.json_response({"error": {"code": d.code, "message": d.message}}, status=d.http_status)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from base.errors import ProjectError
 from node.hooks.decision import ALLOW, AskUser, Decision, Deny
 
 ANY = "*"
@@ -23,10 +24,15 @@ SEP = "/"
 # Decisions remembered per rule index (agent, namespace, operation); the index is immutable, so they stay true.
 DECISION_CACHE_MAX = 4096
 PERMISSION_DENIED = "permission_denied"
+# The code of a PermissionRuleError (the CLI and the rules file answer it as bad_input / config_invalid).
+BAD_RULE = "bad_rule"
 
 
-class PermissionRuleError(ValueError):
+class PermissionRuleError(ProjectError, ValueError):
     """A rule or rule file that cannot be used; the message names the key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(BAD_RULE, message)
 
 
 class Action(StrEnum):

@@ -1,0 +1,1 @@
+"""The floor every room stands on: the project's one error root (``base.errors``)."""
