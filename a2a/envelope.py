@@ -36,7 +36,8 @@ MAX_BATCH_ITEMS = 256
 # lower (each item is still held to the receiver's own limit): a sender does not know the peer's limit.
 BATCH_MAX_BYTES = 64 * 1024
 # Protocol-shape bounds (not operator tunables): they keep one frame cheap to validate.
-MAX_AGENT_ID_CHARS = 256
+# An agent id also names its key files (mesh/keys.py validate_agent_id): one bound for both.
+MAX_AGENT_ID_CHARS = 128
 MAX_RECIPIENTS = 1024
 MAX_PAYLOAD_DEPTH = 32
 MAX_REASON_CODE_CHARS = 64

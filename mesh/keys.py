@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from nacl.bindings import crypto_core_ed25519_is_valid_point
 
+from a2a.envelope import MAX_AGENT_ID_CHARS
 from mesh.errors import MeshCode, MeshError
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ PRIV_SUFFIX = ".priv"
 PUB_SUFFIX = ".pub"
 PRIV_MODE = 0o600
 PUB_MODE = 0o644
-MAX_AGENT_ID_LEN = 128
 # Keys directory holds secrets, so it is private; peers/ only public keys.
 KEYS_DIR_MODE = 0o700
 PEERS_DIR_MODE = 0o755
@@ -66,17 +66,17 @@ _HEX = frozenset("0123456789abcdef")
 def validate_agent_id(agent_id: object) -> str:
     """Return ``agent_id`` if it is safe to use as a file name and identity.
 
-    Allowed: 1..128 characters, no ``/`` or ``\\``, no control or whitespace
+    Allowed: 1..MAX_AGENT_ID_CHARS (128) characters, no ``/`` or ``\\``, no control or whitespace
     characters, not ``.``/``..`` and no leading ``.``. ``ai:node-1@lab`` is fine.
     """
     if not isinstance(agent_id, str) or not agent_id:
         raise MeshError(MeshCode.BAD_AGENT_ID, "The agent_id must be a non-empty string.")
     shown = ascii(agent_id)
-    if len(agent_id) > MAX_AGENT_ID_LEN:
+    if len(agent_id) > MAX_AGENT_ID_CHARS:
         raise MeshError(
             MeshCode.BAD_AGENT_ID,
             f"The agent_id {shown} is {len(agent_id)} characters long; "
-            f"the limit is {MAX_AGENT_ID_LEN}.",
+            f"the limit is {MAX_AGENT_ID_CHARS}.",
         )
     if "/" in agent_id or "\\" in agent_id:
         raise MeshError(

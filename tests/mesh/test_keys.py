@@ -13,6 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from a2a import ProtocolError
+from a2a.envelope import MAX_AGENT_ID_CHARS, new_envelope
 from mesh import keys
 from mesh.errors import MeshError
 from tests.needs import needs
@@ -214,6 +216,16 @@ def test_bad_agent_ids_are_refused(home: Path, bad: str) -> None:
 @pytest.mark.parametrize("good", [A, "node1", "ai:n.o-d_e+1@lab.example", "x" * 128])
 def test_good_agent_ids_are_accepted(good: str) -> None:
     assert keys.validate_agent_id(good) == good
+
+
+def test_the_longest_agent_id_a_key_file_takes_is_the_longest_an_envelope_carries() -> None:
+    longest, over = "x" * MAX_AGENT_ID_CHARS, "x" * (MAX_AGENT_ID_CHARS + 1)
+    assert keys.validate_agent_id(longest) == longest
+    new_envelope(longest, (longest,), {"kind": "ping"}, now_ms=0, ttl_ms=1000)
+    with pytest.raises(MeshError):
+        keys.validate_agent_id(over)
+    with pytest.raises(ProtocolError):
+        new_envelope(over, ("ai:b",), {"kind": "ping"}, now_ms=0, ttl_ms=1000)
 
 
 # ------------------------------------------------------------------- peers
