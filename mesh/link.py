@@ -44,13 +44,12 @@ from a2a import (
 )
 from mesh.errors import MeshCode, MeshError
 from mesh.receive import Resumed
+from mesh.routes import MESSAGES_PATH, WS_PATH
 from mesh.tls import verify_peer
 from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.link")
 
-WS_PATH = "/a2a/v1/ws"
-MESSAGES_PATH = "/a2a/v1/messages"
 # A connection must stay up this long before its loss counts as a fresh outage with the minimum
 # reconnect delay; a peer that accepts and drops at once keeps backing off.
 LINK_SETTLE_S = 10.0

@@ -29,6 +29,7 @@ from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Envelope, Outcome, encode_ba
 from base.errors import describe, status_of
 from mesh.errors import MeshCode, MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
+from mesh.routes import HEALTHZ_PATH, MESSAGES_PATH, METRICS_PATH, READYZ_PATH, SYNC_PATH, WS_PATH
 from mesh.tls import verify_peer
 from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
@@ -91,10 +92,10 @@ class ServerHooks:
 def build_app(hooks: ServerHooks) -> web.Application:
     max_bytes = hooks.receiver.max_bytes
     app = web.Application(middlewares=[_peer_identity(hooks)], client_max_size=max_bytes + 1)
-    app.router.add_post("/a2a/v1/messages", _messages(hooks))
-    app.router.add_get("/a2a/v1/ws", _websocket(hooks))
-    app.router.add_get("/a2a/v1/sync", _sync(hooks))
-    app.router.add_get("/healthz", _health(hooks))
+    app.router.add_post(MESSAGES_PATH, _messages(hooks))
+    app.router.add_get(WS_PATH, _websocket(hooks))
+    app.router.add_get(SYNC_PATH, _sync(hooks))
+    app.router.add_get(HEALTHZ_PATH, _health(hooks))
     app[SOCKETS_KEY] = set()
     app.on_shutdown.append(_close_sockets)
     return app
@@ -108,11 +109,11 @@ async def _close_sockets(app: web.Application) -> None:
 def build_health_app(hooks: ServerHooks) -> web.Application:
     """Plain HTTP for a separate loopback port (no client certificate needed): /healthz, /readyz, /metrics."""
     app = web.Application()
-    app.router.add_get("/healthz", _health(hooks))
+    app.router.add_get(HEALTHZ_PATH, _health(hooks))
     if hooks.ready is not None:
-        app.router.add_get("/readyz", _ready(hooks.ready))
+        app.router.add_get(READYZ_PATH, _ready(hooks.ready))
     if hooks.metrics is not None:
-        app.router.add_get("/metrics", _metrics(hooks.metrics))
+        app.router.add_get(METRICS_PATH, _metrics(hooks.metrics))
     return app
 
 

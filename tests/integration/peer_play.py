@@ -32,11 +32,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from a2a import Ack, decode_frame, new_envelope
 from mesh import ca, keys, tls
-from mesh.link import MESSAGES_PATH, WS_PATH
+from mesh.routes import MESSAGES_PATH, SYNC_PATH, WS_PATH
 from testbed.build import MeshLayout, NodeSpec
 from tests.integration.conftest import maybe, ok
 
-SYNC_PATH = "/a2a/v1/sync"
 MAX_BYTES = 4 * 1024 * 1024
 TIMEOUT = aiohttp.ClientTimeout(total=20)
 TTL_MS = 60_000
