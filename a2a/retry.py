@@ -6,12 +6,15 @@ import math
 import random
 from dataclasses import dataclass, field
 
+# Seconds before each resend of an un-ACKed message (a2a.retry_delays_s's default).
+RETRY_DELAYS_S: tuple[float, ...] = (1.0, 5.0, 25.0)
+
 
 @dataclass(frozen=True)
 class RetrySchedule:
-    """Delays (seconds) before each resend of an un-ACKed message; the defaults mirror A2AConfig."""
+    """Delays (seconds) before each resend of an un-ACKed message."""
 
-    delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
+    delays_s: tuple[float, ...] = RETRY_DELAYS_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "delays_s", tuple(self.delays_s))

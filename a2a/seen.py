@@ -17,6 +17,10 @@ def wall_clock_ms() -> float:
     return time.time() * 1000.0
 
 
+# Correlation ids remembered at most (a2a.seen_cache_size's default).
+SEEN_CACHE_SIZE = 10_000
+
+
 class SeenCache:
     """Bounded set of correlation_ids with per-entry expiry at the message's ``expires_at`` (unix ms).
 
@@ -26,7 +30,7 @@ class SeenCache:
     recently remembered first, when the size bound needs room.
     """
 
-    def __init__(self, maxsize: int = 10_000, clock: Callable[[], float] = wall_clock_ms,
+    def __init__(self, maxsize: int = SEEN_CACHE_SIZE, clock: Callable[[], float] = wall_clock_ms,
                  on_evict: Callable[[str, int], None] | None = None) -> None:
         """``on_evict(correlation_id, expires_at_ms)`` is called for each live entry the size bound pushes out."""
         if maxsize < 1:

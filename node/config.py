@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from a2a.kinds import LINKS_PUT_MAX_ITEMS
+from a2a.retry import RETRY_DELAYS_S
+from a2a.seen import SEEN_CACHE_SIZE
 from base.errors import ProjectError
+from mesh.receive import APPLY_TIMEOUT_S
 from node import priority
 from node.priority import MAX_NICE
 
@@ -147,11 +150,11 @@ class TranscriptsConfig:
 class A2AConfig:
     ttl_s: float = 60.0
     ack_timeout_s: float = 2.0
-    retry_delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
-    seen_cache_size: int = 10_000
+    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
+    seen_cache_size: int = SEEN_CACHE_SIZE
     max_message_bytes: int = 1024 * 1024
     # Longest one inbound apply may take; past it no ACK is sent (the sender retries; apply is idempotent).
-    apply_timeout_s: float = 10.0
+    apply_timeout_s: float = APPLY_TIMEOUT_S
 
 
 @dataclass(frozen=True)
