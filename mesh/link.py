@@ -77,12 +77,12 @@ class PinnedConnector(aiohttp.TCPConnector):
     """
 
     def __init__(self, *, expected_agent_id: str, pinned: Callable[[], Mapping[str, Ed25519PublicKey]],
-                 ssl_context: ssl.SSLContext, **kwargs) -> None:
+                 ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
         super().__init__(ssl=ssl_context, **kwargs)
         self.expected_agent_id = expected_agent_id
         self.pinned = pinned
 
-    async def _wrap_create_connection(self, *args, **kwargs):  # type: ignore[override]
+    async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
         transport, proto = await super()._wrap_create_connection(*args, **kwargs)
         try:
             verify_peer(transport, expected_agent_id=self.expected_agent_id, pinned=self.pinned())
@@ -109,9 +109,11 @@ class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
         self.heard = False  # a message was read since the heartbeat last looked
         # Set when the socket ends: None for the peer's close or the end of the stream, else the parse error.
         self.ended: asyncio.Future[BaseException | None] = loop.create_future()
-        self._reader = FrameQueue(self, self._response.connection.protocol, DEFAULT_CHUNK_SIZE, loop)
+        connection = self._response.connection
+        assert connection is not None  # a WebSocket response holds its connection until it closes
+        self._reader = FrameQueue(self, connection.protocol, DEFAULT_CHUNK_SIZE, loop)
 
-    @property  # type: ignore[override]
+    @property
     def _parser(self) -> WebSocketReader | None:
         return self.__dict__.get("_mesh_parser")
 
@@ -227,6 +229,11 @@ class PeerLink:
         self._on_up.append(callback)
 
     @property
+    def closed(self) -> bool:
+        """True once ``close`` was called: the link does not reconnect."""
+        return self.state is LinkState.CLOSED
+
+    @property
     def in_flight(self) -> int:
         return len(self._pending)
 
@@ -250,7 +257,7 @@ class PeerLink:
                     error = await self._explain(e)
                 finally:
                     self._mark_down()
-                if self.state is LinkState.CLOSED:
+                if self.closed:
                     break
                 self.state = LinkState.DOWN
                 await asyncio.sleep(self._record_down(error))
@@ -609,7 +616,7 @@ class PeerLink:
 
 async def post_envelope(url: str, env: Envelope, ssl_context: ssl.SSLContext, *, expected_agent_id: str,
                         pinned: Mapping[str, Ed25519PublicKey], timeout_s: float,
-                        max_bytes: int) -> tuple[int, Ack | None, dict | None]:
+                        max_bytes: int) -> tuple[int, Ack | None, dict[str, Any] | None]:
     """POST one envelope to ``/a2a/v1/messages``: returns (HTTP status, ACK or None, JSON error or None)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = PinnedConnector(expected_agent_id=expected_agent_id, pinned=lambda: pinned, ssl_context=ssl_context)

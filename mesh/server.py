@@ -22,6 +22,7 @@ import orjson
 from aiohttp import WSCloseCode, web
 from aiohttp.helpers import DEFAULT_CHUNK_SIZE
 from aiohttp.http_websocket import WebSocketError, WebSocketReader, WebSocketWriter
+from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_request import BaseRequest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -38,7 +39,7 @@ log = logging.getLogger("mesh.server")
 CBOR = "application/cbor"
 # The peer agent id the TLS handshake proved, set on the request by the authentication middleware.
 PEER_KEY = web.RequestKey("peer_agent_id", str)
-SOCKETS_KEY = web.AppKey("sockets", set)
+SOCKETS_KEY = web.AppKey("sockets", set[web.WebSocketResponse])
 # Frames up to this multiple of the message limit are read and refused with a protocol error while
 # the socket stays open; anything larger makes aiohttp close the socket (1009).
 WS_READ_SLACK = 4
@@ -102,7 +103,8 @@ def build_app(hooks: ServerHooks) -> web.Application:
 
 
 async def _close_sockets(app: web.Application) -> None:
-    for ws in list(app[SOCKETS_KEY]):
+    sockets: set[web.WebSocketResponse] = app[SOCKETS_KEY]
+    for ws in list(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"node shutting down")
 
 
@@ -117,7 +119,7 @@ def build_health_app(hooks: ServerHooks) -> web.Application:
     return app
 
 
-def _ready(ready: ReadyHandler):
+def _ready(ready: ReadyHandler) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         ok, body = ready()
         return web.Response(status=200 if ok else 503, body=orjson.dumps(dict(body)),
@@ -125,16 +127,16 @@ def _ready(ready: ReadyHandler):
     return handler
 
 
-def _metrics(metrics: MetricsHandler):
+def _metrics(metrics: MetricsHandler) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         body, content_type = await metrics()
         return web.Response(body=body, headers={"Content-Type": content_type})
     return handler
 
 
-def _peer_identity(hooks: ServerHooks):
+def _peer_identity(hooks: ServerHooks) -> Middleware:
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport else None
         der = ssl_obj.getpeercert(binary_form=True) if ssl_obj is not None else None
         if der is None:
@@ -154,7 +156,7 @@ def _peer_identity(hooks: ServerHooks):
     return middleware
 
 
-def _messages(hooks: ServerHooks):
+def _messages(hooks: ServerHooks) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
             async with asyncio.timeout(BODY_READ_TIMEOUT_S):
@@ -178,7 +180,7 @@ def _messages(hooks: ServerHooks):
     return handler
 
 
-def _websocket(hooks: ServerHooks):
+def _websocket(hooks: ServerHooks) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         protocols = (BATCH_SUBPROTOCOL,) if hooks.batch_frames else ()
         peer = request[PEER_KEY]
@@ -221,7 +223,8 @@ class _FrameSinkResponse(web.WebSocketResponse):
         self._reader = FrameQueue(self._sock, request.protocol, DEFAULT_CHUNK_SIZE, loop)
         self._parser = WebSocketReader(self._reader, self._max_msg_size, compress=False, decode_text=False)
         self._sock.reading = request.protocol
-        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock))
+        # The connection calls whatever parser it is given through feed_data/feed_eof, as WebSocketReader.
+        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock))  # type: ignore[arg-type]
         request.protocol.keep_alive(False)
 
 
@@ -487,7 +490,7 @@ class _Socket:
                 self._resume()
 
 
-def _sync(hooks: ServerHooks):
+def _sync(hooks: ServerHooks) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         if hooks.sync is None:
             return json_error("not_found", "this node does not serve a change log")
@@ -525,7 +528,7 @@ def _is_decimal(text: str) -> bool:
     return 0 < len(text) <= 20 and text.isascii() and text.isdigit()
 
 
-def _health(hooks: ServerHooks):
+def _health(hooks: ServerHooks) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         return web.Response(body=orjson.dumps(dict(hooks.health())), content_type="application/json")
     return handler

@@ -178,7 +178,7 @@ def peer_cert_der(peer: Any) -> bytes:
         if ssl_object is None:
             raise MeshError(MeshCode.NO_PEER_CERT, "The connection is not TLS; there is no peer certificate.")
         peer = ssl_object
-    der = peer.getpeercert(binary_form=True)
+    der: bytes | None = peer.getpeercert(binary_form=True)
     if not der:
         raise MeshError(MeshCode.NO_PEER_CERT, "The peer presented no certificate.")
     return der
