@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from node import priority
 from node.config import NodeConfig
+from node.events.webhooks import Webhooks
 from node.federation import Federation
 from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
 from node.permissions.approvals import Approvals, signer
 from node.permissions.gate import Gate
-from node.permissions.webhooks import Webhooks
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
 from storage.backend import open_database
@@ -44,9 +44,8 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
         await db.close()
         raise
     federation = Federation(cfg, db, keyring, clock, hooks=hooks, gate=gate)
-    approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity))
     webhooks = Webhooks(cfg, db, clock)
-    approvals.sinks.append(webhooks.publish)
+    approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity), events=webhooks)
     federation.sinks.append(webhooks.publish)  # peers' memories and links reach subscribers as local ones do
     svc = Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
     svc.webhooks = webhooks
