@@ -1,22 +1,26 @@
 """Builds a node's service and its federation and wires them in one direction.
 
 The service sees federation only as its ``Replicator``; federation never sees the service. Both
-share one ``Keyring`` and one ``Database``. Every writer (the node, the CLI beside it, an embedded
-MCP server) builds its service here, so its writes replicate: the outbox is in the database.
+share one ``Keyring`` and one ``Database``. The checks every local write passes are one ``WritePath``,
+built here and given to the service (which hands it to its knowledge graph and transcripts); the webhook
+subscriptions are the one ``EventSink`` the write path and the approvals publish to. Every writer (the
+node, the CLI beside it, an embedded MCP server) builds its service here, so its writes replicate: the
+outbox is in the database.
 """
 
 from __future__ import annotations
 
 from node import priority
 from node.config import NodeConfig
+from node.events.webhooks import Webhooks
 from node.federation import Federation
 from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
 from node.permissions.approvals import Approvals, signer
 from node.permissions.gate import Gate
-from node.permissions.webhooks import Webhooks
 from node.service import Clock, Service, now_ms
 from node.trust import Keyring, load_node_identity
+from node.writepath import WritePath
 from storage.backend import open_database
 
 
@@ -44,13 +48,12 @@ async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identi
         await db.close()
         raise
     federation = Federation(cfg, db, keyring, clock, hooks=hooks, gate=gate)
-    approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity))
     webhooks = Webhooks(cfg, db, clock)
-    approvals.sinks.append(webhooks.publish)
+    approvals = Approvals(cfg, db, hooks, clock, keyring.agent_id, signer(identity), events=webhooks)
     federation.sinks.append(webhooks.publish)  # peers' memories and links reach subscribers as local ones do
-    svc = Service(cfg, db, keyring, clock=clock, replicator=federation, hooks=hooks, gate=gate, approvals=approvals)
-    svc.webhooks = webhooks
-    return svc
+    writes = WritePath(cfg, db, keyring, hooks=hooks, gate=gate, approvals=approvals, replicator=federation,
+                       events=webhooks)
+    return Service(writes, clock=clock, webhooks=webhooks)
 
 
 def federation_of(svc: Service) -> Federation:

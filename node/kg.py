@@ -12,20 +12,18 @@ id = hex SHA-256 of those bytes, appended to signed_events and replicated as ``l
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from node import attest
-from node.attest import AttestLevel, InvalidationPayload
+from node.attest import InvalidationPayload
 from node.errors import ServiceError
 from node.permissions.approvals import APPROVED
 from node.permissions.rules import Mode, Operation
+from node.writepath import Queued, WritePath
 from storage import changelog, events, graph, kg_ops, links, memories
 from storage.graph import Edge, InvalidationRow
 from storage.memories import MemoryRow
-
-if TYPE_CHECKING:
-    from node.service import Service
 
 log = logging.getLogger("node.kg")
 
@@ -66,16 +64,19 @@ def invalidation_dict(row: InvalidationRow) -> dict[str, Any]:
 
 
 class KnowledgeGraph:
-    """The KG operations of one Service (``svc.kg``)."""
+    """The KG operations of one store (``svc.kg``): reads gated as memory_get, invalidations written through
+    ``writes`` as any local write; ``clock`` gives now in unix ms."""
 
-    def __init__(self, svc: Service) -> None:
-        self.svc = svc
-        self.cfg = svc.cfg.kg
+    def __init__(self, writes: WritePath, clock: Callable[[], int]) -> None:
+        self.writes = writes
+        self.db = writes.db
+        self.clock = clock
+        self.cfg = writes.cfg.kg
 
     @property
     def backend(self) -> str:
         """sqlite-cte | postgres-cte | postgres-age."""
-        return str(getattr(self.svc.db, "kg_backend", "sqlite-cte"))
+        return str(getattr(self.db, "kg_backend", "sqlite-cte"))
 
     # ---- validation -----------------------------------------------------------------------
 
@@ -93,14 +94,14 @@ class KnowledgeGraph:
         if len(relations) > self.cfg.max_relations:
             raise ServiceError("too_large", f"{len(relations)} relations, the limit is {self.cfg.max_relations}")
         for r in relations:
-            if not isinstance(r, str) or not r.strip() or len(r) > self.svc.cfg.limits.max_relation_chars:
+            if not isinstance(r, str) or not r.strip() or len(r) > self.writes.cfg.limits.max_relation_chars:
                 raise ServiceError("bad_input", f"relations must be non-empty strings of at most "
-                                                f"{self.svc.cfg.limits.max_relation_chars} chars, got {r!r}")
+                                                f"{self.writes.cfg.limits.max_relation_chars} chars, got {r!r}")
         return sorted(set(relations)) or None
 
     def _as_of(self, as_of: Any) -> int:
         if as_of is None:
-            return self.svc.clock()
+            return self.clock()
         if not isinstance(as_of, int) or isinstance(as_of, bool) or not 0 <= as_of < 2**63:
             raise ServiceError("bad_input", f"as_of must be an integer unix ms >= 0, got {as_of!r}")
         return as_of
@@ -113,17 +114,17 @@ class KnowledgeGraph:
     async def _known(self, **named: str) -> None:
         """Each id names a stored memory this node's agent may read (memory_get's rule), else raise."""
         for name, value in named.items():
-            self.svc._check_id(name, value)  # noqa: SLF001 - the service's one id rule
+            self.writes.check_id(name, value)
         ids = set(named.values())
-        found = await self.svc.db.read(memories.get_many, ids)
+        found = await self.db.read(memories.get_many, ids)
         missing = sorted(ids - set(found))
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}")
         for ns in sorted({m.namespace for m in found.values()}):
-            await self.svc._permit(ns, Operation.GET)  # noqa: SLF001 - the service's one gate rule
+            await self.writes.permit(ns, Operation.GET)
 
     def _gated(self) -> bool:
-        gate = self.svc.gate
+        gate = self.writes.gate
         return gate is not None and gate.mode is not Mode.OFF
 
     async def _hidden(self, ids: set[str]) -> set[str]:
@@ -131,8 +132,8 @@ class KnowledgeGraph:
         leave them out, and what is reached through them, as memory_recall leaves out their hits."""
         if not ids or not self._gated():
             return set()
-        found = await self.svc.db.read(memories.get_many, ids)
-        readable = await self.svc._readable({m.namespace for m in found.values()}, Operation.GET)  # noqa: SLF001
+        found = await self.db.read(memories.get_many, ids)
+        readable = await self.writes.readable({m.namespace for m in found.values()}, Operation.GET)
         return {i for i, m in found.items() if m.namespace not in readable}
 
     # ---- queries --------------------------------------------------------------------------
@@ -154,7 +155,7 @@ class KnowledgeGraph:
             kept = hits[:limit]
             return hits, ops.edges_into(conn, [n for n, _ in kept], rels, t) if kept else []
 
-        hits, edges = await self.svc.db.read(read)
+        hits, edges = await self.db.read(read)
         kept = hits[:limit]
         found = shortest_paths(memory_id, dict(kept), edges)
         hidden = await self._hidden({n for n, _ in kept})
@@ -180,7 +181,7 @@ class KnowledgeGraph:
             raise ServiceError("bad_input", "src_id and dst_id are the same memory; a path needs two")
         ops = kg_ops.for_backend(self.backend)
         cap = self.cfg.path_scan_cap
-        found = await self.svc.db.read(ops.paths, src_id, dst_id, max_depth, rels, t, cap + 1)
+        found = await self.db.read(ops.paths, src_id, dst_id, max_depth, rels, t, cap + 1)
         scan_truncated = len(found) > cap
         ranked = sorted((tuple(p) for p in found[:cap]), key=lambda p: (len(p), p))
         if self._gated():
@@ -198,7 +199,7 @@ class KnowledgeGraph:
             rows = (links.get(conn, lid) for lid in link_ids)
             return {r.link_id: (r.src_id, r.dst_id) for r in rows if r is not None}
 
-        by_link = await self.svc.db.read(ends)
+        by_link = await self.db.read(ends)
         hidden = await self._hidden({m for pair in by_link.values() for m in pair})
         return [p for p in ranked if all(lid in by_link and not hidden.intersection(by_link[lid]) for lid in p)]
 
@@ -212,7 +213,7 @@ class KnowledgeGraph:
             rows = graph.links_of(conn, memory_id, limit + 1)
             return rows, graph.invalidations_of(conn, [r[0] for r in rows[:limit]])
 
-        rows, invs = await self.svc.db.read(read)
+        rows, invs = await self.db.read(read)
         hidden = await self._hidden({end for r in rows[:limit] for end in (r[1], r[2])})
         truncated = len(rows) > limit
         rows = [r for r in rows[:limit] if r[1] not in hidden and r[2] not in hidden]
@@ -240,14 +241,15 @@ class KnowledgeGraph:
 
     async def invalidate(self, link_id: str, *, valid_until: int | None = None) -> dict[str, Any]:
         """End a link's validity at ``valid_until`` (unix ms, default now) with a new signed record."""
-        self.svc._check_id("link_id", link_id)  # noqa: SLF001 - the service's one id rule
-        ts = self.svc.clock()
+        w = self.writes
+        w.check_id("link_id", link_id)
+        ts = self.clock()
         end = ts if valid_until is None else valid_until
-        link = await self.svc.db.read(links.get, link_id)
+        link = await self.db.read(links.get, link_id)
         if link is None:
             raise ServiceError("unknown_link", f"no link with id {link_id!r}")
         try:
-            payload = InvalidationPayload(link_id=link_id, observed_by=self.svc.agent_id, valid_until=end)
+            payload = InvalidationPayload(link_id=link_id, observed_by=w.agent_id, valid_until=end)
         except attest.AttestError as e:
             raise ServiceError("bad_input", e.message) from None
         if end < link.valid_from:
@@ -255,31 +257,28 @@ class KnowledgeGraph:
         # Ending a link writes a link record into both of its ends' namespaces: gated as memory_link is.
         # The parked call carries the resolved end, so an approval later ends the link when it was asked to.
         call = {"method": "memory_kg_invalidate", "args": {"link_id": link_id, "valid_until": end}}
-        ends = await self.svc.db.read(memories.get_many, {link.src_id, link.dst_id})
+        ends = await self.db.read(memories.get_many, {link.src_id, link.dst_id})
         for ns in sorted({m.namespace for m in ends.values()}):
-            await self.svc._permit(ns, Operation.LINK, call)  # noqa: SLF001 - the service's one gate rule
+            await w.permit(ns, Operation.LINK, call)
         approved = APPROVED.get()
-        identity = self.svc.identity
-        signature = attest.sign(identity.private_key, payload) if identity else None
-        level = AttestLevel.SELF_SIGNED if signature else AttestLevel.UNSIGNED
-        row = InvalidationRow(inval_id=payload.inval_id, link_id=link_id, observed_by=self.svc.agent_id,
-                              valid_until=end, signature=signature, attest_level=str(level),
-                              signed_by=self.svc.agent_id if signature else None, created_at=ts)
+        signed = w.sign(payload)
+        row = InvalidationRow(inval_id=payload.inval_id, link_id=link_id, observed_by=w.agent_id,
+                              valid_until=end, signature=signed.signature, attest_level=signed.attest_level,
+                              signed_by=signed.signed_by, created_at=ts)
 
-        def write(conn: Any) -> tuple[list[MemoryRow], list[tuple[str, str]]]:
+        def write(conn: Any) -> tuple[list[MemoryRow], Queued]:
             ended = graph.effective_end(conn, link_id)
             if ended is not None and ended <= end:
                 raise ServiceError("already_ended", f"link {link_id} already ends at {ended} ms, "
                                                     f"not after the requested {end} ms; nothing stored")
-            self.svc._claim(conn, approved, ts)  # noqa: SLF001 - an approved action claims its row here
+            w.claim(conn, approved, ts)
             graph.insert_invalidation(conn, row)
-            events.append(conn, "link_invalidation", link_id, self.svc.agent_id, row.inval_id, signature, ts)
+            events.append(conn, "link_invalidation", link_id, w.agent_id, row.inval_id, row.signature, ts)
             # The change log's 'link' kind carries link records: links and their invalidations.
             changelog.append(conn, "link", row.inval_id, 1, ts)
             # An invalidation goes where its link went: to peers that may see both ends.
             scope = list(memories.get_many(conn, {link.src_id, link.dst_id}).values())
-            return scope, self.svc._replicate(conn, "link.invalidate",  # noqa: SLF001 - the service's hook
-                                              invalidation_wire(row), scope, ts)
+            return scope, w.replicate(conn, "link.invalidate", invalidation_wire(row), scope, ts)
 
-        scope, queued = await self.svc.db.write(write)
-        return {**invalidation_dict(row), **await self.svc._after_write(queued, scope)}  # noqa: SLF001
+        scope, queued = await self.db.write(write)
+        return {**invalidation_dict(row), **await w.after_write(queued, scope)}

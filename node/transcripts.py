@@ -13,23 +13,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
 
-from node import attest
 from node.attest import AttestLevel, TranscriptPayload
 from node.config import TranscriptPolicy
 from node.errors import ServiceError
 from node.hooks import HookEvent
 from node.limits import check_text
 from node.permissions.rules import Operation
+from node.writepath import Queued, WritePath
 from storage import changelog, events, memories, transcripts
 from storage.errors import StorageError
 from storage.memories import MemoryRow
 from storage.transcripts import Span, TranscriptRow
-
-if TYPE_CHECKING:
-    from node.service import Service
 
 log = logging.getLogger("node.transcripts")
 
@@ -124,27 +122,59 @@ def spans_of(payload: TranscriptPayload) -> list[Span]:
     return [Span(m, s, e) for m, s, e in payload.spans]
 
 
-class TranscriptRoom:
-    """The transcript operations of one Service (``svc.transcripts``)."""
+class MemoryStore(Protocol):
+    """Stores one memory as the service's ``memory_store`` does (hooks, gate, quota, replication); returns it
+    with its minted ``id``."""
 
-    def __init__(self, svc: Service) -> None:
-        self.svc = svc
-        self.cfg = svc.cfg.transcripts
+    def __call__(self, content: str, *, title: str = ..., namespace: str = ...,
+                 source: str = ...) -> Awaitable[dict[str, Any]]: ...
+
+
+class TranscriptRoom:
+    """The transcript operations of one store (``svc.transcripts``): written through ``writes`` as any local
+    write; ``clock`` gives now in unix ms; ``store_memory`` stores the memories a hook proposes."""
+
+    def __init__(self, writes: WritePath, clock: Callable[[], int], store_memory: MemoryStore) -> None:
+        self.writes = writes
+        self.db = writes.db
+        self.clock = clock
+        self.store_memory = store_memory
+        self.cfg = writes.cfg.transcripts
 
     async def _check_replay(self, namespace: str, full: bool) -> None:
         """Raise unless this node's agent may replay transcripts of ``namespace``: the permission gate's
         ``replay`` operation first (a deny or an ask refuses; a read is never parked), then the namespace:
         cited spans always, the whole text only where it says ``replay = "allow"``."""
-        await self.svc._permit(namespace, Operation.REPLAY)  # noqa: SLF001 - the service's one gate rule
+        await self.writes.permit(namespace, Operation.REPLAY)
         if full and self.cfg.policy(namespace).replay != "allow":
-            raise ServiceError("permission_denied", f"agent {self.svc.agent_id!r} may not replay whole transcripts "
-                                                    f"of namespace {namespace!r} (its cited spans only; "
+            raise ServiceError("permission_denied", f"agent {self.writes.agent_id!r} may not replay whole "
+                                                    f"transcripts of namespace {namespace!r} (its cited spans only; "
                                                     f"[transcripts.{namespace!r}] replay = \"allow\" permits it)")
 
     async def store(self, content: str, *, namespace: str = "default",
                     spans: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
         """Store a transcript (its spans cite memories already stored); returns its record, times in unix ms."""
-        lim = self.svc.cfg.limits
+        policy = await self._admit(content, namespace, spans)
+        transcript_id = str(uuid.uuid4())
+        p = await self.writes.hooks.fire(HookEvent.PRE_TRANSCRIPT_STORE, {
+            "session_id": transcript_id, "content": content, "agent_id": self.writes.agent_id})
+        content = p["content"]
+        self._check_text(content, policy.max_bytes)
+        cited = parse_spans(spans, content, policy.max_spans, self.writes.cfg.limits.max_id_chars)
+        await self._check_known({s.memory_id for s in cited})
+        room = policy.max_spans - len(cited)
+        cited = sorted({*cited, *await self._store_proposed(p.get("memories") or [], content, namespace,
+                                                             transcript_id, room)})
+        row = await self._signed_row(transcript_id, namespace, content, cited, policy)
+        audience, queued = await self.db.write(self._writer(row, cited, policy.replicate))
+        await self.writes.hooks.fire(HookEvent.POST_TRANSCRIPT_STORE, {"session_id": transcript_id,
+                                                                       "transcript_id": transcript_id})
+        return {**transcript_dict(row, cited), **await self.writes.after_write(queued, audience)}
+
+    async def _admit(self, content: str, namespace: str, spans: Sequence[Mapping[str, Any]] | None) -> TranscriptPolicy:
+        """The checks before the pre hooks: the namespace keeps transcripts, the text and spans are within its
+        limits, the gate's ``store`` (an ask refuses: a transcript is not parked), the database budget."""
+        lim = self.writes.cfg.limits
         check_text("namespace", namespace, lim.max_namespace_chars, allow_empty=False)
         policy = self.cfg.policy(namespace)
         if not policy.enabled:
@@ -152,38 +182,36 @@ class TranscriptRoom:
                                                        f"([transcripts.{namespace!r}] enabled = true turns them on)")
         self._check_text(content, policy.max_bytes)
         parse_spans(spans, content, policy.max_spans, lim.max_id_chars)
-        # The gate's store operation, as for a memory; an ask refuses (a transcript is not parked).
-        await self.svc._permit(namespace, Operation.STORE)  # noqa: SLF001 - the service's one gate rule
-        self.svc._check_db_budget()  # noqa: SLF001 - the service's one budget rule
-        transcript_id = str(uuid.uuid4())
-        p = await self.svc.hooks.fire(HookEvent.PRE_TRANSCRIPT_STORE, {
-            "session_id": transcript_id, "content": content, "agent_id": self.svc.agent_id})
-        content = p["content"]
-        self._check_text(content, policy.max_bytes)
-        cited = parse_spans(spans, content, policy.max_spans, lim.max_id_chars)
-        await self._check_known({s.memory_id for s in cited})
-        room = policy.max_spans - len(cited)
-        cited = sorted({*cited, *await self._store_proposed(p.get("memories") or [], content, namespace,
-                                                             transcript_id, room)})
+        await self.writes.permit(namespace, Operation.STORE)
+        self.writes.check_db_budget()
+        return policy
+
+    async def _signed_row(self, transcript_id: str, namespace: str, content: str, cited: list[Span],
+                          policy: TranscriptPolicy) -> TranscriptRow:
+        """The compressed, signed row; a replicating namespace's must fit one message (``too_large``)."""
         body, raw_bytes, digest = await asyncio.to_thread(transcripts.compress, content)
-        carry = self.svc.cfg.a2a.max_message_bytes - ENVELOPE_ROOM_BYTES
+        carry = self.writes.cfg.a2a.max_message_bytes - ENVELOPE_ROOM_BYTES
         if policy.replicate and len(body) > carry:
             raise ServiceError("too_large", f"the compressed transcript is {len(body)} bytes; namespace "
                                             f"{namespace!r} replicates, and one message carries at most {carry} "
                                             "(a2a.max_message_bytes)")
-        ts = self.svc.clock()
-        row = TranscriptRow(id=transcript_id, namespace=namespace, agent=self.svc.agent_id, created_at=ts,
-                            body=body, raw_bytes=raw_bytes, stored_bytes=len(body), content_hash=digest,
-                            attest_level=str(AttestLevel.UNSIGNED))
-        identity = self.svc.identity
-        if identity is not None:
-            sig = attest.sign(identity.private_key, payload_of(row, cited))
-            row = TranscriptRow(**{**_fields(row), "signature": sig, "signed_by": self.svc.agent_id,
-                                   "attest_level": str(AttestLevel.SELF_SIGNED)})
-        record_hash = payload_of(row, cited).record_hash
-        scope = scope_of(namespace, self.svc._share_with(namespace))  # noqa: SLF001 - the namespace's peer list
+        row = TranscriptRow(id=transcript_id, namespace=namespace, agent=self.writes.agent_id,
+                            created_at=self.clock(), body=body, raw_bytes=raw_bytes, stored_bytes=len(body),
+                            content_hash=digest, attest_level=str(AttestLevel.UNSIGNED))
+        signed = self.writes.sign(payload_of(row, cited))
+        if signed.signature is None:
+            return row
+        return replace(row, signature=signed.signature, signed_by=signed.signed_by, attest_level=signed.attest_level)
 
-        def write(conn: Any) -> tuple[list[MemoryRow], list[tuple[str, str]]]:
+    def _writer(self, row: TranscriptRow, cited: list[Span],
+                replicate: bool) -> Callable[[Any], tuple[list[MemoryRow], Queued]]:
+        """The write transaction of ``row``: its cited memories still stored, the row, its audit event and,
+        where the namespace replicates, its change-log entry and outbox rows. Returns who may see it and those."""
+        record_hash = payload_of(row, cited).record_hash
+        scope = scope_of(row.namespace, self.writes.share_with(row.namespace))
+        ts = row.created_at
+
+        def write(conn: Any) -> tuple[list[MemoryRow], Queued]:
             ids = {s.memory_id for s in cited}
             found = memories.get_many(conn, ids) if ids else {}
             missing = sorted(ids - set(found))
@@ -194,27 +222,23 @@ class TranscriptRoom:
             events.append(conn, "transcript", row.id, row.agent, record_hash, row.signature, ts)
             # A transcript goes where its namespace and every memory it cites may go.
             audience = [scope, *found.values()]
-            if not policy.replicate:
+            if not replicate:
                 return audience, []
             # The change log's 'link' kind carries the signed records beside memories (its CHECK admits only
             # 'memory' and 'link'): links, invalidations, and the transcripts catch-up sync serves.
             changelog.append(conn, "link", row.id, 1, ts)
-            return audience, self.svc._replicate(conn, "transcript.put",  # noqa: SLF001 - the service's hook
-                                                 transcript_wire(row, cited), audience, ts)
+            return audience, self.writes.replicate(conn, "transcript.put", transcript_wire(row, cited), audience, ts)
 
-        audience, queued = await self.svc.db.write(write)
-        await self.svc.hooks.fire(HookEvent.POST_TRANSCRIPT_STORE, {"session_id": transcript_id,
-                                                                    "transcript_id": transcript_id})
-        return {**transcript_dict(row, cited), **await self.svc._after_write(queued, audience)}  # noqa: SLF001
+        return write
 
     async def _check_known(self, ids: set[str]) -> None:
         """Every cited memory is stored here and one the agent may ``get`` (a span quotes it)."""
-        found = await self.svc.db.read(memories.get_many, ids) if ids else {}
+        found = await self.db.read(memories.get_many, ids) if ids else {}
         missing = sorted(ids - set(found))
         if missing:
             raise ServiceError("unknown_memory", f"no memory with id {', '.join(map(repr, missing))}; nothing stored")
         for ns in sorted({m.namespace for m in found.values()}):
-            await self.svc._permit(ns, Operation.GET)  # noqa: SLF001 - the service's one gate rule
+            await self.writes.permit(ns, Operation.GET)
 
     async def _store_proposed(self, proposals: Sequence[Mapping[str, Any]], content: str, namespace: str,
                               transcript_id: str, room: int) -> list[Span]:
@@ -225,8 +249,8 @@ class TranscriptRoom:
             if prop["end"] > len(content):
                 continue
             try:
-                m = await self.svc.memory_store(prop["content"], title=prop.get("title", ""), namespace=namespace,
-                                                source=f"transcript:{transcript_id}")
+                m = await self.store_memory(prop["content"], title=prop.get("title", ""), namespace=namespace,
+                                            source=f"transcript:{transcript_id}")
             except ServiceError as e:
                 log.info("proposed_memory_skipped", extra={"ev": {"transcript_id": transcript_id, "code": e.code}})
                 continue
@@ -247,7 +271,7 @@ class TranscriptRoom:
     async def replay(self, memory_id: str, *, full: bool = False) -> dict[str, Any]:
         """The spans of transcripts ``memory_id`` was drawn from (each with its text), or with ``full`` the
         whole transcripts, where the namespace allows it. Archived transcripts replay too; pruned ones are gone."""
-        self.svc._check_id("memory_id", memory_id)  # noqa: SLF001 - the service's one id rule
+        self.writes.check_id("memory_id", memory_id)
         if not isinstance(full, bool):
             raise ServiceError("bad_input", f"full must be true or false, got {full!r}")
 
@@ -259,11 +283,11 @@ class TranscriptRoom:
             found = [(t, cited[tid]) for tid in cited if (t := transcripts.get(conn, tid)) is not None]
             return memory, found
 
-        memory, found = await self.svc.db.read(read)
+        memory, found = await self.db.read(read)
         if memory is None:
             raise ServiceError("unknown_memory", f"no memory with id {memory_id!r}")
         # The spans a memory was drawn from are its content: read as memory_get reads it.
-        await self.svc._permit(memory.namespace, Operation.GET)  # noqa: SLF001 - the service's one gate rule
+        await self.writes.permit(memory.namespace, Operation.GET)
         for namespace in sorted({row.namespace for row, _ in found}):
             await self._check_replay(namespace, full)
         out = []
@@ -297,7 +321,7 @@ class TranscriptRoom:
     async def lifecycle(self) -> dict[str, Any]:
         """One pass: move transcripts past their namespace's ``ttl_s`` to the archive, delete archived ones past
         ``prune_after_s`` (with their span links). At most ``lifecycle_batch`` of each per namespace."""
-        now = self.svc.clock()
+        now = self.clock()
         batch = self.cfg.lifecycle_batch
 
         def write(conn: Any) -> dict[str, list[str]]:
@@ -309,9 +333,5 @@ class TranscriptRoom:
                 pruned += transcripts.prune_older(conn, ns, now - int(policy.prune_after_s * 1000), batch)
             return {"archived": archived, "pruned": pruned}
 
-        done = await self.svc.db.write(write)
+        done = await self.db.write(write)
         return {"at": now, **done}
-
-
-def _fields(row: TranscriptRow) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in TranscriptRow.__slots__}

@@ -21,6 +21,7 @@ from typing import Any
 
 from node.config import NodeConfig
 from node.errors import ServiceError, describe
+from node.events import EventSink, NoEvents
 from node.hooks import HookEvent, Hooks
 from node.hooks.decision import AskUser
 from storage import approvals as rows
@@ -53,9 +54,8 @@ class ApprovalPending(ServiceError):
         self.action_id = action_id
 
 
-# Called after a decision (approval requested / decided), e.g. by webhook subscriptions.
+# Called after a decision (approval requested / decided), e.g. by the approval API's event stream.
 Listener = Callable[[str, dict[str, Any]], None]
-Sink = Callable[[str, dict[str, Any]], Awaitable[None]]
 Signer = Callable[[bytes], bytes | None]
 
 
@@ -103,7 +103,7 @@ class Approvals:
     """Parks, lists, decides and expires pending actions for one node process."""
 
     def __init__(self, cfg: NodeConfig, db: Database, hooks: Hooks, clock: Callable[[], int], agent_id: str,
-                 sign: Signer) -> None:
+                 sign: Signer, *, events: EventSink | None = None) -> None:
         self.cfg = cfg
         self.db = db
         self.hooks = hooks
@@ -111,8 +111,8 @@ class Approvals:
         self.agent_id = agent_id
         self.sign = sign
         self.listeners: list[Listener] = []
-        # Durable consumers (webhook subscriptions): awaited, so the event is queued before the reply.
-        self.sinks: list[Sink] = []
+        # The durable consumer (webhook subscriptions): awaited, so the event is queued before the reply.
+        self.events: EventSink = events if events is not None else NoEvents()
 
     async def _emit(self, event: str, data: dict[str, Any]) -> None:
         for listener in self.listeners:
@@ -120,11 +120,10 @@ class Approvals:
                 listener(event, data)
             except Exception:  # a listener's failure never undoes a decision already committed
                 log.exception("approval listener failed")
-        for sink in self.sinks:
-            try:
-                await sink(event, data)
-            except Exception:  # the decision is committed; a lost notification is logged, not raised
-                log.exception("approval sink failed")
+        try:
+            await self.events.publish(event, data)
+        except Exception:  # the decision is committed; a lost notification is logged, not raised
+            log.exception("approval sink failed")
 
     async def park(self, agent: str, operation: str, namespace: str, call: dict[str, Any], ask: AskUser,
                    asked_by: str) -> ApprovalPending:

@@ -127,13 +127,17 @@ async def test_a_transcript_goes_only_where_every_memory_it_cites_may_go(fsvc):
     assert "replicating_to" not in stored
 
 
-async def test_a_replicated_transcript_must_fit_one_message(fsvc):
-    fsvc.cfg = dataclasses.replace(fsvc.cfg, a2a=dataclasses.replace(fsvc.cfg.a2a, max_message_bytes=64 * 1024 + 100))
+async def test_a_replicated_transcript_must_fit_one_message(fcfg):
+    small = dataclasses.replace(fcfg, a2a=dataclasses.replace(fcfg.a2a, max_message_bytes=64 * 1024 + 100))
+    fsvc = await open_service(small, require_identity=True)
     noise = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1300))  # ~3.9 KB that barely compresses
-    with pytest.raises(ServiceError) as err:
-        await fsvc.transcripts.store(noise, namespace="shared")
-    assert err.value.code == "too_large" and "a2a.max_message_bytes" in err.value.message
-    assert (await fsvc.transcripts.store(noise, namespace="local"))["namespace"] == "local"
+    try:
+        with pytest.raises(ServiceError) as err:
+            await fsvc.transcripts.store(noise, namespace="shared")
+        assert err.value.code == "too_large" and "a2a.max_message_bytes" in err.value.message
+        assert (await fsvc.transcripts.store(noise, namespace="local"))["namespace"] == "local"
+    finally:
+        await fsvc.close()
 
 
 async def test_sync_serves_a_replicated_transcript_only_to_peers_that_may_see_it(fsvc):

@@ -17,7 +17,7 @@ from aiohttp import web
 from node import assemble
 from node.config import NodeConfig
 from node.errors import ServiceError
-from node.permissions.webhooks import next_attempt
+from node.events.webhooks import next_attempt
 from storage import subscriptions
 from tests.node.conftest import AGENT, make_config
 from tests.permissions.test_approvals import ASK_TEAM, _parked
