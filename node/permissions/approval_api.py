@@ -258,7 +258,7 @@ async def start_approval_api(service: Any, cfg: NodeConfig, port: int | None = N
     """Serve the approval API on ``approval.http_host``:``port`` (default ``approval.http_port``; 0 = any)."""
     load_or_create_key(cfg)
     h = _Handlers(service, cfg)
-    service.approvals.listeners.append(h.publish)
+    service.approvals.subscribe(h.publish)
     app = web.Application(middlewares=[h.signed], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/v1/approvals", h.list_), web.get("/v1/approvals/stream", h.stream),
                     web.post(r"/v1/approvals/{id}/{choice:approve|deny}", h.decide)])

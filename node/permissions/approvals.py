@@ -110,12 +110,18 @@ class Approvals:
         self.clock = clock
         self.agent_id = agent_id
         self.sign = sign
-        self.listeners: list[Listener] = []
+        self._listeners: list[Listener] = []
         # The durable consumer (webhook subscriptions): awaited, so the event is queued before the reply.
         self.events: EventSink = events if events is not None else NoEvents()
 
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Tell ``listener`` of every approval event this process emits from now on (the approval API's event
+        stream); returns the call that stops it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
     async def _emit(self, event: str, data: dict[str, Any]) -> None:
-        for listener in self.listeners:
+        for listener in self._listeners:
             try:
                 listener(event, data)
             except Exception:  # a listener's failure never undoes a decision already committed
