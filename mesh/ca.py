@@ -187,6 +187,23 @@ def _sans(
     return names
 
 
+def _node_extensions(node_key: Ed25519PublicKey, ca_key: Ed25519PrivateKey,
+                     sans: list[x509.GeneralName]) -> list[tuple[x509.ExtensionType, bool]]:
+    """A node certificate's extensions with their criticality: not a CA, signing only, server and client
+    authentication, its SANs, and the key identifiers."""
+    usage = x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                          encipher_only=False, decipher_only=False)
+    return [
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (usage, True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), False),
+        (x509.SubjectAlternativeName(sans), False),
+        (x509.SubjectKeyIdentifier.from_public_key(node_key), False),
+        (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+    ]
+
+
 def issue_node_cert(
     ca_dir: Path,
     agent_id: str,
@@ -216,7 +233,7 @@ def issue_node_cert(
     end = not_after if not_after is not None else now + dt.timedelta(days=validity_days)
     if end <= start:
         raise MeshError(MeshCode.BAD_VALIDITY, f"Certificate validity ends ({end}) before it starts ({start}).")
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, agent_id[:CN_MAX])]))
         .issuer_name(ca_cert.subject)
@@ -224,38 +241,10 @@ def issue_node_cert(
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .add_extension(
-            x509.SubjectAlternativeName(_sans(agent_id, extra_ips, extra_dns)),
-            critical=False,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(node_key), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, algorithm=None)
     )
+    for extension, critical in _node_extensions(node_key, ca_key, _sans(agent_id, extra_ips, extra_dns)):
+        builder = builder.add_extension(extension, critical=critical)
+    cert = builder.sign(ca_key, algorithm=None)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     keys.write_file_atomic(out_path, _cert_pem(cert), CERT_MODE, replace=True)
