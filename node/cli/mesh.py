@@ -185,7 +185,7 @@ def _dead_letters(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 async def _replay_dead_letters(args: argparse.Namespace, cfg: NodeConfig, svc: Service) -> int:
     """Queue --replay ID (or every dead letter of --peer) again, each with a fresh id and expiry."""
-    from a2a import decode_frame, new_envelope
+    from a2a import Envelope, decode_frame, new_envelope
     from node.service import now_ms
     from storage import outbox
 
@@ -197,6 +197,7 @@ async def _replay_dead_letters(args: argparse.Namespace, cfg: NodeConfig, svc: S
         if dead is None:
             raise ServiceError("not_found", f"no dead letter with id {dead_id}")
         old = decode_frame(dead.envelope, cfg.a2a.max_message_bytes)
+        assert isinstance(old, Envelope)  # the outbox holds envelopes, never ACKs
         now = now_ms()
         env = new_envelope(old.sender, old.recipients, old.payload, now, int(cfg.a2a.ttl_s * 1000))
         outbox.replay_dead_letter(conn, dead_id, now, env.expires_at, envelope=env.to_wire(),

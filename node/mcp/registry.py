@@ -406,7 +406,8 @@ LOADERS = frozenset(s.name for s in loader_specs())
 # Tools that change nothing: safe to send again when the answer to a sent call was lost.
 READ_ONLY_TOOLS = frozenset(s.name for s in tool_specs(LimitsConfig()) if s.read_only)
 # Each tool's family, in table order.
-FAMILY_OF: dict[str, Family] = {s.name: s.family for s in (*tool_specs(LimitsConfig()), *loader_specs())}
+_EVERY_TOOL: tuple[ToolSpec[Any], ...] = (*tool_specs(LimitsConfig()), *loader_specs())
+FAMILY_OF: dict[str, Family] = {s.name: s.family for s in _EVERY_TOOL}
 
 
 def family_of(tool: str) -> Family:

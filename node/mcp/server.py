@@ -45,7 +45,7 @@ SERVER_NAME = "ai-memory"
 HTTP_PATH = "/mcp"
 # Bounds on the embedded HTTP server's start and stop; a loopback bind is instant.
 HTTP_START_TIMEOUT_S = 5.0
-HTTP_GRACEFUL_S = 2.0
+HTTP_GRACEFUL_S = 2
 HTTP_STOP_TIMEOUT_S = 5.0
 
 Run = Callable[[str, Args], Awaitable[JSON]]

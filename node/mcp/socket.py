@@ -163,8 +163,8 @@ async def _serve_connection(backend: ToolBackend, reader: asyncio.StreamReader,
             return
         if (not isinstance(request, dict) or not isinstance(request.get("tool"), str)
                 or not isinstance(request.get("args", {}), dict)):
-            reply = {"error": {"code": "bad_request",
-                               "message": "request must be an object {tool: string, args: object}"}}
+            reply: dict[str, Any] = {"error": {"code": "bad_request",
+                                               "message": "request must be an object {tool: string, args: object}"}}
         else:
             try:
                 reply = {"ok": await backend.call(request["tool"], request.get("args") or {})}

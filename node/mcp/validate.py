@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import fastjsonschema
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from jsonschema.exceptions import ValidationError, best_match  # type: ignore[import-untyped]
 
 from node.errors import ServiceError
 from node.mcp.registry import Args, ToolSpec
@@ -79,4 +79,4 @@ def _schema_rule(e: ValidationError) -> str:
         return f"must be <= {val}"
     if v == "minLength":
         return "must not be empty" if val == 1 else f"must be at least {val} characters"
-    return e.message
+    return str(e.message)
