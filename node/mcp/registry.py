@@ -74,6 +74,9 @@ DoorView = Callable[[Mapping[str, Any], Door], dict[str, Any]]
 
 @dataclass(frozen=True)
 class ToolSpec(Generic[Ctx]):
+    """One tool: all the faces need to list it, check a call's arguments, run it and render its answer.
+    ``Ctx`` is what its handler runs against: ``NodeSide`` for the node's tools, ``AgentTools`` for the loaders."""
+
     name: str
     handler: Handler[Ctx]
     family: Family
