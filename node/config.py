@@ -708,7 +708,7 @@ def _validate_permissions(cfg: NodeConfig) -> None:
 
 
 def _validate_profile(profile: str) -> None:
-    from node.profiles import parse_family
+    from node.mcp.profiles import parse_family
     try:
         parse_family(profile)
     except ValueError as e:

@@ -30,11 +30,11 @@ from mesh.server import MeshServer, ServerHooks
 from node.assemble import federation_of, open_service
 from node.config import NodeConfig
 from node.hooks import HookEvent
+from node.mcp.backend import ServiceBackend
+from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape
 from node.outbox import OutboxSender
-from node.peers import peer_rows
 from node.service import Service
-from node.tools import ServiceBackend
 from storage import changelog
 
 log = logging.getLogger("node")
@@ -76,7 +76,6 @@ class Node:
         self.sender.on_link_batches_refused = self.fed.refuses_link_batches
         self.metrics = NodeMetrics(self.scrape)
         self.sender.on_ack_latency = self.metrics.observe_ack
-        service.runtime = self
         self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
                                              health=self.health, sync=self.fed.sync_page, member=self.is_member,
                                              ready=self.readiness, metrics=self._render_metrics,
@@ -181,11 +180,12 @@ class Node:
             from node.permissions.approval_api import start_approval_api
             self.extra_services.append(await start_approval_api(self.svc, self.cfg))
         try:
-            from node import mcp_server
+            from node.mcp import server as mcp_server
+            from node.mcp.socket import start_local_socket
         except ImportError:
             return
-        backend = self.backend = ServiceBackend(self.svc)
-        self.extra_services.append(await mcp_server.start_local_socket(backend, self.cfg.socket_path))
+        backend = self.backend = ServiceBackend(self.svc, runtime=self)
+        self.extra_services.append(await start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
                                                                    self.cfg.mcp.http_port, self.cfg.mcp.profile))

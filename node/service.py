@@ -33,7 +33,7 @@ from node.transcripts import TranscriptRoom
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict, memory_put_body
 from node.writepath import Queued, Replicator, WritePath
-from storage import changelog, events, links, memories, outbox, transcripts
+from storage import changelog, events, links, memories
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
@@ -79,8 +79,6 @@ class Service:
         self.writes = writes
         self.clock = clock
         self.webhooks = webhooks
-        # The running node (links, sender, seen-cache) when this service serves one; None for the CLI.
-        self.runtime: Any = None
         # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
         self.kg = KnowledgeGraph(writes, clock)
         # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py);
@@ -349,62 +347,6 @@ class Service:
                                             decided_by, self.clock())
             decided = {**decided, "remembered": rule.summary()}
         return decided
-
-    # ---- live state -----------------------------------------------------------------------
-
-    async def peers(self) -> list[dict[str, Any]]:
-        """One row per configured or trusted peer (link state is live only inside a running node)."""
-        if self.runtime is not None:
-            return await self.runtime.peers()
-        from node.peers import peer_rows
-        return await peer_rows(self)
-
-    async def capabilities(self, version: int = 3) -> dict[str, Any]:
-        """Honest live state: only what this process actually does and holds right now.
-
-        ``version`` 2 is the shape v2 clients know; 3 (the default) keeps every v2 field where it is and adds
-        the sections of ``node.capabilities.SECTIONS``."""
-        from node import capabilities as sections
-        if version not in sections.VERSIONS:
-            raise ServiceError("bad_input", f"capabilities version must be one of {sections.VERSIONS}, got {version!r}")
-        def read(conn: Any) -> dict[str, Any]:
-            return {"links": links.counts_by_attest_level(conn), "memories": memories.count(conn),
-                    "memories_by_attest_level": memories.counts_by_attest_level(conn),
-                    "sync_parked": changelog.parked_count(conn),
-                    "outbox_depth": outbox.depth(conn), "dead_letters": outbox.dead_letter_count(conn),
-                    "change_log_seq": changelog.last_seq(conn), "counters": changelog.all_counters(conn)}
-
-        stored = await self.db.read(read)
-        peers = await self.peers()
-        caps: dict[str, Any] = {
-            "schema_version": version,
-            "agent_id": self.agent_id,
-            "key_fingerprint": self.identity.fingerprint if self.identity else None,
-            "signing": self.identity is not None,
-            "memories": stored["memories"],
-            "memories_by_attest_level": stored["memories_by_attest_level"],
-            "links_by_attest_level": stored["links"],
-            "sync_parked": stored["sync_parked"],
-            "mesh_trust": self.cfg.mesh.trust,
-            "outbox_depth": stored["outbox_depth"],
-            "dead_letters": stored["dead_letters"],
-            "change_log_seq": stored["change_log_seq"],
-            # Durable tallies: inbound changes applied by kind and outcome, rejections by code.
-            "applied": stored["counters"],
-            "peers": [{k: p[k] for k in ("agent_id", "link_state", "last_ack_age_s", "trusted_key")} for p in peers],
-            "write_quorum": self.cfg.federation.write_quorum,
-            "limits": asdict(self.cfg.limits),
-            "node_running": self.runtime is not None,
-            "hooks": self.hooks.snapshot(),
-            "kg_backend": self.kg.backend,
-            "transcripts": await self.db.read(transcripts.counts),
-        }
-        if self.runtime is not None:
-            caps["a2a"] = self.runtime.a2a_stats()
-            caps["transports"] = self.runtime.transports()
-        if version >= sections.V3:
-            caps.update(await sections.sections(self))
-        return caps
 
     # ---- how a memory version is written ---------------------------------------------------
 

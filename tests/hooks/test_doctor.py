@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from node.config import NodeConfig
-from node.mcp_server import start_local_socket
-from node.tools import ServiceBackend
+from node.mcp.backend import ServiceBackend
+from node.mcp.socket import start_local_socket
 from tests.hooks.scripts import hook, write_hooks_toml
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,6 +13,7 @@ import pytest
 from node.config import NodeConfig
 from node.hooks import SPECS, HookEvent, HookRefused
 from node.hooks.pipeline import HookPipeline
+from node.mcp.capabilities import capabilities
 from node.permissions.approvals import ApprovalPending
 from tests.hooks.conftest import log_lines, rows
 from tests.hooks.scripts import hook, write_hooks_toml
@@ -119,7 +120,7 @@ async def test_an_asked_link_from_an_unknown_memory_adds_no_rule(open_service, s
     with pytest.raises(Exception) as refused:  # the approved re-run finds no source memory
         await svc.approval_decide(e.value.action_id, "approve", remember="forever")
     assert getattr(refused.value, "code", None) == "unknown_memory"
-    assert (await svc.capabilities())["permissions"]["rules"] == 0
+    assert (await capabilities(svc, None))["permissions"]["rules"] == 0
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
@@ -294,7 +295,7 @@ async def test_capabilities_report_hooks_by_event_from_live_state(open_service, 
     svc = await open_service([hook("a", ["pre_store", "post_store"], exe, "allow"),
                               hook("b", ["pre_store"], daemon, mode="daemon", priority=5),
                               hook("off", ["pre_recall"], exe, "allow", enabled=False)])
-    caps = await svc.capabilities()
+    caps = await capabilities(svc, None)
     assert caps["hooks"]["by_event"] == {"pre_store": ["b", "a"], "post_store": ["a"]}
     assert {h["name"]: h["enabled"] for h in caps["hooks"]["hooks"]} == {"a": True, "b": True, "off": False}
 

@@ -9,7 +9,7 @@ import pytest
 
 from mesh import ca, keys
 from node.config import LimitsConfig
-from node.tools import SocketClientBackend
+from node.mcp.socket import SocketClientBackend
 from testbed.local import health
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ async def test_the_first_call_after_a_node_restart_works(mesh_factory) -> None:
     n1 = mesh.layout.node(1)
     await asyncio.to_thread(mesh.start, [1], want_links=False)
     env = {"AI_MEMORY_HOME": str(n1.home), "PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "node.mcp_cli", "--config",
+    params = StdioServerParameters(command=sys.executable, args=["-m", "node.cli", "mcp", "--config",
                                                                  str(n1.config_path)], env=env, cwd=str(ROOT))
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with stdio_client(params) as (r, w), \

@@ -9,6 +9,7 @@ import pytest
 
 from node.assemble import open_service
 from node.config import from_dict
+from node.mcp.capabilities import capabilities
 from node.service import Service
 from storage import changelog, links
 from storage.links import LinkRow
@@ -83,7 +84,7 @@ async def test_age_graph_follows_service_links_and_invalidations(tmp_path: Path,
         a, b, c = [(await svc.memory_store(f"m{i}"))["id"] for i in range(3)]
         ab = await svc.memory_link(a, b, "r")
         await svc.memory_link(b, c, "r")
-        assert (await svc.capabilities())["kg_backend"] == "postgres-age"
+        assert (await capabilities(svc, None))["kg_backend"] == "postgres-age"
         assert (await svc.kg.query(a, depth=2))["count"] == 2
         await svc.kg.invalidate(ab["link_id"])
         assert (await svc.kg.query(a, depth=2))["count"] == 0

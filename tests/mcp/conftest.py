@@ -60,7 +60,7 @@ async def service(home: Home):
 def stdio_params(h: Home) -> StdioServerParameters:
     """``ai-memory mcp --config <toml>`` as a subprocess, via the module entry that behaves the same."""
     env = {"AI_MEMORY_HOME": str(h.cfg.home), "PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")}
-    return StdioServerParameters(command=sys.executable, args=["-m", "node.mcp_cli", "--config", str(h.toml)],
+    return StdioServerParameters(command=sys.executable, args=["-m", "node.cli", "mcp", "--config", str(h.toml)],
                                  env=env, cwd=str(ROOT))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mcp import ClientSession
 
-from node.tools import LOADERS, TOOL_NAMES
+from node.mcp.registry import LOADERS, TOOL_NAMES
 from tests.mcp.conftest import AGENT, ok
 
 

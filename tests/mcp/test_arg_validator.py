@@ -14,8 +14,8 @@ from jsonschema import Draft202012Validator
 
 from node.config import KgConfig, LimitsConfig
 from node.errors import ServiceError
-from node.mcp_server import loader_specs
-from node.tools import ArgValidator, tool_specs
+from node.mcp.registry import loader_specs, tool_specs
+from node.mcp.validate import ArgValidator
 
 SPECS = {s.name: s for s in (*tool_specs(LimitsConfig(), KgConfig()), *loader_specs())}
 VALIDATOR = ArgValidator(tuple(SPECS.values()))
@@ -62,7 +62,7 @@ def _object(schema: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_the_fast_path_accepts_nothing_jsonschema_refuses(name: str, data: st.DataObject) -> None:
-    schema = SPECS[name].input_schema
+    schema = SPECS[name].schema
     args = data.draw(_object(schema) | st.dictionaries(st.text(max_size=6), ANY_JSON, max_size=3))
     slow_errors = list(Draft202012Validator(schema).iter_errors(args))
     try:

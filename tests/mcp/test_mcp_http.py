@@ -7,8 +7,8 @@ import httpx2
 import pytest
 
 from node.errors import ServiceError
-from node.mcp_server import start_http
-from node.tools import ServiceBackend
+from node.mcp.backend import ServiceBackend
+from node.mcp.server import start_http
 from tests.mcp.conftest import err, http_session, ok
 from tests.mcp.flows import walk_through
 

@@ -7,9 +7,9 @@ import mcp_types as types
 import pytest
 
 from node.config import LimitsConfig, from_dict
-from node.mcp_server import build_server
-from node.profiles import FAMILY_OF, Family, family_of, listed, match_intent
-from node.tools import LOADERS, TOOL_NAMES, loader_specs, tool_specs
+from node.mcp.profiles import Family, match_intent
+from node.mcp.registry import FAMILY_OF, LOADERS, TOOL_NAMES, family_of, listed, loader_specs, tool_specs
+from node.mcp.server import build_server
 from tests.mcp.conftest import CALL_TIMEOUT_S, err, ok, stdio_session
 
 # tools/list of each tool as main served it before profiles and compact schemas (bytes of its JSON, as
@@ -22,7 +22,7 @@ BEFORE_LIST_BYTES = 7547
 
 def listing_bytes(names: list[str]) -> int:
     specs = {s.name: s for s in tool_specs(LimitsConfig()) + loader_specs()}
-    tools = [types.Tool(name=n, description=specs[n].description, input_schema=specs[n].listed_schema)
+    tools = [types.Tool(name=n, description=specs[n].summary, input_schema=specs[n].listed_schema)
              for n in names]
     return len(types.ListToolsResult(tools=tools).model_dump_json(by_alias=True, exclude_none=True))
 

@@ -9,8 +9,8 @@ import anyio
 from mesh import keys
 from node.assemble import open_service
 from node.config import from_dict
-from node.mcp_server import start_http
-from node.tools import ServiceBackend
+from node.mcp.backend import ServiceBackend
+from node.mcp.server import start_http
 from tests.mcp.conftest import AGENT, http_session, ok
 
 TEST_TIMEOUT_S = 60

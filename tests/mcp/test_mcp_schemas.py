@@ -7,7 +7,8 @@ from jsonschema import Draft202012Validator
 
 from node.config import LimitsConfig
 from node.errors import ServiceError
-from node.tools import TOOL_NAMES, ArgValidator, tool_specs
+from node.mcp.registry import TOOL_NAMES, tool_specs
+from node.mcp.validate import ArgValidator
 
 UUID = "00000000-0000-4000-8000-000000000000"
 GOOD = {
@@ -67,10 +68,10 @@ def test_the_table_covers_exactly_the_tool_set() -> None:
 
 @pytest.mark.parametrize("name", TOOL_NAMES)
 def test_schema_is_valid_json_schema_and_closed(name: str) -> None:
-    schema = SPECS[name].input_schema
+    schema = SPECS[name].schema
     Draft202012Validator.check_schema(schema)
     assert schema["type"] == "object" and schema["additionalProperties"] is False
-    assert SPECS[name].description
+    assert SPECS[name].summary
     for prop in schema["properties"].values():
         assert "type" in prop or "enum" in prop
 

@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from node.errors import ServiceError
-from node.mcp_server import start_local_socket
-from node.tools import ServiceBackend, SocketClientBackend, encode_frame, read_frame
+from node.mcp.backend import ServiceBackend
+from node.mcp.socket import SocketClientBackend, encode_frame, read_frame, start_local_socket
 from tests.mcp.conftest import Home, err, stdio_session
 from tests.mcp.flows import walk_through
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from node.tools import MAX_FRAME_BYTES  # noqa: F401  (import proves the module loads without the SDK server)
+from node.mcp.socket import MAX_FRAME_BYTES  # noqa: F401  (import proves the module loads without the SDK server)
 from tests.mcp.conftest import Home, err, ok, stdio_session
 from tests.mcp.flows import walk_through
 

@@ -11,7 +11,7 @@ import pytest
 
 from node.config import LimitsConfig
 from node.errors import ServiceError
-from node.tools import SocketClientBackend, encode_frame, read_frame
+from node.mcp.socket import SocketClientBackend, encode_frame, read_frame
 
 TEST_TIMEOUT_S = 30
 

@@ -13,6 +13,7 @@ from node.assemble import open_service
 from node.attest import LinkPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.mcp.capabilities import capabilities
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
 
@@ -201,7 +202,7 @@ async def test_local_writes_enqueue_one_message_per_configured_peer(tmp_path: Pa
         b = await svc.memory_store("two")
         link = await svc.memory_link(a["id"], b["id"], "related_to")
         assert a["replicating_to"] == sorted([PEER, OTHER]) and link["replicating_to"] == sorted([PEER, OTHER])
-        caps = await svc.capabilities()
+        caps = await capabilities(svc, None)
         assert caps["outbox_depth"] == 6
     finally:
         await svc.close()

@@ -16,6 +16,7 @@ from mesh import keys
 from node import attest
 from node.assemble import open_service
 from node.attest import LinkPayload, MemoryPayload
+from node.mcp.capabilities import capabilities
 from node.service import Service, now_ms
 from storage import changelog
 from tests.node.conftest import AGENT, make_config
@@ -243,7 +244,7 @@ async def test_an_item_that_never_applies_is_parked_and_the_cursor_moves_on(svc:
     assert outcome["parked"] == 1
     [parked] = await svc.db.read(changelog.parked, PEER)
     assert (parked.seq, parked.code) == (7, "unknown_memory")
-    assert (await svc.capabilities())["sync_parked"] == 1
+    assert (await capabilities(svc, None))["sync_parked"] == 1
     assert (await fed.retry_pending(PEER)) == {}  # parked items are not retried
 
 

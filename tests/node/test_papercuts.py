@@ -47,14 +47,14 @@ def test_home_defaults_to_the_config_files_directory(tmp_path: Path) -> None:
 
 def test_mcp_refuses_an_empty_default_home(tmp_path: Path) -> None:
     (tmp_path / ".config" / "ai-memory").mkdir(parents=True)
-    p = run(["-m", "node.mcp_cli"], {"HOME": str(tmp_path)})
+    p = run(["-m", "node.cli", "mcp"], {"HOME": str(tmp_path)})
     assert p.returncode == 1 and p.stdout == ""
     assert re.fullmatch(r"ai-memory: error \[home_empty\]: .*--config.*", last_line(p.stderr))
     assert not (tmp_path / ".config" / "ai-memory" / "data").exists()
 
 
 def test_mcp_refuses_a_home_that_does_not_exist(tmp_path: Path) -> None:
-    p = run(["-m", "node.mcp_cli", "--home", str(tmp_path / "typo")], {"HOME": str(tmp_path)})
+    p = run(["-m", "node.cli", "mcp", "--home", str(tmp_path / "typo")], {"HOME": str(tmp_path)})
     assert p.returncode == 1 and "[home_not_found]" in last_line(p.stderr)
     assert not (tmp_path / "typo").exists()
 

@@ -7,6 +7,7 @@ import pytest
 from node.assemble import open_service
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.mcp.capabilities import capabilities
 from node.service import Service
 from tests.node.conftest import AGENT, dump_tables, make_config, tamper
 
@@ -150,7 +151,7 @@ async def test_store_past_the_database_budget_is_refused_on_each_backend(cfg: No
         with pytest.raises(ServiceError) as err:
             await svc.memory_store("does not fit")
         assert err.value.code == "storage_full"
-        assert (await svc.capabilities())["storage"]["bytes"] == svc.db.bytes_used()
+        assert (await capabilities(svc, None))["storage"]["bytes"] == svc.db.bytes_used()
         assert await svc.memory_list() == []
     finally:
         await svc.close()

@@ -11,6 +11,7 @@ import pytest
 from node import assemble
 from node.config import ConfigError, NodeConfig
 from node.errors import ServiceError
+from node.mcp.capabilities import capabilities
 from tests.node.conftest import AGENT
 from tests.node.test_federation_apply import M1, M2, PEER, _env, _memory, _mput
 from tests.permissions.conftest import rows, write_rules
@@ -55,13 +56,13 @@ async def test_advisory_logs_but_allows(open_service, caplog: pytest.LogCaptureF
     assert m["namespace"] == "team/project"
     assert [r.getMessage() for r in caplog.records] == ["permission_advisory"]
     assert caplog.records[0].ev["decision"] == "denied"  # type: ignore[attr-defined]
-    assert (await svc.capabilities())["permissions"]["counts"] == {"advisory_denied": 1}
+    assert (await capabilities(svc, None))["permissions"]["counts"] == {"advisory_denied": 1}
 
 
 async def test_rules_without_a_mode_are_advisory(open_service) -> None:
     svc = await open_service(DENY_TEAM.replace('mode = "enforce"', ""))
     assert (await svc.memory_store("plans", namespace="team"))["namespace"] == "team"
-    assert (await svc.capabilities())["permissions"]["mode"] == "advisory"
+    assert (await capabilities(svc, None))["permissions"]["mode"] == "advisory"
 
 
 async def test_the_mode_is_read_live(open_service, cfg: NodeConfig) -> None:
@@ -136,7 +137,7 @@ async def test_a_broken_edit_keeps_the_last_good_rules(open_service, cfg: NodeCo
     write_rules(cfg, "mode = 'sometimes'")
     with pytest.raises(ServiceError):
         await svc.memory_store("still denied", namespace="team")
-    assert "mode must be off | advisory | enforce" in (await svc.capabilities())["permissions"]["reload_error"]
+    assert "mode must be off | advisory | enforce" in (await capabilities(svc, None))["permissions"]["reload_error"]
 
 
 async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(open_service) -> None:
@@ -149,7 +150,7 @@ async def test_runtime_rules_join_the_file_rules_and_contradictions_are_refused(
         await svc.gate.add_rule({"agent": "*", "namespace": "team", "operations": ["store"], "action": "allow"},
                                 "test", 2)
     assert e.value.code == "bad_input" and "contradicts" in e.value.message
-    summary = (await svc.capabilities())["permissions"]["rule_summary"]
+    summary = (await capabilities(svc, None))["permissions"]["rule_summary"]
     assert summary[-1].startswith("deny store on ops for * (runtime #1")
 
 

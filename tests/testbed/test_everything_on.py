@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from node.config import load_config
-from node.live import ask_node
+from node.mcp.socket import ask_node
 from testbed import everything_on
 from testbed.build import build_layout
 from testbed.local import LocalMesh

@@ -1,17 +1,15 @@
-"""Tool families and profiles: which tools an MCP session lists, and what the loaders add (pure).
+"""Tool families (pure): the families a tool belongs to, what each is for, and the words that choose them.
 
 A session starts with its profile's families (``[mcp] profile``, default "core": at most five tools) and
 grows with ``memory_load_family`` / ``memory_smart_load``. Listing is about legibility, not permission:
-a call to a known tool that is not listed still runs.
-
-To put a new tool in a family, add one line to ``FAMILY_OF``; a tool with no line is listed in "full" only.
+a call to a known tool that is not listed still runs. Each tool names its family in its registry entry
+(``node/mcp/registry.py``); a tool of family FULL is listed in "full" only.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable
 
 
 class Family(enum.StrEnum):
@@ -21,30 +19,6 @@ class Family(enum.StrEnum):
     POWER = "power"
     FULL = "full"
 
-
-# One line per tool (memory_approval_* belong in ADMIN).
-FAMILY_OF: dict[str, Family] = {
-    "memory_store": Family.CORE,
-    "memory_recall": Family.CORE,
-    "memory_get": Family.CORE,
-    "memory_load_family": Family.CORE,
-    "memory_smart_load": Family.CORE,
-    "memory_link": Family.GRAPH,
-    "memory_link_many": Family.GRAPH,
-    "memory_verify": Family.GRAPH,
-    "memory_kg_query": Family.GRAPH,
-    "memory_find_paths": Family.GRAPH,
-    "memory_kg_timeline": Family.GRAPH,
-    "memory_kg_invalidate": Family.GRAPH,
-    "memory_peers": Family.ADMIN,
-    "memory_capabilities": Family.ADMIN,
-    "memory_approval_list": Family.ADMIN,
-    "memory_approval_decide": Family.ADMIN,
-    "memory_update": Family.POWER,
-    "memory_list": Family.POWER,
-    "memory_transcript_store": Family.POWER,
-    "memory_replay": Family.POWER,
-}
 
 # What each family is for: shown by the loaders, matched by memory_smart_load's intent words.
 ABOUT: dict[Family, str] = {
@@ -62,16 +36,6 @@ INTENT_WORDS: dict[Family, tuple[str, ...]] = {
     Family.POWER: ("update", "edit", "change", "modify", "correct", "list", "browse", "page", "all memories",
                    "transcript", "replay", "conversation"),
 }
-
-
-def family_of(tool: str) -> Family:
-    return FAMILY_OF.get(tool, Family.FULL)
-
-
-def listed(tools: Iterable[str], loaded: Iterable[Family]) -> list[str]:
-    """The tools (in table order) a session with ``loaded`` families lists; CORE is always loaded."""
-    have = {Family.CORE, *loaded}
-    return [t for t in tools if Family.FULL in have or family_of(t) in have]
 
 
 def parse_family(name: str) -> Family:

@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh.keys import fingerprint
 from storage import changelog, outbox
 
+if TYPE_CHECKING:
+    from mesh.link import PeerLink
+    from node.mcp.runtime import Runtime
+    from node.service import Service
 
-async def peer_rows(svc: Any, links: dict[str, Any] | None = None,
-                    sender: Any = None) -> list[dict[str, Any]]:
+
+class InFlight(Protocol):
+    """The outbox sender, as the table reads it."""
+
+    def inflight(self, peer: str) -> int:
+        """Messages sent to ``peer`` and not yet ACKed."""
+        ...
+
+
+async def peers(service: Service, runtime: Runtime | None) -> list[dict[str, Any]]:
+    """The peer table: the running node's (live link state) when one runs in this process, else read from
+    the store (``runtime`` None: link state ``not_running``)."""
+    if runtime is not None:
+        return await runtime.peers()
+    return await peer_rows(service)
+
+
+async def peer_rows(svc: Service, links: Mapping[str, PeerLink] | None = None,
+                    sender: InFlight | None = None) -> list[dict[str, Any]]:
     """Every configured or trusted peer: key, link state, last ACK, outbox depth, dead letters, sync seq.
 
     Without ``links`` (no node running in this process) the link state reads ``not_running``.
@@ -18,7 +41,7 @@ async def peer_rows(svc: Any, links: dict[str, Any] | None = None,
     configured = {p.agent_id: p.url for p in svc.cfg.mesh.peers}
     names = sorted(set(configured) | set(svc.peer_keys))
 
-    def read(conn) -> dict[str, Any]:
+    def read(conn: sqlite3.Connection) -> dict[str, Any]:
         return {"states": {s.peer: s for s in changelog.list_peer_states(conn)},
                 "depth": {p: outbox.depth(conn, p) for p in names},
                 "dead": {p: outbox.dead_letter_count(conn, p) for p in names},

@@ -1,0 +1,88 @@
+"""What every command group shares: exit codes, the config the command line names, output, and a service
+opened for the length of one command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from node.config import HOME_ENV, NodeConfig, load_config
+from node.errors import ServiceError, describe
+
+if TYPE_CHECKING:
+    from node.service import Service
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
+
+# A command: its parsed arguments and the config in force -> its exit code. Bound to its parser with
+# ``set_defaults(handler=...)``.
+Handler = Callable[[argparse.Namespace, NodeConfig], int]
+T = TypeVar("T")
+
+
+class Commands(Protocol):
+    """What ``add_subparsers`` returns, as a command group uses it: each group adds its commands to it in its
+    ``add_parsers(sub)``."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+def resolve_config(args: argparse.Namespace) -> NodeConfig:
+    """The config --config names, else <home>/config.toml when it exists (home: --home, $AI_MEMORY_HOME,
+    ~/.config/ai-memory), else the defaults for that home."""
+    env = dict(os.environ)
+    if args.home is not None:
+        env[HOME_ENV] = str(args.home)
+    path = args.config
+    if path is None:
+        home = Path(env.get(HOME_ENV) or "~/.config/ai-memory").expanduser()
+        candidate = home / "config.toml"
+        path = candidate if candidate.exists() else None
+    return load_config(path, env=env)
+
+
+def error_line(exc: BaseException) -> str:
+    """The one stderr line a project error becomes: ``ai-memory: error [code]: message``."""
+    d = describe(exc)
+    return f"ai-memory: error [{d.code}]: {d.message}"
+
+
+def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
+    """Print ``data`` as JSON with --json, else as ``human(data)`` says."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print(human(data))
+
+
+def check_home(cfg: NodeConfig) -> None:
+    """Refuse a home that does not exist rather than create a store there (a mistyped --home)."""
+    if not cfg.home.is_dir():
+        raise ServiceError("home_not_found",
+                           f"no node home at {cfg.home} (mistyped --home or {HOME_ENV}?); a new node starts with "
+                           f"`ai-memory --home {cfg.home} identity generate --agent-id ...`")
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def with_service(fn: Callable[[Service], Awaitable[int]], cfg: NodeConfig, *, require_identity: bool = False) -> int:
+    """Open the node's service (``node.assemble.open_service``), run ``fn`` on it, close it; ``fn``'s exit code."""
+    from node.assemble import open_service
+
+    check_home(cfg)
+
+    async def go() -> int:
+        svc = await open_service(cfg, require_identity=require_identity)
+        try:
+            return await fn(svc)
+        finally:
+            await svc.close()
+
+    return run_async(go())

@@ -1,0 +1,49 @@
+"""``ai-memory mcp``: serve MCP on stdin/stdout for one agent.
+
+It joins the running node over the node's local socket (``[mcp] socket``, default <home>/run/node.sock)
+when one answers, and otherwise opens the node's database itself for as long as the client stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from node.cli.common import EXIT_OK
+from node.config import HOME_ENV, NodeConfig
+
+if TYPE_CHECKING:
+    from node.cli.common import Commands
+
+HELP = ("serve MCP over stdio (joins the running node's local socket; with no node running, opens its store "
+        "here: writes then wait in the outbox until `ai-memory serve` runs)")
+DESCRIPTION = (HELP + ". stdout carries only MCP messages; diagnostics go to stderr. "
+               "Example: claude mcp add ai-memory -- ai-memory mcp --config /path/node.toml")
+
+
+def add_parsers(sub: Commands) -> None:
+    """mcp; --config/--home are accepted after it too (as MCP client configs write them), and shown."""
+    p = sub.add_parser("mcp", help=HELP, description=DESCRIPTION)
+    # SUPPRESS keeps a value given before the subcommand (ai-memory --config X mcp) from being reset.
+    p.add_argument("--config", type=Path, default=argparse.SUPPRESS,
+                   help="node config TOML (default: <home>/config.toml when it exists)")
+    p.add_argument("--home", type=Path, default=argparse.SUPPRESS,
+                   help=f"node home directory (overrides {HOME_ENV} and the config file)")
+    p.set_defaults(handler=_serve_stdio)
+
+
+def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    """Run the stdio MCP server until the client closes stdin; 0 on a clean end."""
+    from node.mcp.server import run_stdio  # the MCP SDK loads only for this command
+
+    logging.basicConfig(stream=sys.stderr, level=cfg.log.level.upper(),
+                        format="ai-memory mcp: %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(run_stdio(cfg))
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_OK
