@@ -6,12 +6,15 @@ import math
 import random
 from dataclasses import dataclass, field
 
+# Seconds before each resend of an un-ACKed message: the default of a2a.retry_delays_s (node/config.py).
+DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (1.0, 5.0, 25.0)
+
 
 @dataclass(frozen=True)
 class RetrySchedule:
-    """Delays (seconds) before each resend of an un-ACKed message; the defaults mirror A2AConfig."""
+    """Delays (seconds) before each resend of an un-ACKed message (DEFAULT_RETRY_DELAYS_S unless given)."""
 
-    delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
+    delays_s: tuple[float, ...] = DEFAULT_RETRY_DELAYS_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "delays_s", tuple(self.delays_s))

@@ -51,6 +51,7 @@ log = logging.getLogger("mesh.link")
 
 WS_PATH = "/a2a/v1/ws"
 MESSAGES_PATH = "/a2a/v1/messages"
+SYNC_PATH = "/a2a/v1/sync"
 # A connection must stay up this long before its loss counts as a fresh outage with the minimum
 # reconnect delay; a peer that accepts and drops at once keeps backing off.
 LINK_SETTLE_S = 10.0

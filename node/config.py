@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from a2a.kinds import LINKS_PUT_MAX_ITEMS
+from a2a.retry import DEFAULT_RETRY_DELAYS_S
 from node import priority
 from node.priority import MAX_NICE
 
@@ -141,7 +142,7 @@ class TranscriptsConfig:
 class A2AConfig:
     ttl_s: float = 60.0
     ack_timeout_s: float = 2.0
-    retry_delays_s: tuple[float, ...] = (1.0, 5.0, 25.0)
+    retry_delays_s: tuple[float, ...] = DEFAULT_RETRY_DELAYS_S
     seen_cache_size: int = 10_000
     max_message_bytes: int = 1024 * 1024
     # Longest one inbound apply may take; past it no ACK is sent (the sender retries; apply is idempotent).
@@ -179,6 +180,15 @@ class NamespacePolicy:
     writers: tuple[str, ...] = ()
 
 
+# Envelope bytes in flight to one peer at once (federation.send_window_bytes): a links.put row carries up to 100
+# links, and without this bound 256 of them (25,600 links) reached a peer in one burst, which stalled its event loop
+# for hundreds of ms and outlived the ACK timeout. The bursts a peer takes in at once are what B's ping tail follows
+# (batched flood, one lock hold, ping p95 on B: 512 KiB 127-165 ms, 128 KiB 30-34 ms, 64 KiB 12-23 ms, at the same
+# links/s): 64 KiB is two full links.put, or ~170 single-link envelopes. A row larger than the window still goes,
+# alone.
+SEND_WINDOW_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class FederationConfig:
     # 1 = return after the local commit; "majority" or an int W = wait for W ACKs, self included.
@@ -199,7 +209,7 @@ class FederationConfig:
     # Envelope bytes in flight to one peer at once, and most links packed into one links.put envelope: what a
     # peer takes in at one time. Smaller keeps a flooded peer quicker to answer everything else (its ping tail),
     # at some cost in links/s (PERFORMANCE.md, "Issue 16, eighth round").
-    send_window_bytes: int = 64 * 1024
+    send_window_bytes: int = SEND_WINDOW_BYTES
     links_per_envelope: int = LINKS_PUT_MAX_ITEMS
     # Nice steps below the event loop for the storage writer and the signature verifier (0..19, Linux; 0 = none):
     # a node taking in a flood then answers first (docs/operations.md).
