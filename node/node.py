@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,7 @@ class Node:
             await self._start_extras()
             self._warn_unpinned_peers()
             for peer, link in self.links.items():
-                link.on_up(lambda peer=peer: (self.sender.wake(peer), self.syncs[peer].want()))
+                link.on_up(partial(self._link_up, peer))
             async with asyncio.TaskGroup() as tg:
                 peer_tasks = []
                 for peer, link in self.links.items():
@@ -154,6 +155,11 @@ class Node:
             self._status_path.unlink(missing_ok=True)
             log.info("node_stopped", extra={"ev": {}})
 
+    def _link_up(self, peer: str) -> None:
+        """A link came up: its outbox worker looks in the database, and its catch-up pulls now."""
+        self.sender.wake(peer)
+        self.syncs[peer].want()
+
     def _warn_unpinned_peers(self) -> None:
         for peer in self.links:
             if peer not in self.keyring.peer_keys:
@@ -163,7 +169,7 @@ class Node:
                                "its .pub with `ai-memory identity import`") if self.cfg.mesh.trust == "pinned"
                     else "trusted on the mesh CA alone; its signatures cannot be verified (unsigned)"}})
 
-    async def _drain(self, sender: asyncio.Task, peer_tasks: list[asyncio.Task]) -> None:
+    async def _drain(self, sender: asyncio.Task[None], peer_tasks: list[asyncio.Task[Any]]) -> None:
         """Stop accepting, let in-flight sends finish (bounded), then close links and stop their tasks."""
         self._closing = True
         for sync in self.syncs.values():

@@ -152,8 +152,8 @@ class Outbound:
                 else:
                     alone.setdefault(i, []).append(peer)
         groups: dict[tuple[int, ...], list[str]] = {}  # peers that get the same items share their envelopes' encoding
-        for peer, idx in packed.items():
-            groups.setdefault(tuple(idx), []).append(peer)
+        for peer, taken in packed.items():
+            groups.setdefault(tuple(taken), []).append(peer)
         for idx, peers in groups.items():
             for chunk in link_chunks([items[i][0] for i in idx], self.links_per_envelope):
                 if len(chunk) == 1:
