@@ -188,6 +188,11 @@ class NamespacePolicy:
     writers: tuple[str, ...] = ()
 
 
+# Envelope bytes in flight to one peer at once (federation.send_window_bytes): two full links.put, or ~170
+# single-link envelopes; what a peer takes in at once is what its other answers wait behind (PERFORMANCE.md).
+SEND_WINDOW_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class FederationConfig:
     # 1 = return after the local commit; "majority" or an int W = wait for W ACKs, self included.
@@ -208,7 +213,7 @@ class FederationConfig:
     # Envelope bytes in flight to one peer at once, and most links packed into one links.put envelope: what a
     # peer takes in at one time. Smaller keeps a flooded peer quicker to answer everything else (its ping tail),
     # at some cost in links/s (PERFORMANCE.md, "Issue 16, eighth round").
-    send_window_bytes: int = 64 * 1024
+    send_window_bytes: int = SEND_WINDOW_BYTES
     links_per_envelope: int = LINKS_PUT_MAX_ITEMS
     # Nice steps below the event loop for the storage writer and the signature verifier (0..19, Linux; 0 = none):
     # a node taking in a flood then answers first (docs/operations.md).

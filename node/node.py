@@ -15,106 +15,111 @@ import sys
 import time
 from collections import Counter
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-import cbor2
 import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import Backoff, RetrySchedule, SeenCache
 from mesh import tls
-from mesh.errors import MeshError
 from mesh.heap import keep_tls_reads_on_the_heap
+from mesh.keys import Identity
 from mesh.link import LinkState, PeerLink
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
-from node.assemble import federation_of, open_service
+from node.assemble import Store, assemble, open_store
 from node.config import NodeConfig
+from node.federation.outbound import AckSignal, DeliveryFeedback, PeerAccepts
+from node.federation.sender import OutboxSender
+from node.federation.sync import PeerSync, PullSettings
 from node.hooks import HookEvent
 from node.mcp.backend import ServiceBackend
 from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape
-from node.outbox import OutboxSender
-from node.service import Service
-from storage import changelog
+from node.service import now_ms
 
 log = logging.getLogger("node")
 
-SYNC_PATH = "/a2a/v1/sync"
 GIL_SWITCH_INTERVAL_S = 0.0005
-# Pages pulled per catch-up run; a longer backlog continues on the next reconnect or poll.
-SYNC_MAX_PAGES = 10_000
-# A sync page refused 429 (the peer's request budget for us): wait this long and ask again, at most this long a round.
-SYNC_RATE_WAIT_S = 1.0
-SYNC_RATE_WAIT_MAX_S = 60.0
 
 
 class Node:
-    def __init__(self, cfg: NodeConfig, service: Service) -> None:
+    """One node process on an opened store: it builds its peer links and outbox sender, then the federation and
+    the service with the sender as their delivery (``node.assemble``), and runs them under one lifecycle."""
+
+    def __init__(self, cfg: NodeConfig, store: Store) -> None:
         self.cfg = cfg
-        self.svc = service
         self.started_at = time.time()
-        self.fed = federation_of(service)
-        self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size, on_evict=self._seen_evicted)
-        ident = service.identity
+        ident = store.identity
         assert ident is not None
-        self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
-                                 clock_ms=service.clock, apply_timeout_s=cfg.a2a.apply_timeout_s,
-                                 apply_now=self.fed.apply_now)
-        key_path = ident.priv_path
-        self.server_ssl = tls.server_context(cfg.cert_path, key_path, cfg.ca_cert_path)
-        self.client_ssl = tls.client_context(cfg.cert_path, key_path, cfg.ca_cert_path)
-        backoff = Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s)
-        self.links = {
-            p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=self.pinned_keys,
-                                 backoff=backoff, ack_timeout_s=cfg.a2a.ack_timeout_s,
-                                 max_bytes=cfg.a2a.max_message_bytes, member=self.is_member)
-            for p in cfg.mesh.peers
-        }
-        self.sender = OutboxSender(service.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), service.clock,
-                                   self.fed.record_ack, window_bytes=cfg.federation.send_window_bytes)
-        self.fed.on_enqueued = self.sender.hand_off
-        self.sender.on_link_batches_refused = self.fed.refuses_link_batches
+        self.identity: Identity = ident
+        self.keyring = store.keyring
+        self.hooks = store.hooks
+        self.server_ssl = tls.server_context(cfg.cert_path, ident.priv_path, cfg.ca_cert_path)
+        self.client_ssl = tls.client_context(cfg.cert_path, ident.priv_path, cfg.ca_cert_path)
+        self.links = self._peer_links()
+        accepts, acks = PeerAccepts(), AckSignal()
         self.metrics = NodeMetrics(self.scrape)
-        self.sender.on_ack_latency = self.metrics.observe_ack
+        self.sender = OutboxSender(store.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), now_ms,
+                                   DeliveryFeedback(acks, accepts, self.metrics),
+                                   window_bytes=cfg.federation.send_window_bytes)
+        built = assemble(store, clock=now_ms, delivery=self.sender, accepts=accepts, acks=acks)
+        self.svc, self.fed, self.webhooks = built.service, built.federation, built.webhooks
+        self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size, on_evict=self._seen_evicted)
+        self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
+                                 clock_ms=now_ms, apply_timeout_s=cfg.a2a.apply_timeout_s,
+                                 apply_now=self.fed.apply_now)
         self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
                                              health=self.health, sync=self.fed.sync_page, member=self.is_member,
                                              ready=self.readiness, metrics=self._render_metrics,
                                              member_generation=self.member_generation),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
-        self._sync_wanted = {peer: asyncio.Event() for peer in self.links}
-        self.sync_stats: Counter[str] = Counter()
-        # time.monotonic() of each peer's last completed change-log pull.
-        self.synced_at: dict[str, float] = {}
+        # Each peer's catch-up: its pull loop, cursor, stats and "sync wanted".
+        self.syncs = {peer: PeerSync(peer, self.links, self.fed.pulled, accepts, store.db, PullSettings.of(cfg))
+                      for peer in self.links}
         self.extra_services: list[Any] = []
+        # Set on drain: the approval sweep and the webhooks stop at their next turn.
+        self._closing = False
         # The tool backend the local MCP doors share (its call counts feed /metrics); set at start.
         self.backend: ServiceBackend | None = None
 
+    def _peer_links(self) -> dict[str, PeerLink]:
+        cfg = self.cfg
+        backoff = Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s)
+        return {
+            p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=self.pinned_keys,
+                                 backoff=backoff, ack_timeout_s=cfg.a2a.ack_timeout_s,
+                                 max_bytes=cfg.a2a.max_message_bytes, member=self.is_member)
+            for p in cfg.mesh.peers
+        }
+
     def is_member(self, agent_id: str) -> bool:
         """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
-        return self.cfg.mesh.trust == "ca" or self.svc.keyring.is_member(agent_id)
+        return self.cfg.mesh.trust == "ca" or self.keyring.is_member(agent_id)
 
     def member_generation(self) -> int:
         """Moves whenever ``is_member``'s answers may have changed (the keyring reloaded)."""
-        return self.svc.keyring.generation
+        return self.keyring.generation
 
     def _seen_evicted(self, correlation_id: str, expires_at: int) -> None:
-        self.svc.hooks.notify(HookEvent.ON_INDEX_EVICTION, {
+        self.hooks.notify(HookEvent.ON_INDEX_EVICTION, {
             "index": "seen_cache", "key": correlation_id, "expires_at": expires_at, "size": len(self.seen),
             "maxsize": self.seen.maxsize})
 
-    def pinned_keys(self) -> dict:
+    def pinned_keys(self) -> dict[str, Ed25519PublicKey]:
         """Keys certificates must match: every trusted peer's, and our own (a CA-issued certificate naming
         this node over another key must not pass as us)."""
-        ident = self.svc.identity
-        return {**self.svc.peer_keys, ident.agent_id: ident.public_key}
+        ident = self.identity
+        return {**self.keyring.peer_keys, ident.agent_id: ident.public_key}
 
     @classmethod
     async def open(cls, cfg: NodeConfig) -> Node:
-        svc = await open_service(cfg, require_identity=True)
+        store = await open_store(cfg, require_identity=True)
         try:
-            return cls(cfg, svc)
+            return cls(cfg, store)
         except BaseException:
-            await svc.close()
+            await store.close()
             raise
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -126,16 +131,15 @@ class Node:
             await self._start_extras()
             self._warn_unpinned_peers()
             for peer, link in self.links.items():
-                link.on_up(lambda peer=peer: (self.sender.wake(peer), self._sync_wanted[peer].set()))
+                link.on_up(partial(self._link_up, peer))
             async with asyncio.TaskGroup() as tg:
                 peer_tasks = []
                 for peer, link in self.links.items():
                     peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
-                    peer_tasks.append(tg.create_task(self._sync_loop(peer), name=f"sync:{peer}"))
+                    peer_tasks.append(tg.create_task(self.syncs[peer].run(), name=f"sync:{peer}"))
                 sender = tg.create_task(self.sender.run(), name="outbox")
                 peer_tasks.append(tg.create_task(self._sweep_loop(), name="approvals:sweep"))
-                if self.svc.webhooks is not None:
-                    peer_tasks.append(tg.create_task(self.svc.webhooks.run(lambda: self._closing), name="webhooks"))
+                peer_tasks.append(tg.create_task(self.webhooks.run(lambda: self._closing), name="webhooks"))
                 # Cancelled with the peer tasks on drain: a lifecycle pass is one transaction, safe to cut short.
                 peer_tasks.append(tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"))
                 self._write_status(port)
@@ -150,18 +154,25 @@ class Node:
             self._status_path.unlink(missing_ok=True)
             log.info("node_stopped", extra={"ev": {}})
 
+    def _link_up(self, peer: str) -> None:
+        """A link came up: its outbox worker looks in the database, and its catch-up pulls now."""
+        self.sender.wake(peer)
+        self.syncs[peer].want()
+
     def _warn_unpinned_peers(self) -> None:
         for peer in self.links:
-            if peer not in self.svc.peer_keys:
+            if peer not in self.keyring.peer_keys:
                 log.warning("peer_without_pub", extra={"ev": {
                     "peer": peer, "trust": self.cfg.mesh.trust,
                     "effect": ("its connections are refused (not_a_member) and its links cannot be pinned; import "
                                "its .pub with `ai-memory identity import`") if self.cfg.mesh.trust == "pinned"
                     else "trusted on the mesh CA alone; its signatures cannot be verified (unsigned)"}})
 
-    async def _drain(self, sender: asyncio.Task, peer_tasks: list[asyncio.Task]) -> None:
+    async def _drain(self, sender: asyncio.Task[None], peer_tasks: list[asyncio.Task[Any]]) -> None:
         """Stop accepting, let in-flight sends finish (bounded), then close links and stop their tasks."""
         self._closing = True
+        for sync in self.syncs.values():
+            sync.stop()
         await self.server.stop_accepting()
         self.sender.stop()
         with contextlib.suppress(TimeoutError):
@@ -197,7 +208,7 @@ class Node:
         self.extra_services.clear()
 
     @property
-    def _status_path(self):
+    def _status_path(self) -> Path:
         return self.cfg.home / "run" / "node.json"
 
     def _write_status(self, port: int) -> None:
@@ -219,71 +230,6 @@ class Node:
             except Exception as e:  # the disk may refuse for a while; the next round retries
                 log.warning("approval_sweep_failed", extra={"ev": {"error": f"{type(e).__name__}: {e}"}})
             await asyncio.sleep(self.cfg.approval.sweep_interval_s)
-
-    # ---- catch-up -------------------------------------------------------------------------
-
-    _closing = False
-
-    async def _sync_loop(self, peer: str) -> None:
-        """Pull the peer's change log after each (re)connect and every ``sync_interval_s``, from the last
-        seq applied from it; the interval heals a one-way outage that never drops our link to the peer."""
-        wanted = self._sync_wanted[peer]
-        while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wanted.wait(), self.cfg.federation.sync_interval_s)
-            wanted.clear()
-            if self._closing:
-                return
-            if self.links[peer].state is not LinkState.UP:
-                continue
-            try:
-                await self.pull(peer)
-            except Exception as e:  # whatever a peer or the disk does, the node keeps running; next round retries
-                self.sync_stats["sync_failed"] += 1
-                log.warning("sync_failed", extra={"ev": {"peer": peer, "error": f"{type(e).__name__}: {e}"}})
-
-    async def pull(self, peer: str) -> int:
-        """Retry what earlier rounds could not apply, then apply the peer's changes since our last sync seq.
-
-        The cursor always moves on: an item that cannot be applied yet waits in ``sync_pending`` and is
-        parked after ``federation.sync_park_after`` rounds. Writers we are linked to directly are skipped
-        (we get their changes from them). Returns how many items changed something here.
-        """
-        link = self.links[peer]
-        outcome = await self.fed.retry_pending(peer)
-        state = await self.svc.db.read(changelog.get_peer_state, peer)
-        since = state.last_sync_seq if state else 0
-        skip = ",".join(sorted(p for p, other in self.links.items() if p != peer and other.state is LinkState.UP))
-        waited_s = 0.0
-        for _ in range(SYNC_MAX_PAGES):
-            try:
-                body = await link.fetch(SYNC_PATH, {"since": since, "limit": self.cfg.federation.sync_page_limit,
-                                                    "skip": skip},
-                                        timeout_s=max(self.cfg.a2a.ack_timeout_s, 10.0))
-            except MeshError as e:
-                # The peer charges the changes we read to our limits.peer_requests_per_second: wait for the
-                # budget and go on from the cursor, up to SYNC_RATE_WAIT_MAX_S a round (then the next round).
-                if e.code != "rate_limited" or waited_s >= SYNC_RATE_WAIT_MAX_S:
-                    raise
-                await asyncio.sleep(SYNC_RATE_WAIT_S)
-                waited_s += SYNC_RATE_WAIT_S
-                continue
-            page = cbor2.loads(body)
-            if not isinstance(page, dict) or not isinstance(page.get("items"), list) \
-                    or not isinstance(page.get("next"), int) or not isinstance(page.get("more"), bool):
-                raise MeshError("bad_sync_page", f"{peer} answered a sync page of the wrong shape")
-            self.fed.note_accepts(peer, page.get("accepts"))
-            outcome.update(await self.fed.apply_sync_items(peer, page["items"]))
-            if page["next"] > since:
-                since = page["next"]
-                await self.svc.db.write(partial(changelog.set_peer_state, peer=peer, last_sync_seq=since))
-            if not page["more"]:
-                break
-        self.sync_stats.update(outcome)
-        self.synced_at[peer] = time.monotonic()
-        level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] else logging.DEBUG
-        log.log(level, "synced", extra={"ev": {"peer": peer, "last_sync_seq": since, **outcome}})
-        return outcome["applied"]
 
     # ---- live state -----------------------------------------------------------------------
 
@@ -312,8 +258,7 @@ class Node:
         now = time.monotonic()
         peers = {r["agent_id"]: PeerScrape(
             state=r["link_state"], outbox_depth=r["outbox_depth"], dead_letters=r["dead_letters"],
-            last_sync_seq=r["last_sync_seq"], parked=r["parked"],
-            sync_age_s=now - self.synced_at[r["agent_id"]] if r["agent_id"] in self.synced_at else None)
+            last_sync_seq=r["last_sync_seq"], parked=r["parked"], sync_age_s=self._sync_age_s(r["agent_id"], now))
             for r in rows if r["agent_id"] in self.links}
         rejections: Counter[str] = Counter()
         for counters in (self.receiver.counters, self.fed.counters):
@@ -326,6 +271,11 @@ class Node:
                       mcp_calls=dict(self.backend.calls) if self.backend else {}, ready=self.readiness()[0],
                       writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
                       dead_lettered=self.sender.dead_lettered)
+
+    def _sync_age_s(self, peer: str, now: float) -> float | None:
+        """Seconds since ``peer``'s last completed pull (time.monotonic() ``now``); None before the first."""
+        synced_at = self.syncs[peer].synced_at
+        return None if synced_at is None else now - synced_at
 
     async def _render_metrics(self) -> tuple[bytes, str]:
         return await self.metrics.render(), self.metrics.content_type
@@ -340,11 +290,14 @@ class Node:
         return out
 
     def a2a_stats(self) -> dict[str, Any]:
+        synced: Counter[str] = Counter()
+        for sync in self.syncs.values():
+            synced.update(sync.stats)
         return {"seen_cache_size": len(self.seen), "seen_cache_max": self.seen.maxsize,
                 "seen_cache_live_evictions": self.seen.evictions_live, "received": dict(self.receiver.counters),
                 "federation": dict(self.fed.counters), "delivered": self.sender.delivered,
-                "dead_lettered": self.sender.dead_lettered, "sync": dict(self.sync_stats),
-                "links_put_to": sorted(p for p in self.links if self.fed.takes_link_batches(p)),
+                "dead_lettered": self.sender.dead_lettered, "sync": dict(synced),
+                "links_put_to": sorted(p for p in self.links if self.fed.accepts.takes_link_batches(p)),
                 "links_put_unpacked": self.sender.unpacked,
                 "signature_batches": self.fed.verifier.batches}
 

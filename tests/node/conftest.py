@@ -1,3 +1,4 @@
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,24 @@ from tests.pg import pg_cluster  # noqa: F401  (pytest finds fixtures by name)
 BACKENDS = ("sqlite", "postgres")
 
 AGENT = "ai:test-node@lab"
+
+
+class Acks:
+    """An outbox sender's listener for tests: the correlation ids ACKed (into ``acked``) and the peers that refused
+    links.put."""
+
+    def __init__(self, acked: list[str] | None = None) -> None:
+        self.acked = acked if acked is not None else []
+        self.refused: list[str] = []
+
+    async def on_ack(self, peer: str, correlation_ids: Sequence[str]) -> None:
+        self.acked.extend(correlation_ids)
+
+    def on_ack_latency(self, peer: str, seconds: float) -> None:
+        pass
+
+    def link_batches_refused(self, peer: str) -> None:
+        self.refused.append(peer)
 
 
 def make_config(home: Path, **sections) -> NodeConfig:

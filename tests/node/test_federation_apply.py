@@ -9,11 +9,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from a2a import Envelope, ProtocolError, new_envelope
 from mesh import keys
 from node import attest
-from node.assemble import open_service
+from node.assemble import assemble, open_service, open_store
 from node.attest import LinkPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.mcp.capabilities import capabilities
+from node.ratelimit import RateLimiter
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
 
@@ -55,6 +56,11 @@ def _link_put(key: Ed25519PrivateKey | None, src: str, dst: str, observed_by: st
 
 
 M1, M2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+
+
+async def _frozen_budget(cfg: NodeConfig, peer_rate: RateLimiter) -> Service:
+    """A service on ``cfg`` whose peers' request budget is ``peer_rate`` (a test's, on a clock that stands still)."""
+    return assemble(await open_store(cfg, require_identity=True), peer_rate=peer_rate).service
 
 
 async def _seed(svc: Service) -> None:
@@ -107,7 +113,7 @@ async def test_links_applied_in_one_turn_share_reads_and_writes_and_each_verifie
     puts[7] = _link_put(Ed25519PrivateKey.generate(), M1, M2, relation="forged")  # in the middle of the burst
     puts.append(dict(puts[0]))  # the same link twice in one burst
     fed = svc.replicator
-    jobs_before, runs_before = svc.db.commit_stats[1], (fed._link_lookups.runs, fed._link_writes.runs)
+    jobs_before, runs_before = svc.db.commit_stats[1], (fed.inbound.links.lookups.runs, fed.inbound.links.writes.runs)
     acks = await asyncio.gather(*(fed.apply(_env(PEER, p), PEER) for p in puts))  # as a batch frame's applies
     assert acks[7].reason == "rejected:bad_signature"
     assert all(a.accepted for i, a in enumerate(acks) if i != 7)
@@ -116,7 +122,7 @@ async def test_links_applied_in_one_turn_share_reads_and_writes_and_each_verifie
     assert "forged" not in {link["relation"] for link in stored}
     for link in stored[:3]:
         assert (await svc.memory_verify(link["link_id"]))["signature_verified"] is True
-    assert fed._link_lookups.runs - runs_before[0] <= 2 and fed._link_writes.runs - runs_before[1] <= 2
+    assert fed.inbound.links.lookups.runs - runs_before[0] <= 2 and fed.inbound.links.writes.runs - runs_before[1] <= 2
     assert svc.db.commit_stats[1] - jobs_before <= 4, "one writer job per turn, not one per link"
     assert (await svc.audit_verify())["ok"] is True
 
@@ -209,12 +215,9 @@ async def test_local_writes_enqueue_one_message_per_configured_peer(tmp_path: Pa
 
 
 async def test_sync_pages_come_out_of_the_peers_request_budget(tmp_path: Path) -> None:
-    from node.ratelimit import RateLimiter
-
     cfg = make_config(tmp_path / "sync", limits={"peer_requests_per_second": 3})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    svc = await open_service(cfg, require_identity=True)
-    svc.replicator.peer_rate = RateLimiter(3, clock=lambda: 0.0)  # time stands still: no token comes back
+    svc = await _frozen_budget(cfg, RateLimiter(3, clock=lambda: 0.0))  # time stands still: no token comes back
     try:
         await svc.memory_store("one")
         await svc.memory_store("two")
@@ -256,13 +259,13 @@ async def test_sync_items_that_cannot_be_stored_yet_are_counted_for_retry(svc: S
 
 async def test_a_peer_past_its_request_rate_is_refused_retryably_and_others_are_not(tmp_path: Path) -> None:
     from a2a.envelope import RETRYABLE_REJECT_CODES
-    from node.ratelimit import RateLimiter
 
     cfg = make_config(tmp_path / "home", limits={"peer_requests_per_second": 3})
     keys.generate_identity(cfg.keys_dir, AGENT)
     s = await open_service(cfg, require_identity=True)
     assert s.replicator.peer_rate is not None and s.replicator.peer_rate.rate == 3
-    s.replicator.peer_rate = RateLimiter(3, clock=lambda: 0.0)  # time stands still: no token comes back
+    await s.close()
+    s = await _frozen_budget(cfg, RateLimiter(3, clock=lambda: 0.0))  # time stands still: no token comes back
     try:
         ids = [f"{i:08d}-1111-4111-8111-111111111111" for i in range(5)]
         acks = [await s.replicator.apply(_env(PEER, _mput(_memory(mid))), PEER) for mid in ids]
@@ -356,27 +359,30 @@ async def test_signatures_use_the_keyring_as_last_read_but_a_new_or_rotated_key_
     assert ack.reason == "rejected:bad_signature"
 
 
-async def test_a_links_put_costs_its_peer_one_message_per_link(svc: Service, peer_key) -> None:
-    from node.ratelimit import RateLimiter
-
-    await _seed(svc)
-    svc.replicator.peer_rate = RateLimiter(3, clock=lambda: 0.0)  # time stands still: no token comes back
-    ack = await svc.replicator.apply(_env(PEER, _links_put(*(_link_put(peer_key, M1, M2, relation=f"r{i}")
-                                                              for i in range(5)))), PEER)
-    assert ack.accepted and len(await svc.links_list()) == 5  # let in on one message of budget...
-    # ...and charged for five: the peer is in debt, so its next message is refused (retryably).
-    ack = await svc.replicator.apply(_env(PEER, _link_put(peer_key, M1, M2, relation="next")), PEER)
-    assert ack.reason == "rejected:rate_limited" and not ack.permanent
-    ping = _env(OTHER, {"kind": "ping", "sent_at": now_ms()})
-    assert (await svc.replicator.apply(ping, OTHER)).accepted  # the budget is per peer
+async def test_a_links_put_costs_its_peer_one_message_per_link(cfg: NodeConfig, peer_key) -> None:
+    seeding = await open_service(cfg, require_identity=True)
+    try:
+        await _seed(seeding)
+    finally:
+        await seeding.close()
+    svc = await _frozen_budget(cfg, RateLimiter(3, clock=lambda: 0.0))  # time stands still: no token comes back
+    try:
+        ack = await svc.replicator.apply(_env(PEER, _links_put(*(_link_put(peer_key, M1, M2, relation=f"r{i}")
+                                                                  for i in range(5)))), PEER)
+        assert ack.accepted and len(await svc.links_list()) == 5  # let in on one message of budget...
+        # ...and charged for five: the peer is in debt, so its next message is refused (retryably).
+        ack = await svc.replicator.apply(_env(PEER, _link_put(peer_key, M1, M2, relation="next")), PEER)
+        assert ack.reason == "rejected:rate_limited" and not ack.permanent
+        ping = _env(OTHER, {"kind": "ping", "sent_at": now_ms()})
+        assert (await svc.replicator.apply(ping, OTHER)).accepted  # the budget is per peer
+    finally:
+        await svc.close()
 
 
 async def test_apply_now_answers_a_ping_as_apply_does_and_leaves_other_kinds_to_it(tmp_path: Path) -> None:
     """The receiver settles pings with ``apply_now`` (no coroutine): for every ping, good or bad, within the peer's
     rate or past it, it must give what ``apply`` gives (the same ACK or the same ProtocolError, the same counters
     and tokens spent), and leave every other kind to ``apply`` without spending a token."""
-    from node.ratelimit import RateLimiter
-
     pings = [{"kind": "ping"}, {"kind": "ping", "sent_at": 5}, {"kind": "ping", "sent_at": -1},
              {"kind": "ping", "sent_at": "soon"}, {"kind": "ping", "extra": 1}, {"kind": "ping", "sent_at": True},
              {"kind": "ping"}, {"kind": "ping", "sent_at": 2**62}]
@@ -384,8 +390,7 @@ async def test_apply_now_answers_a_ping_as_apply_does_and_leaves_other_kinds_to_
     for way in ("apply", "apply_now"):
         cfg = make_config(tmp_path / way, limits={"peer_requests_per_second": 5})
         keys.generate_identity(cfg.keys_dir, AGENT)
-        s = await open_service(cfg, require_identity=True)
-        s.replicator.peer_rate = RateLimiter(5, clock=lambda: 0.0)  # five tokens, none comes back
+        s = await _frozen_budget(cfg, RateLimiter(5, clock=lambda: 0.0))  # five tokens, none comes back
         try:
             assert s.replicator.apply_now(_env(PEER, _mput(_memory(M1))), PEER) is None
             got = []

@@ -108,7 +108,7 @@ async def test_background_nice_lowers_the_writer_and_the_verifier_only(cfg: Node
     s = await open_service(cfg, require_identity=True)
     try:
         writer = await s.db.write(lambda conn: _nice())
-        verifier = await asyncio.get_running_loop().run_in_executor(s.replicator._executor, _nice)
+        verifier = await asyncio.get_running_loop().run_in_executor(s.replicator.verifier.executor, _nice)
         reader = await s.db.read(lambda conn: _nice())
         lowered = min(priority.MAX_NICE, base + steps)
         assert (writer, verifier, reader, _nice()) == (lowered, lowered, base, base)

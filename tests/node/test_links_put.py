@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import cbor2
@@ -18,12 +17,12 @@ from mesh import keys
 from node import attest
 from node.assemble import open_service
 from node.attest import LinkPayload
-from node.federation import _link_chunks
-from node.outbox import OutboxSender
+from node.federation.outbound import link_chunks
+from node.federation.sender import OutboxSender
 from node.wire import split_links_put
 from storage import Database, outbox
 from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair
-from tests.node.conftest import AGENT, make_config
+from tests.node.conftest import AGENT, Acks, make_config
 
 B, C = "ai:b@lab", "ai:c@lab"
 
@@ -52,7 +51,7 @@ def _decoded(row: outbox.OutboxRow) -> Envelope:
 async def test_memory_link_many_packs_links_for_a_peer_that_reads_links_put_and_not_for_others(svc) -> None:
     svc.replicator.note_accepts(B, ["links.put", "some.future.kind"])
     svc.replicator.note_accepts(C, None)  # an older node's sync page says nothing
-    assert svc.replicator.peer_accepts[B] == frozenset({"links.put"})
+    assert svc.replicator.accepts.of(B) == frozenset({"links.put"})
     ids = [(await svc.memory_store(f"memory {i}"))["id"] for i in range(11)]
     out = await svc.memory_link_many([{"src_id": ids[0], "dst_id": ids[i], "relation": "rel"} for i in range(1, 11)])
     assert out["made"] == 10 and out["replicating_to"] == [B, C]
@@ -100,15 +99,15 @@ def _body(relation: str) -> dict:
 
 
 def test_chunks_stay_within_the_item_and_byte_bounds() -> None:
-    assert [len(c) for c in _link_chunks([_body("r")] * 250)] == [LINKS_PUT_MAX_ITEMS] * 2 + [50]
+    assert [len(c) for c in link_chunks([_body("r")] * 250)] == [LINKS_PUT_MAX_ITEMS] * 2 + [50]
     big = [_body("é" * 4000)] * 40  # 8,000 bytes of relation each
-    chunks = _link_chunks(big)
+    chunks = link_chunks(big)
     assert sum(len(c) for c in chunks) == 40 and [i for c in chunks for i in c] == list(range(40))
     for c in chunks:
         payload = {"kind": "links.put", "links": [big[i] for i in c]}
         assert len(cbor2.dumps(payload)) <= LINKS_PUT_MAX_BYTES
-    assert _link_chunks([_body("é" * 40_000)]) == [[0]]  # one link past the bound still travels, alone
-    assert [len(c) for c in _link_chunks([_body("r")] * 60, 25)] == [25, 25, 10]
+    assert link_chunks([_body("é" * 40_000)]) == [[0]]  # one link past the bound still travels, alone
+    assert [len(c) for c in link_chunks([_body("r")] * 60, 25)] == [25, 25, 10]
 
 
 def test_split_keeps_sender_recipient_and_expiry_and_refuses_other_kinds() -> None:
@@ -142,15 +141,10 @@ async def _deliver_through(tmp_path: Path, apply, links: int) -> tuple[OutboxSen
     env = new_envelope(CLIENT_ID, [SERVER_ID], {"kind": "links.put",
                                                 "links": [_body(f"rel_{i}") for i in range(links)]}, now, 60_000)
     await db.write(outbox.enqueue, env.correlation_id, SERVER_ID, "links.put", env.to_wire(), env.expires_at, 0, now)
-    refused: list[str] = []
+    listener = Acks()
+    refused = listener.refused
     async with pair(pki, recording) as p:
-        acked: list[str] = []
-
-        async def on_ack(peer: str, cids: Sequence[str]) -> None:
-            acked.extend(cids)
-
-        sender = OutboxSender(db, {SERVER_ID: p.link}, RetrySchedule(), lambda: int(time.time() * 1000), on_ack)
-        sender.on_link_batches_refused = refused.append
+        sender = OutboxSender(db, {SERVER_ID: p.link}, RetrySchedule(), lambda: int(time.time() * 1000), listener)
         task = asyncio.create_task(sender.run())
         try:
             depth: list[int] = [1]

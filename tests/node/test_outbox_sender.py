@@ -14,9 +14,11 @@ import pytest
 
 from a2a import Ack, RetrySchedule
 from mesh.errors import MeshError
-from node.outbox import SEND_WINDOW_BYTES, OutboxSender
+from node.config import SEND_WINDOW_BYTES
+from node.federation.sender import OutboxSender
 from storage import Database, StorageError, outbox
 from storage.outbox import OutboxRow
+from tests.node.conftest import Acks
 
 PEER = "ai:b@test"
 ROWS = 40
@@ -52,11 +54,7 @@ async def _sent_and_settled(tmp_path: Path) -> tuple[AckingLink, OutboxSender, D
         await db.write(outbox.enqueue, str(uuid.uuid4()), PEER, "ping", b"\xa0", 10**13, 0, i)
     link = AckingLink()
     acked: list[str] = []
-
-    async def on_ack(peer: str, cids: Sequence[str]) -> None:
-        acked.extend(cids)
-
-    sender = OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, on_ack)  # type: ignore[dict-item]
+    sender = OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, Acks(acked))  # type: ignore[dict-item]
     before = db.commit_stats
     task = asyncio.create_task(sender.run())
     try:
@@ -155,9 +153,7 @@ async def _run_until(sender: OutboxSender, done: Any, *, crash: bool = False) ->
 
 
 def _sender(db: Database, link: Any, acked: list[str], window_bytes: int = SEND_WINDOW_BYTES) -> OutboxSender:
-    async def on_ack(peer: str, cids: Sequence[str]) -> None:
-        acked.extend(cids)
-    return OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, on_ack, window_bytes=window_bytes)
+    return OutboxSender(db, {PEER: link}, RetrySchedule(), lambda: 1_000, Acks(acked), window_bytes=window_bytes)
 
 
 async def test_rows_handed_over_and_polled_too_are_sent_once_in_groups(tmp_path: Path) -> None:
@@ -312,7 +308,7 @@ async def test_idle_workers_share_one_read_a_tick_and_a_row_written_behind_their
     """Five idle peers: their periodic polls make one shared read of which peers hold due rows per POLL_S tick,
     not one read each; a row another process writes for one of them (the CLI) is found by the next tick and
     sent, and the shared read never hides a due row (past DUE_PEERS_SCAN rows every peer reads its own)."""
-    from node import outbox as node_outbox
+    from node.federation import sender as node_outbox
 
     db = await Database.open(tmp_path / "memory.db", synchronous="normal")
     peers = [f"ai:p{i}@test" for i in range(5)]
@@ -326,10 +322,7 @@ async def test_idle_workers_share_one_read_a_tick_and_a_row_written_behind_their
 
     db.read = counted  # type: ignore[method-assign]
 
-    async def on_ack(peer: str, cids: Sequence[str]) -> None:
-        pass
-
-    sender = OutboxSender(db, links, RetrySchedule(), lambda: 1_000, on_ack)  # type: ignore[arg-type]
+    sender = OutboxSender(db, links, RetrySchedule(), lambda: 1_000, Acks())  # type: ignore[arg-type]
     task = asyncio.create_task(sender.run())
     try:
         await asyncio.sleep(0.2)  # the start polls (one per peer, asked for) are done

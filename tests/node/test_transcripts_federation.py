@@ -11,11 +11,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mesh import keys
-from node import attest, federation
+from node import attest
 from node.assemble import open_service
 from node.attest import TranscriptPayload
 from node.config import NamespacePolicy, NodeConfig, PeerConfig
 from node.errors import ServiceError
+from node.federation import sync
 from node.service import now_ms
 from storage import outbox, transcripts
 
@@ -90,9 +91,8 @@ async def test_a_signed_transcript_from_its_writer_is_stored_peer_attested(fsvc,
     ("span past the end", "span_out_of_range"),
     ("unknown memory", "unknown_memory"),
 ])
-async def test_bad_inbound_transcripts_are_refused_and_nothing_is_stored(fsvc, fcfg, peer_key, case, code):
-    fsvc.replicator.cfg = fcfg = dataclasses.replace(fcfg, federation=dataclasses.replace(
-        fcfg.federation, orphan_hold_s=0.0))
+async def test_bad_inbound_transcripts_are_refused_and_nothing_is_stored(fcfg, peer_key, case, code):
+    fcfg = dataclasses.replace(fcfg, federation=dataclasses.replace(fcfg.federation, orphan_hold_s=0.0))
     other = Ed25519PrivateKey.generate()
     frame = transcripts.compress(TEXT)[0]
     body = {
@@ -106,13 +106,17 @@ async def test_bad_inbound_transcripts_are_refused_and_nothing_is_stored(fsvc, f
         "unknown memory": lambda: _put(peer_key, spans=[[str(uuid.uuid4()), 0, 4]]),
     }[case]()
     if case == "namespace the peer may not see":
-        fsvc.replicator.cfg = dataclasses.replace(fcfg, federation=dataclasses.replace(
+        fcfg = dataclasses.replace(fcfg, federation=dataclasses.replace(
             fcfg.federation, namespaces={**fcfg.federation.namespaces, "elsewhere": NamespacePolicy(peers=(OTHER,))}),
             transcripts=dataclasses.replace(fcfg.transcripts, namespaces={
                 **fcfg.transcripts.namespaces, "elsewhere": fcfg.transcripts.namespaces["shared"]}))
-    applied = await fsvc.replicator.apply_payload(body, PEER)
-    assert applied.code == code
-    assert await fsvc.db.read(transcripts.counts) == {"hot": 0, "archived": 0, "links": 0}
+    fsvc = await open_service(fcfg, require_identity=True)
+    try:
+        applied = await fsvc.replicator.apply_payload(body, PEER)
+        assert applied.code == code
+        assert await fsvc.db.read(transcripts.counts) == {"hot": 0, "archived": 0, "links": 0}
+    finally:
+        await fsvc.close()
 
 
 async def test_a_transcript_goes_only_where_every_memory_it_cites_may_go(fsvc):
@@ -150,7 +154,7 @@ async def test_sync_serves_a_replicated_transcript_only_to_peers_that_may_see_it
 
 
 async def test_a_sync_page_ends_early_once_transcripts_fill_its_byte_budget(fsvc, monkeypatch):
-    monkeypatch.setattr(federation, "SYNC_PAGE_TRANSCRIPT_BYTES", 1)
+    monkeypatch.setattr(sync, "SYNC_PAGE_TRANSCRIPT_BYTES", 1)
     first = await fsvc.transcripts.store(TEXT, namespace="shared")
     second = await fsvc.transcripts.store(TEXT, namespace="shared")
     page = await fsvc.replicator.sync_page(PEER, 0, 100)

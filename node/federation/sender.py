@@ -33,10 +33,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from a2a import Ack, ProtocolError, RetrySchedule
 from mesh.errors import MeshError
 from mesh.link import PeerLink
+from node.config import SEND_WINDOW_BYTES
 from node.wire import split_links_put
 from storage import changelog, outbox
 from storage.db import Database
@@ -44,15 +46,9 @@ from storage.outbox import OutboxRow
 
 log = logging.getLogger("node.outbox")
 
-# Rows in flight to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id).
+# Rows in flight to one peer at once (pipelined on its WebSocket, ACKs matched by correlation_id). The bytes in
+# flight are bounded too: ``window_bytes`` (federation.send_window_bytes, SEND_WINDOW_BYTES by default).
 SEND_WINDOW = 256
-# Envelope bytes in flight to one peer at once: a links.put row carries up to 100 links, and without this bound
-# 256 of them (25,600 links) reached a peer in one burst, which stalled its event loop for hundreds of ms and
-# outlived the ACK timeout. The bursts a peer takes in at once are what B's ping tail follows (batched flood,
-# one lock hold, ping p95 on B: 512 KiB 127-165 ms, 128 KiB 30-34 ms, 64 KiB 12-23 ms, at the same links/s):
-# 64 KiB is two full links.put, or ~170 single-link envelopes. A row larger than the window still goes, alone.
-# The default of ``federation.send_window_bytes``.
-SEND_WINDOW_BYTES = 64 * 1024
 # Most rows, and most envelope bytes, in one send_many call (a full links.put travels in a group of its own).
 GROUP_MAX = 32
 GROUP_MAX_BYTES = 32 * 1024
@@ -66,7 +62,20 @@ POLL_S = 0.5
 # The shared periodic read looks at no more due rows than this; past it every worker reads its own.
 DUE_PEERS_SCAN = 1024
 
-OnAck = Callable[[str, Sequence[str]], Awaitable[None]]
+
+
+class SendListener(Protocol):
+    """What the sender tells the rest of the node (federation's ``DeliveryFeedback``)."""
+
+    async def on_ack(self, peer: str, correlation_ids: Sequence[str]) -> None:
+        """``peer`` ACKed these rows (their deletes are committed)."""
+
+    def on_ack_latency(self, peer: str, seconds: float) -> None:
+        """Seconds from send to ACK, once per ACKed row (a row sent in a group is told the group's time:
+        send_many answers when the group's last ACK is in)."""
+
+    def link_batches_refused(self, peer: str) -> None:
+        """``peer`` answered a links.put ``unknown_kind``: it reads one link per envelope only."""
 
 
 @dataclass
@@ -101,8 +110,12 @@ class _Peer:
 
 
 class OutboxSender:
+    """Delivers the outbox to ``links`` (one worker per peer), resending on ``schedule`` (a2a.retry_delays_s);
+    ``clock_ms``: unix ms; ``listener`` is told of ACKs, their latency and a peer refusing links.put;
+    ``window_bytes``: envelope bytes in flight to one peer at once (federation.send_window_bytes)."""
+
     def __init__(self, db: Database, links: dict[str, PeerLink], schedule: RetrySchedule,
-                 clock_ms: Callable[[], int], on_ack: OnAck, *, window_bytes: int = SEND_WINDOW_BYTES) -> None:
+                 clock_ms: Callable[[], int], listener: SendListener, *, window_bytes: int = SEND_WINDOW_BYTES) -> None:
         if window_bytes <= 0:
             raise ValueError(f"window_bytes must be > 0, got {window_bytes!r}")
         self.db = db
@@ -110,7 +123,7 @@ class OutboxSender:
         self.links = links
         self.schedule = schedule
         self.clock_ms = clock_ms
-        self.on_ack = on_ack
+        self.listener = listener
         self._peers = {peer: _Peer() for peer in links}
         # The open ACK batch per peer: the ACKs settled in one loop turn join it (see _record_acks).
         self._ack_batches: dict[str, _AckBatch] = {}
@@ -120,11 +133,6 @@ class OutboxSender:
         self._due_read: asyncio.Future[frozenset[str] | None] | None = None
         self.delivered = 0
         self.dead_lettered = 0
-        # Told (peer, seconds from send to ACK) for each ACK; the node's metrics set it. A row sent in a group
-        # is told the group's time (send_many answers when the group's last ACK is in).
-        self.on_ack_latency: Callable[[str, float], None] | None = None
-        # Told the peer that answered a links.put ``unknown_kind`` (it reads one link per envelope only).
-        self.on_link_batches_refused: Callable[[str], None] | None = None
         self.unpacked = 0
 
     def wake(self, peer: str | None = None) -> None:
@@ -312,12 +320,11 @@ class OutboxSender:
     async def _book_acks(self, peer: str, acked: list[OutboxRow], took: float) -> None:
         if not acked:
             return
-        if self.on_ack_latency is not None:
-            for _ in acked:
-                self.on_ack_latency(peer, took)
+        for _ in acked:
+            self.listener.on_ack_latency(peer, took)
         await self._record_acks(peer, acked)
         self.delivered += len(acked)
-        await self.on_ack(peer, [r.correlation_id for r in acked])
+        await self.listener.on_ack(peer, [r.correlation_id for r in acked])
 
     async def _book_rejection(self, peer: str, row: OutboxRow, reason: str | None) -> None:
         if row.kind == "links.put":
@@ -360,8 +367,8 @@ class OutboxSender:
     async def _unpack(self, peer: str, row: OutboxRow, reason: str | None) -> None:
         """A links.put the peer refused for good: its links queued again one per link.put row (in place of the
         row, one transaction) and sent at once; a peer that does not know the kind gets single links from now on."""
-        if reason == "rejected:unknown_kind" and self.on_link_batches_refused is not None:
-            self.on_link_batches_refused(peer)
+        if reason == "rejected:unknown_kind":
+            self.listener.link_batches_refused(peer)
         try:
             wires = split_links_put(row.envelope)
         except ProtocolError as e:
@@ -451,12 +458,12 @@ def sort_answers(rows: list[OutboxRow], answers: list[Ack | MeshError],
     return acked, rejected, failed
 
 
-def _acked(conn, peer: str, correlation_ids: list[str], now_ms: int) -> None:
+def _acked(conn: Any, peer: str, correlation_ids: list[str], now_ms: int) -> None:
     outbox.remove_many(conn, peer, correlation_ids)
     changelog.set_peer_state(conn, peer, last_ack_at=now_ms)
 
 
-def _unpacked(conn, row: OutboxRow, wires: list[tuple[str, bytes]], now_ms: int) -> list[OutboxRow]:
+def _unpacked(conn: Any, row: OutboxRow, wires: list[tuple[str, bytes]], now_ms: int) -> list[OutboxRow]:
     """Replace ``row`` by one link.put row per link (none when the row is gone meanwhile)."""
     if not outbox.remove(conn, row.correlation_id, row.peer):
         return []
@@ -465,6 +472,6 @@ def _unpacked(conn, row: OutboxRow, wires: list[tuple[str, bytes]], now_ms: int)
     return [r for r in rows if r is not None]
 
 
-def _mark_attempts(conn, retries: list[tuple[int, int, int, str]]) -> None:
+def _mark_attempts(conn: Any, retries: list[tuple[int, int, int, str]]) -> None:
     for id, attempts, nxt, error in retries:
         outbox.mark_attempt(conn, id, attempts, nxt, error)

@@ -1,0 +1,185 @@
+"""memory.put: bound, authorise, verify and store one received memory version (docs/security.md has the rules)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from node import attest
+from node.attest import AttestLevel, MemoryPayload
+from node.errors import ServiceError
+from node.federation.codes import RejectCode
+from node.federation.inbound.common import OK_CHANGED, OK_UNCHANGED, Applied, ApplyContext
+from node.hooks import HookError, HookEvent
+from node.limits import check_db_budget, check_memory_fields, check_text
+from node.permissions.rules import Operation
+from node.wire import memory_dict
+from storage import changelog, events, memories
+from storage.memories import MemoryRow
+
+log = logging.getLogger("node.federation")
+
+
+class MemoryApply:
+    """Applies memory.put bodies from peers to this node's store (``agent_id``: this node)."""
+
+    def __init__(self, ctx: ApplyContext, agent_id: str) -> None:
+        self.ctx = ctx
+        self.agent_id = agent_id
+
+    async def __call__(self, body: dict[str, Any], sender: str) -> Applied:
+        """Bound, authorise, verify and store one memory version from ``sender``."""
+        ctx, m = self.ctx, body["memory"]
+        code = self._out_of_bounds(m) or self._not_allowed(body, sender)
+        if code is not None:
+            return self._refused(code, sender, m)
+        level = await ctx.attester.attest(MemoryPayload.from_mapping(m), body["signature"], m["writer"], sender,
+                                          what=m["id"])
+        if not isinstance(level, AttestLevel):
+            return Applied(level)
+        stored = await ctx.db.read(memories.get, m["id"])
+        if stored is not None and not ctx.policy.visible_to(sender, stored):
+            # Answered exactly as if absent: an ACK never tells a peer whether a memory it may not see exists.
+            return await self._as_if_absent(m, sender)
+        operation = Operation.STORE if stored is None else Operation.UPDATE
+        code = (against_stored(stored, m, ctx.cfg.federation.max_version_step)
+                or await ctx.gate.code(sender, m["namespace"], operation)
+                or (await self._quota_code(m) if stored is None else None))
+        if code is not None:
+            return self._refused(code, sender, m)
+        row = memory_row(body, level, sender)
+        try:
+            check_db_budget(ctx.cfg, ctx.db.bytes_used())
+            await ctx.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
+        except (ServiceError, HookError) as e:  # a hook refusal is permanent and carries the hook's code
+            return self._refused(e.code, sender, m)
+        applied = await self._store(row, sender)
+        await ctx.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m,
+                                                               "stored": applied.changed})
+        return applied
+
+    async def _quota_code(self, m: dict[str, Any]) -> str | None:
+        return await self.ctx.gate.quota_code(m["writer"], len(m["content"].encode()) + len(m["title"].encode()))
+
+    async def _as_if_absent(self, m: dict[str, Any], sender: str) -> Applied:
+        """The answer an unknown id would get, without storing anything (the id is one ``sender`` may not see)."""
+        ctx = self.ctx
+        code = against_stored(None, m, ctx.cfg.federation.max_version_step)
+        if code is None:
+            try:
+                check_db_budget(ctx.cfg, ctx.db.bytes_used())
+                await ctx.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
+            except (ServiceError, HookError) as e:
+                code = e.code
+        if code is not None:
+            return self._refused(code, sender, m)
+        log.warning("hidden_id_conflict", extra={"ev": {"peer": sender, "memory_id": m["id"]}})
+        ctx.counters["memory:hidden_conflict"] += 1
+        return OK_UNCHANGED
+
+    def _out_of_bounds(self, m: dict[str, Any]) -> str | None:
+        """The same limits as a local write, and times within ``max_clock_skew_s`` of this node's clock."""
+        cfg = self.ctx.cfg
+        try:
+            check_memory_fields(cfg.limits, m["content"], m["title"], m["namespace"], m["tags"],
+                                m["priority"], m["confidence"], m["source"])
+            for name in ("origin", "writer"):
+                check_text(name, m[name], cfg.limits.max_id_chars, allow_empty=False)
+        except ServiceError as e:
+            return e.code
+        skew_ms = int(cfg.federation.max_clock_skew_s * 1000)
+        if m["created_at"] > m["updated_at"] or m["updated_at"] > self.ctx.clock() + skew_ms:
+            return RejectCode.CLOCK_SKEW
+        return None
+
+    def _not_allowed(self, body: dict[str, Any], sender: str) -> str | None:
+        m, policy = body["memory"], self.ctx.policy
+        if not policy.shares(sender, m["namespace"]):
+            return RejectCode.NAMESPACE_NOT_ALLOWED
+        if body["signed_by"] is not None and body["signed_by"] != m["writer"]:
+            return RejectCode.SIGNER_MISMATCH
+        if not policy.may_write(m["writer"], m["origin"], m["namespace"]):
+            return RejectCode.WRITER_NOT_ALLOWED
+        return None
+
+    @staticmethod
+    def _refused(code: str, sender: str, m: dict[str, Any]) -> Applied:
+        log.warning("memory_refused", extra={"ev": {"peer": sender, "code": code, "memory_id": m.get("id"),
+                                                    "writer": m.get("writer"), "origin": m.get("origin")}})
+        return Applied(code)
+
+    async def _store(self, row: MemoryRow, sender: str) -> Applied:
+        ctx = self.ctx
+        step = ctx.cfg.federation.max_version_step
+        kept: list[MemoryRow] = []
+
+        def write(conn: Any) -> Applied:
+            # Checked again inside the transaction: another version may have landed since the read.
+            stored = memories.get(conn, row.id)
+            if stored is not None and not ctx.policy.visible_to(sender, stored):
+                return OK_UNCHANGED
+            code = against_stored(stored, wire_fields(row), step)
+            if code is not None:
+                return Applied(code)
+            row_ = row if stored is None else share_with_after(row, stored, self.agent_id)
+            result = memories.apply_remote(conn, row_)
+            if result not in ("inserted", "updated"):
+                return OK_UNCHANGED
+            kept.append(row_)
+            now = ctx.clock()
+            events.append(conn, "memory", None, row_.author, MemoryPayload.of(row_).version_hash,
+                          row_.signature, now)
+            changelog.append(conn, "memory", row_.id, row_.version, now)
+            changelog.incr(conn, f"applied:memory.{result}")
+            return OK_CHANGED
+
+        applied: Applied = await ctx.db.write(write)
+        ctx.counters["memory:stored" if applied.changed else "memory:unchanged"] += 1
+        if applied.changed:
+            await ctx.arrivals.memory_stored()
+            await ctx.events.publish("memory.stored", memory_dict(kept[-1]))
+        return applied
+
+
+def against_stored(stored: MemoryRow | None, m: dict[str, Any], step: int) -> str | None:
+    """Why version ``m`` may not follow ``stored`` (a remote write never changes origin or namespace)."""
+    if stored is None:
+        return RejectCode.VERSION_OUT_OF_RANGE if m["version"] > step else None
+    if stored.origin != m["origin"]:
+        return RejectCode.ORIGIN_MISMATCH
+    if stored.namespace != m["namespace"]:
+        return RejectCode.NAMESPACE_MISMATCH
+    if m["version"] > stored.version + step:
+        return RejectCode.VERSION_OUT_OF_RANGE
+    return None
+
+
+def wire_fields(row: MemoryRow) -> dict[str, Any]:
+    """A stored version's signed fields, as a memory.put carries them."""
+    return {f: getattr(row, f) for f in attest.MEMORY_SIGNED_FIELDS}
+
+
+def memory_row(body: dict[str, Any], level: AttestLevel, sender: str) -> MemoryRow:
+    """The row a received memory.put is stored as, at ``level``."""
+    m = body["memory"]
+    attested = level is AttestLevel.PEER_ATTESTED
+    share = body.get("share_with")
+    return MemoryRow(id=m["id"], namespace=m["namespace"], title=m["title"], content=m["content"],
+                     tags=tuple(m["tags"]), priority=m["priority"], confidence=float(m["confidence"]),
+                     source=m["source"], origin=m["origin"], writer=m["writer"], version=m["version"],
+                     created_at=m["created_at"], updated_at=m["updated_at"],
+                     signature=body["signature"] if attested else None,
+                     signed_by=body["signed_by"] if attested else None, attest_level=str(level),
+                     share_with=None if share is None else tuple(share), received_from=sender)
+
+
+def share_with_after(row: MemoryRow, stored: MemoryRow, me: str) -> MemoryRow:
+    """Who may see a memory is the origin's to say: on the origin its own policy stands; elsewhere only a
+    version written by the origin may change the list, and only to narrow it. A relay or another writer
+    can neither lift nor tighten the restriction."""
+    if stored.origin == me or row.writer != row.origin:
+        return replace(row, share_with=stored.share_with)
+    if stored.share_with is None or row.share_with is None:
+        return replace(row, share_with=row.share_with if stored.share_with is None else stored.share_with)
+    return replace(row, share_with=tuple(a for a in row.share_with if a in stored.share_with))

@@ -1,0 +1,229 @@
+"""Outbound: each local write enqueues one envelope per peer that may see it, in the write's own transaction;
+after the commit the rows go to the ``Delivery`` (the node's outbox sender), and a write with a quorum above one
+waits for its peers' ACKs.
+
+The database stays the truth: rows no running sender takes (a write made by the CLI beside the node) wait in
+the outbox for the node's poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from a2a.kinds import LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS
+from node.config import NodeConfig
+from node.errors import ServiceError
+from node.federation.policy import Policy
+from node.wire import envelope_wires
+from storage import outbox
+from storage.db import Database
+from storage.memories import MemoryRow
+
+# The outbox rows a write enqueued, one per peer (node.service.Queued).
+Queued = list[outbox.OutboxRow]
+# Payload kinds this node reads beyond the ones every node reads, listed in its sync pages (``accepts``): a peer
+# sends it such a payload only once a page said so (an older node's pages say nothing, so it gets one link per
+# envelope).
+ACCEPTS = ("links.put",)
+# Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
+QUORUM_RECHECK_S = 0.05
+
+
+class Delivery(Protocol):
+    """Takes the rows a write enqueued, once committed (the node's ``OutboxSender``)."""
+
+    def hand_off(self, rows: Sequence[outbox.OutboxRow]) -> None: ...
+
+
+class NoDelivery:
+    """The delivery of a process that runs no sender (the CLI): rows wait in the database for the node's poll."""
+
+    def hand_off(self, rows: Sequence[outbox.OutboxRow]) -> None:
+        return None
+
+
+class LatencyObserver(Protocol):
+    """Told how long each ACK took (the node's metrics)."""
+
+    def observe_ack(self, peer: str, seconds: float) -> None: ...
+
+
+class PeerAccepts:
+    """What each peer's last sync page said it accepts beyond the common kinds (``ACCEPTS``); none until then."""
+
+    def __init__(self) -> None:
+        self._by_peer: dict[str, frozenset[str]] = {}
+
+    def of(self, peer: str) -> frozenset[str]:
+        return self._by_peer.get(peer, frozenset())
+
+    def takes_link_batches(self, peer: str) -> bool:
+        """``peer`` said (in its last sync page) that it reads ``links.put``."""
+        return "links.put" in self.of(peer)
+
+    def note(self, peer: str, accepts: Any) -> None:
+        """What ``peer``'s sync page listed under ``accepts`` (absent on an older node: nothing beyond the
+        common kinds)."""
+        listed = accepts if isinstance(accepts, list) else []
+        self._by_peer[peer] = frozenset(k for k in listed if isinstance(k, str) and k in ACCEPTS)
+
+    def refuses_link_batches(self, peer: str) -> None:
+        """``peer`` answered a links.put ``unknown_kind`` (e.g. rolled back to an older version): one link per
+        envelope from now on, until its sync pages list ``links.put`` again."""
+        self._by_peer[peer] = self.of(peer) - {"links.put"}
+
+
+class AckSignal:
+    """Wakes the quorum waits of this process when ACKs come in."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+
+    async def record_ack(self, peer: str, correlation_ids: Sequence[str]) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the next ACK, or ``timeout_s`` seconds."""
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+
+class DeliveryFeedback:
+    """What the outbox sender tells federation (its listener): ACKs wake quorum waits, a peer refusing
+    ``links.put`` gets single links, and each ACK's latency goes to ``latency`` (the node's metrics)."""
+
+    def __init__(self, acks: AckSignal, accepts: PeerAccepts, latency: LatencyObserver | None = None) -> None:
+        self.acks = acks
+        self.accepts = accepts
+        self.latency = latency
+
+    async def on_ack(self, peer: str, correlation_ids: Sequence[str]) -> None:
+        await self.acks.record_ack(peer, correlation_ids)
+
+    def on_ack_latency(self, peer: str, seconds: float) -> None:
+        if self.latency is not None:
+            self.latency.observe_ack(peer, seconds)
+
+    def link_batches_refused(self, peer: str) -> None:
+        self.accepts.refuses_link_batches(peer)
+
+
+class Outbound:
+    """Queues this node's changes for its peers (the service's ``Replicator``, through ``Federation``)."""
+
+    def __init__(self, cfg: NodeConfig, db: Database, agent_id: str, policy: Policy, delivery: Delivery,
+                 accepts: PeerAccepts, acks: AckSignal) -> None:
+        self.cfg = cfg
+        self.db = db
+        self.agent_id = agent_id
+        self.policy = policy
+        self.delivery = delivery
+        self.accepts = accepts
+        self.acks = acks
+        self.ttl_ms = int(cfg.a2a.ttl_s * 1000)
+        self.links_per_envelope = cfg.federation.links_per_envelope
+        self.quorum_timeout_s = cfg.federation.quorum_timeout_s
+
+    def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
+        """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
+        (a memory version: itself; a link: both its ends). Returns the rows queued."""
+        return self._enqueue_to(conn, self.policy.audience(scope), payload, ts)
+
+    def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
+                      ts: int) -> list[Queued]:
+        """Inside the write transaction: the link.put bodies of one batch of links (each with its scope, both
+        ends), queued per peer that may see them; returns each item's rows (a row may carry several items).
+        A peer that accepts ``links.put`` gets its links packed into as few envelopes as the bounds allow (one
+        outbox row and one ACK for up to ``federation.links_per_envelope`` links); any other peer gets one link.put
+        each."""
+        per_item: list[Queued] = [[] for _ in items]
+        alone: dict[int, list[str]] = {}  # item -> the peers that get it as a link.put of its own
+        packed: dict[str, list[int]] = {}  # peer -> the items it gets in links.put envelopes
+        for i, (_, scope) in enumerate(items):
+            for peer in self.policy.audience(scope):
+                if self.accepts.takes_link_batches(peer):
+                    packed.setdefault(peer, []).append(i)
+                else:
+                    alone.setdefault(i, []).append(peer)
+        groups: dict[tuple[int, ...], list[str]] = {}  # peers that get the same items share their envelopes' encoding
+        for peer, taken in packed.items():
+            groups.setdefault(tuple(taken), []).append(peer)
+        for idx, peers in groups.items():
+            for chunk in link_chunks([items[i][0] for i in idx], self.links_per_envelope):
+                if len(chunk) == 1:
+                    alone.setdefault(idx[chunk[0]], []).extend(peers)
+                    continue
+                payload = {"kind": "links.put", "links": [items[idx[c]][0] for c in chunk]}
+                rows = self._enqueue_to(conn, peers, payload, ts)
+                for c in chunk:
+                    per_item[idx[c]].extend(rows)
+        for i, peers in alone.items():
+            per_item[i].extend(self._enqueue_to(conn, peers, {"kind": "link.put", **items[i][0]}, ts))
+        return per_item
+
+    def _enqueue_to(self, conn: Any, peers: Sequence[str], payload: dict[str, Any], ts: int) -> Queued:
+        wires = envelope_wires(self.agent_id, peers, payload, ts, self.ttl_ms)  # validated and encoded once
+        queued = []
+        for peer, (cid, wire) in zip(peers, wires, strict=True):
+            row = outbox.enqueue_row(conn, cid, peer, str(payload["kind"]), wire, ts + self.ttl_ms, ts, ts)
+            if row is not None:  # a fresh correlation id: always, unless uuid4 collided
+                queued.append(row)
+        return queued
+
+    def hand_off(self, queued: Queued) -> None:
+        """After the commit: the rows go to the delivery in memory (the database stays the truth: rows it does
+        not take are found by the node's poll)."""
+        self.delivery.hand_off(queued)
+
+    async def await_quorum(self, queued: Queued, scope: Sequence[MemoryRow]) -> int:
+        """Wait until the configured write quorum has ACKed (self counts as one); returns nodes that ACKed.
+
+        A row leaves the outbox only on its peer's ACK, so "gone from the outbox" is the ACK, whichever
+        process (this node or a CLI beside it) made the write.
+        """
+        nodes = 1 + len(self.policy.audience(scope))
+        need = self.cfg.quorum_size(nodes)
+        if need <= 1:
+            return 1
+        cids = [q.correlation_id for q in queued]
+        timeout = self.quorum_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            acked = 1 + len(cids) - await self.db.read(outbox.undelivered_count, cids)
+            if acked >= need:
+                return acked
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ServiceError(
+                    "quorum_not_reached",
+                    f"{acked} of {need} required nodes ({nodes} in the federation for this write) ACKed "
+                    f"within {timeout:g} s; the write is committed locally and keeps replicating")
+            await self.acks.wait(min(remaining, QUORUM_RECHECK_S))
+
+
+def link_chunks(bodies: Sequence[dict[str, Any]], most: int = LINKS_PUT_MAX_ITEMS) -> list[list[int]]:
+    """Positions of ``bodies`` (link.put bodies) in runs of at most ``most`` links whose encoded size stays
+    under LINKS_PUT_MAX_BYTES (each body's size bounded from above: its strings' UTF-8 bytes plus the keys,
+    integers and signature of a link.put, which take under 200 bytes)."""
+    chunks: list[list[int]] = []
+    run: list[int] = []
+    size = 0
+    for i, body in enumerate(bodies):
+        link = body["link"]
+        n = 200 + sum(len(v.encode()) for v in (link["src_id"], link["dst_id"], link["relation"],
+                                                 link["observed_by"], body["signed_by"] or ""))
+        if run and (len(run) == most or size + n > LINKS_PUT_MAX_BYTES):
+            chunks.append(run)
+            run, size = [], 0
+        run.append(i)
+        size += n
+    if run:
+        chunks.append(run)
+    return chunks

@@ -1,0 +1,199 @@
+"""Signature checks for inbound changes, off the event loop, and the attest level they earn.
+
+Ed25519 verify holds the GIL for each ~70 us call, but the loop gets the GIL back between calls, so checks run
+in batches on one worker thread (``VerifyBatcher``): a burst never stalls the loop for a whole batch. A
+signer's keys come from the keyring, re-read at most every KEYRING_RECHECK_S unless a check fails
+(``SignerKeys``); ``Attester`` turns a check's outcome into the level a change is stored at, or its rejection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from node import attest, priority
+from node.attest import AttestLevel, Signable
+from node.federation.codes import RejectCode
+from node.trust import Keyring
+from storage import changelog
+from storage.db import Database
+
+log = logging.getLogger("node.federation")
+
+I = TypeVar("I")  # noqa: E741 - a batched call's item
+R = TypeVar("R")
+
+# A signature to check: the signer's keys, the signed payload, the signature.
+VerifyItem = tuple[tuple[Ed25519PublicKey, ...], Signable, bytes | None]
+Keys = tuple[Ed25519PublicKey, ...]
+
+# Most signatures verified in one hop to the thread pool.
+VERIFY_BATCH_MAX = 256
+# An inbound signature is checked against the keyring as last read when it was read less than this long ago
+# (as the WebSocket membership check: a removed .pub stops verifying within a second); an unknown signer or a
+# signature that does not verify always reads the key directories again first.
+KEYRING_RECHECK_S = 1.0
+
+
+class TurnBatch(Generic[I, R]):
+    """Calls made in one loop turn, run together as one ``run(items) -> results`` (one reader or writer hop
+    for the links of a batch frame instead of one per link). A failed run fails each of its calls."""
+
+    def __init__(self, run: Callable[[list[I]], Awaitable[list[R]]], max_items: int = VERIFY_BATCH_MAX) -> None:
+        self.run = run
+        self.max_items = max_items
+        self._queue: list[tuple[I, asyncio.Future[R]]] = []
+        self._scheduled = False
+        # The runs in progress (owned here until they finish).
+        self._running: set[asyncio.Task[None]] = set()
+        self.runs = 0
+
+    async def __call__(self, item: I) -> R:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[R] = loop.create_future()
+        self._queue.append((item, fut))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        while self._queue:
+            batch, self._queue = self._queue[:self.max_items], self._queue[self.max_items:]
+            self.runs += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: list[tuple[I, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self.run([item for item, _ in batch])
+        except BaseException as e:  # noqa: BLE001 - each caller gets it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for (_, fut), result in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(result)
+
+
+def verify_thread(nice: int) -> ThreadPoolExecutor:
+    """The one verifier thread, ``nice`` steps below the event loop (``federation.background_nice``): verification
+    is GIL-bound, so more threads would add switching, not throughput."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify", initializer=priority.lower_this_thread,
+                              initargs=(nice,))
+
+
+class VerifyBatcher:
+    """Runs signature checks as batches on ``executor`` (owned from here on: ``close`` shuts it): those made in
+    one loop turn together (``verify``), or a run's list in one hop (``verify_many``)."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self.executor = executor
+        self._turn: TurnBatch[VerifyItem, bool] = TurnBatch(self._hop)
+        self._runs = 0
+        self.verified = 0
+
+    @property
+    def batches(self) -> int:
+        return self._turn.runs + self._runs
+
+    async def verify(self, item: VerifyItem) -> bool:
+        """True when the item's signature verifies under one of its keys (a signer's keyring), checked with
+        the other checks of this loop turn."""
+        return await self._turn(item)
+
+    async def verify_many(self, items: list[VerifyItem]) -> list[bool]:
+        """Each item's ``verify`` answer, in one hop to the thread."""
+        self._runs += 1
+        return await self._hop(items)
+
+    async def _hop(self, items: list[VerifyItem]) -> list[bool]:
+        self.verified += len(items)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, attest.verify_many, items)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class SignerKeys:
+    """A signer's keys from the keyring, read again from disk at most every ``recheck_s`` seconds (a stat of the
+    key directories per inbound signature was ~4% of a receiving node's CPU), and always before a signer is
+    taken to be unknown."""
+
+    def __init__(self, keyring: Keyring, recheck_s: float = KEYRING_RECHECK_S) -> None:
+        self.keyring = keyring
+        self.recheck_s = recheck_s
+        self._read_at = float("-inf")
+
+    def of(self, signer: str) -> tuple[Keys, bool]:
+        """``signer``'s keys, and True when the keyring was read just now (a failed check then looks no
+        further)."""
+        fresh = self._due()
+        keys = self.keyring.keys_for(signer, reload=fresh)
+        if not keys and not fresh:
+            keys, fresh = self.keyring.keys_for(signer), True
+        return keys, fresh
+
+    def rotated(self, signer: str) -> Keys | None:
+        """``signer``'s keys read again now, or None when the keyring did not change since its last read."""
+        generation = self.keyring.generation
+        again = self.keyring.keys_for(signer)
+        return again if self.keyring.generation != generation and again else None
+
+    def _due(self) -> bool:
+        """True (and the clock restarts) when the keyring was last read ``recheck_s`` ago or more."""
+        now = time.monotonic()
+        if now - self._read_at < self.recheck_s:
+            return False
+        self._read_at = now
+        return True
+
+
+class Attester:
+    """The level an inbound change is stored at: PEER_ATTESTED when its signature verifies under its signer's
+    keyring; UNSIGNED when the signer is unknown here (or did not sign) and sent it itself; otherwise the
+    rejection (``bad_signature``, ``unverified_relay``)."""
+
+    def __init__(self, keys: SignerKeys, verifier: VerifyBatcher, db: Database, counters: Counter[str]) -> None:
+        self.keys = keys
+        self.verifier = verifier
+        self.db = db
+        self.counters = counters
+
+    async def attest(self, payload: Signable, signature: bytes | None, signer: str,
+                     sender: str, *, what: str) -> AttestLevel | RejectCode:
+        """Check ``signature`` (this loop turn's checks share one hop) and decide."""
+        keys, fresh = self.keys.of(signer)
+        verified = signature is not None and bool(keys) and await self.verifier.verify((keys, payload, signature))
+        return await self.level(verified, keys, fresh, payload, signature, signer, sender, what=what)
+
+    async def level(self, verified: bool, keys: Keys, fresh: bool, payload: Signable,
+                    signature: bytes | None, signer: str, sender: str, *, what: str) -> AttestLevel | RejectCode:
+        """The decision once ``signature`` was checked against ``keys`` (``verified``; False when there was
+        nothing to check); ``fresh``: the keys were read from disk just now."""
+        if verified:
+            return AttestLevel.PEER_ATTESTED
+        if signature is not None and keys:
+            # The key may have been rotated since the last read: look again before refusing.
+            again = None if fresh else self.keys.rotated(signer)
+            if again is not None and await self.verifier.verify((again, payload, signature)):
+                return AttestLevel.PEER_ATTESTED
+            self.counters["bad_signature"] += 1
+            log.warning("bad_signature", extra={"ev": {"peer": sender, "id": what, "claimed_signer": signer}})
+            await self.db.write(changelog.incr, "rejected:bad_signature")
+            return RejectCode.BAD_SIGNATURE
+        if signer != sender:
+            # Relaying another node's change is only legitimate when its signature verifies here.
+            log.warning("unverified_relay", extra={"ev": {"peer": sender, "id": what, "signer": signer}})
+            return RejectCode.UNVERIFIED_RELAY
+        return AttestLevel.UNSIGNED

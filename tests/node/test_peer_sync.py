@@ -1,0 +1,117 @@
+"""One peer's catch-up (node/federation/sync.py ``PeerSync``) in process, over a link that answers canned sync
+pages: the cursor, the pages refused for the request budget, a page of the wrong shape, the stats; and the
+inbound table and reject codes it relies on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import cbor2
+import pytest
+
+from a2a.kinds import KNOWN_KINDS
+from mesh.errors import MeshError
+from mesh.link import LinkState
+from mesh.routes import SYNC_PATH
+from node.federation import Applied, RejectCode
+from node.federation.sync import SYNCED_KINDS, PeerSync, PullSettings
+from node.service import Service
+from storage import changelog
+
+PEER = "ai:peer-a@lab"
+MID = "11111111-1111-4111-8111-111111111111"
+NO_WAIT = PullSettings(page_limit=100, interval_s=60.0, fetch_timeout_s=5.0, rate_wait_s=0.0)
+
+
+class PageLink:
+    """A peer link whose GETs answer ``answers`` in turn (a page, or an exception to raise); records each ask."""
+
+    def __init__(self, *answers: dict[str, Any] | list[Any] | Exception) -> None:
+        self.answers = list(answers)
+        self.asked: list[tuple[str, dict[str, int | str]]] = []
+        self.fetched = asyncio.Event()
+        self.state = LinkState.UP
+
+    async def fetch(self, path: str, params: Mapping[str, int | str], *, timeout_s: float) -> bytes:
+        self.asked.append((path, dict(params)))
+        self.fetched.set()
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return cbor2.dumps(answer)
+
+
+def _memory_put(seq: int) -> dict[str, Any]:
+    memory = {"id": MID, "namespace": "default", "title": "", "content": "from the peer", "tags": [], "priority": 5,
+              "confidence": 1.0, "source": "", "origin": PEER, "writer": PEER, "version": 1, "created_at": 1_000,
+              "updated_at": 1_000}
+    return {"seq": seq, "kind": "memory.put", "memory": memory, "signature": None, "signed_by": None}
+
+
+def _peer_sync(svc: Service, link: PageLink) -> PeerSync:
+    fed = svc.replicator
+    return PeerSync(PEER, {PEER: link}, fed.pulled, fed.accepts, svc.db, NO_WAIT)  # type: ignore[union-attr]
+
+
+async def test_a_pull_applies_each_page_moves_the_cursor_and_notes_what_the_peer_accepts(svc: Service) -> None:
+    link = PageLink({"items": [_memory_put(1)], "next": 1, "more": True, "accepts": ["links.put"]},
+                    {"items": [], "next": 7, "more": False, "accepts": ["links.put"]})
+    sync = _peer_sync(svc, link)
+    assert await sync.pull() == 1
+    assert [(path, params["since"]) for path, params in link.asked] == [(SYNC_PATH, 0), (SYNC_PATH, 1)]
+    assert (await svc.db.read(changelog.get_peer_state, PEER)).last_sync_seq == 7
+    assert svc.replicator.accepts.takes_link_batches(PEER)  # type: ignore[union-attr]
+    assert sync.stats == {"applied": 1} and sync.synced_at is not None
+    assert (await svc.memory_get(MID))["content"] == "from the peer"
+    # The next round starts from the cursor, and the item already here changes nothing.
+    link.answers.append({"items": [_memory_put(1)], "next": 7, "more": False})
+    assert await sync.pull() == 0
+    assert link.asked[-1][1]["since"] == 7 and sync.stats == {"applied": 1, "unchanged": 1}
+
+
+async def test_a_page_refused_for_the_request_budget_is_asked_again_from_the_same_cursor(svc: Service) -> None:
+    link = PageLink(MeshError("rate_limited", "HTTP 429"), {"items": [_memory_put(1)], "next": 1, "more": False})
+    assert await _peer_sync(svc, link).pull() == 1
+    assert [params["since"] for _, params in link.asked] == [0, 0]
+
+
+async def test_a_page_of_the_wrong_shape_fails_the_round_and_the_loop_counts_it(svc: Service) -> None:
+    link = PageLink(["not", "a", "page"])
+    sync = _peer_sync(svc, link)
+    with pytest.raises(MeshError) as err:
+        await sync.pull()
+    assert err.value.code == "bad_sync_page"
+    link.answers.append(["still", "not", "a", "page"])
+    link.fetched.clear()
+    task = asyncio.create_task(sync.run())
+    sync.want()
+    await asyncio.wait_for(link.fetched.wait(), 5)  # the round ran to its end before this wakes
+    sync.stop()
+    await asyncio.wait_for(task, 5)
+    assert sync.stats == {"sync_failed": 1} and sync.synced_at is None
+
+
+async def test_a_link_that_is_down_is_not_pulled(svc: Service) -> None:
+    link = PageLink()
+    link.state = LinkState.DOWN
+    sync = _peer_sync(svc, link)
+    task = asyncio.create_task(sync.run())
+    sync.want()
+    await asyncio.sleep(0.05)
+    sync.stop()
+    await asyncio.wait_for(task, 5)
+    assert link.asked == [] and sync.stats == {}
+
+
+def test_every_kind_the_change_log_carries_has_an_apply_and_the_table_knows_only_wire_kinds(svc: Service) -> None:
+    routes = svc.replicator.inbound.routes  # type: ignore[union-attr]
+    assert set(SYNCED_KINDS) <= set(routes) <= KNOWN_KINDS
+
+
+def test_reject_codes_are_the_strings_peers_have_always_been_sent() -> None:
+    assert RejectCode.UNKNOWN_MEMORY == "unknown_memory" and f"rejected:{RejectCode.RATE_LIMITED}" == \
+        "rejected:rate_limited"
+    applied = Applied(RejectCode.BAD_SIGNATURE)
+    assert applied.code == "bad_signature" and type(applied.code) is str  # stored by value, never by name
