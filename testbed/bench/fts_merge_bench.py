@@ -105,7 +105,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("keep", type=Path, help="a directory recall_bench.py --keep filled")
+    ap.add_argument("keep", type=Path, help="a directory testbed.bench.recall_bench --keep filled")
     ap.add_argument("--pages", type=int, default=FTS_MERGE_PAGES, help="merge pages per step")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--out", type=Path, default=OUT / "fts_merge.json")

@@ -11,12 +11,12 @@ comparison: a thread idle for one call wakes faster than one idle for two):
 
 - ``Database.read``: ``run_in_executor`` on its ThreadPoolExecutor of two readers, as the node does (for
   reads one after another the executor keeps to one thread, so to one connection);
-- the lighter hand-off tried for issue 16 and not kept: reader threads taking (future, fn, args) from one
+- a lighter hand-off (not the node's): reader threads taking (future, fn, args) from one
   SimpleQueue and settling the asyncio future with one ``call_soon_threadsafe``, with two threads (which
   take reads one after another in turn) and with one.
 
 The job does nothing (``lambda conn: None``), so what is timed is the hop, BEGIN and ROLLBACK; with ``--db``
-(the database of a home kept by ``recall_bench.py --keep``) it is ``memories.recall`` of the recall bench's
+(the database of a home kept by ``testbed.bench.recall_bench --keep``) it is ``memories.recall`` of the recall bench's
 queries in turn (limit 10, one shared DocFreqs), so each block runs every query once per way. The node's
 GIL switch interval is set as a running node sets it. Prints p50 / p95 / p99 per way and the ratios.
 The queue's threads open their own reader connections, as ``Database``'s do.
@@ -49,7 +49,7 @@ def nothing(conn: Any) -> None:
 
 
 class QueueReaders:
-    """The hand-off tried: ``n`` threads on one SimpleQueue, each result back by one call_soon_threadsafe."""
+    """The lighter hand-off: ``n`` threads on one SimpleQueue, each result back by one call_soon_threadsafe."""
 
     def __init__(self, n: int, run: Callable[[Callable[..., Any], tuple[Any, ...]], Any]) -> None:
         self._run = run

@@ -51,7 +51,8 @@ def child(db: Path) -> dict[str, object]:
 
 def main() -> int:
     p = base_parser(__doc__, "9de86fc", 6)
-    p.add_argument("--db", type=Path, required=True, help="memory.db of a home kept by recall_bench.py --keep")
+    p.add_argument("--db", type=Path, required=True,
+                   help="memory.db of a home kept by testbed.bench.recall_bench --keep")
     args = p.parse_args()
     if not args.db.is_file():
         p.error(f"--db {args.db}: no such file (fill one with: "

@@ -11,8 +11,8 @@ first mode rotating from block to block, so the machine's drift spreads over all
 as a node would, one recall after another of its own kind (``--block 1`` takes turns query by query: each query
 then runs right after other modes' work on other connections and caches, which a node never does). The modes:
 
-- old query: the recall before this bench (every word ranked by FTS5's ORDER BY rank sorter over the
-  500-row window), kept here as ``recall_baseline``, through ``Database.read`` and on a plain connection;
+- old query: the earlier recall (every word ranked by FTS5's ORDER BY rank sorter over the 500-row window),
+  kept here as ``recall_baseline``, through ``Database.read`` and on a plain connection;
 - new query: ``storage.memories.recall`` with the Service's ``DocFreqs``, the same two ways;
 - Service, nothing on: ``memory_recall`` with no hooks and no gate (still signed rows);
 - Service, everything on: ``memory_recall`` with the daemon post_recall hook and the 1,000-rule gate.

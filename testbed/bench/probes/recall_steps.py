@@ -93,11 +93,11 @@ async def run(base: Path, n_queries: int) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("keep", type=Path, help="a directory filled by recall_bench.py --keep")
+    ap.add_argument("keep", type=Path, help="a directory filled by testbed.bench.recall_bench --keep")
     ap.add_argument("--queries", type=int, default=1000)
     args = ap.parse_args()
     if not (args.keep / "filled.json").exists():
-        raise SystemExit(f"{args.keep} was not filled by recall_bench.py --keep")
+        raise SystemExit(f"{args.keep} was not filled by testbed.bench.recall_bench --keep")
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     stats = asyncio.run(run(args.keep, args.queries))
     print("| step | p50 ms | p95 ms | p99 ms | mean ms |\n|---|---:|---:|---:|---:|")

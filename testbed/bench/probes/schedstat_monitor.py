@@ -4,7 +4,7 @@
 
 Waits (up to --seconds) for a process whose command line contains the pattern, then writes one line per
 thread per sample: monotonic time, tid, thread name, CPU ns, ns runnable but waiting for a CPU, slices.
-Used for "B's ping tail in the batched flood: what it is" (PERFORMANCE.md): start it, then the bench.
+Start it, then the bench.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Scheduler knobs on one running process's threads, set from outside while a bench runs (a probe: what it tried
-is in PERFORMANCE.md, "Issue 16, eighth round" and "ninth round"; no knob here is used by the node).
+"""Scheduler knobs on one running process's threads, set from outside while a bench runs (a probe: no knob here
+is used by the node).
 
     python3 -m testbed.bench.probes.thread_sched batch "node-2/config.toml serve" [--seconds 120]
     python3 -m testbed.bench.probes.thread_sched slice "node-2/config.toml serve" [--slice-us 100] [--seconds 120]
