@@ -35,12 +35,11 @@ from a2a import Backoff, new_envelope
 from mesh import keys, tls
 from mesh.link import LinkState, PeerLink
 from testbed.bench import floor as echo_floor  # the bare TLS echo server every bench compares with
-from testbed.bench.paths import OUT as OUT_DIR
-from testbed.bench.paths import ROOT
 from testbed.mesh.build import build_layout
 from testbed.mesh.local import LocalMesh
+from testbed.paths import BENCH_OUT, ROOT
 
-OUT = OUT_DIR / "a2a_pair.json"
+OUT = BENCH_OUT / "a2a_pair.json"
 HEADER = echo_floor.HEADER
 WARMUP = 200
 TARGET_P95_RATIO = 2.0

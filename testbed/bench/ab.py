@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from testbed.bench.paths import ROOT
+from testbed.paths import ROOT
 
 CHILD_TIMEOUT_S = 300
 

@@ -48,10 +48,10 @@ from a2a import Backoff, new_envelope
 from mesh import keys, tls
 from mesh.link import LinkState, PeerLink
 from node.config import MIN_SEND_WINDOW_BYTES, load_config
-from testbed.bench.paths import OUT, ROOT
 from testbed.mesh.build import MeshLayout, NodeSpec, agent_id_for, build_layout
 from testbed.mesh.local import LocalMesh
 from testbed.mesh.state import cpu_seconds
+from testbed.paths import BENCH_OUT, ROOT
 
 SECTION = "## Federation (testbed/bench/federation_bench.py)"
 RATIO_LIMIT = 2.0
@@ -677,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     res["federation_settings"] = federation_settings(args)
     res["cpu_pinning"] = pinned
     res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
-    out = OUT / "federation.json"
+    out = BENCH_OUT / "federation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     md = markdown(res, command)

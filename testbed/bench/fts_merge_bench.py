@@ -26,8 +26,8 @@ from node.config import FTS_MERGE_PAGES
 from node.node import GIL_SWITCH_INTERVAL_S
 from storage import Database, memories
 from storage.db import _SEGMENT_PAGES_SQL
-from testbed.bench.paths import OUT
 from testbed.bench.storage_bench import Corpus, report_run, summarize
+from testbed.paths import BENCH_OUT
 
 
 def segments(path: Path) -> list[int]:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("keep", type=Path, help="a directory testbed.bench.recall_bench --keep filled")
     ap.add_argument("--pages", type=int, default=FTS_MERGE_PAGES, help="merge pages per step")
     ap.add_argument("--queries", type=int, default=1000)
-    ap.add_argument("--out", type=Path, default=OUT / "fts_merge.json")
+    ap.add_argument("--out", type=Path, default=BENCH_OUT / "fts_merge.json")
     ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S)
     return report_run(ap.parse_args(argv), run, markdown)
 

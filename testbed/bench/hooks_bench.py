@@ -32,7 +32,7 @@ from node.hooks.pipeline import HookPipeline
 from node.node import GIL_SWITCH_INTERVAL_S
 from node.service import Service
 from testbed.bench.everything_on import DAEMON, hooks_toml  # shared with testbed bench --everything-on
-from testbed.bench.paths import OUT
+from testbed.paths import BENCH_OUT
 
 AGENT = "ai:bench@lab"
 DAEMON_P95_OVERHEAD_TARGET_MS = 1.0
@@ -168,7 +168,7 @@ def main() -> int:
     p.add_argument("--memories", type=int, help="pre-filled memories (default 10000)")
     p.add_argument("--calls", type=int, help="timed recalls per no-hook/daemon mode (default 2000)")
     p.add_argument("--exec-calls", type=int, help="timed recalls per exec mode (default 300)")
-    p.add_argument("--out", type=Path, default=OUT / "hooks.json")
+    p.add_argument("--out", type=Path, default=BENCH_OUT / "hooks.json")
     a = p.parse_args()
     memories = a.memories or (2_000 if a.quick else 10_000)
     calls = a.calls or (500 if a.quick else 2_000)

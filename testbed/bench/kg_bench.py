@@ -35,9 +35,9 @@ from node.service import Service
 from storage import changelog, links, memories
 from storage.links import LinkRow
 from storage.memories import MemoryRow
-from testbed.bench.paths import OUT
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import server_binaries_present, throwaway_cluster
+from testbed.paths import BENCH_OUT
 
 SEED = 14
 T0 = 1_700_000_000_000
@@ -204,7 +204,7 @@ def table(res: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10k links, 10k recall memories (a smoke run)")
-    ap.add_argument("--out", type=Path, default=OUT / "kg.json")
+    ap.add_argument("--out", type=Path, default=BENCH_OUT / "kg.json")
     args = ap.parse_args()
     if not server_binaries_present():
         print("PostgreSQL 15 server binaries are missing: apt-get install -y postgresql-15", file=sys.stderr)

@@ -33,7 +33,7 @@ from node.config import from_dict
 from node.mcp_server import start_http, start_local_socket
 from node.service import Service
 from node.tools import ServiceBackend
-from testbed.bench.paths import OUT, ROOT
+from testbed.paths import BENCH_OUT, ROOT
 
 AGENT = "ai:bench@lab"
 RECALL_P95_TARGET_MS = 10.0
@@ -196,7 +196,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="2k memories, 200 calls per measurement")
     p.add_argument("--memories", type=int, help="pre-filled memories (default 10000)")
     p.add_argument("--calls", type=int, help="timed calls per tool per path (default 1000)")
-    p.add_argument("--out", type=Path, default=OUT / "mcp.json")
+    p.add_argument("--out", type=Path, default=BENCH_OUT / "mcp.json")
     a = p.parse_args()
     memories = a.memories or (2_000 if a.quick else 10_000)
     calls = a.calls or (200 if a.quick else 1_000)

@@ -31,7 +31,7 @@ from node.permissions.gate import Gate
 from node.permissions.rules import Operation, Request, decide_uncached
 from testbed.bench.everything_on import BENCH_AGENT as AGENT
 from testbed.bench.everything_on import NAMESPACE, rules_toml  # shared with testbed bench --everything-on
-from testbed.bench.paths import OUT
+from testbed.paths import BENCH_OUT
 
 TARGET_P95_MS = 0.2
 ROUNDS = 40
@@ -116,8 +116,8 @@ def main() -> int:
     c = out["uncached_decide"]
     print(f"uncached rule walk, 1000 rules: p50 {c['p50_ms'] * 1000:.1f} us, p95 {c['p95_ms'] * 1000:.1f} us, "
           f"p99 {c['p99_ms'] * 1000:.1f} us")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "permissions.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
+    BENCH_OUT.mkdir(parents=True, exist_ok=True)
+    (BENCH_OUT / "permissions.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
     return 0
 
 

@@ -50,8 +50,8 @@ from storage import memories
 # The baseline selects and builds rows exactly as recall does, hence the private names.
 from storage.memories import _COLUMNS, MemoryRow, _row, fts_tokens
 from testbed.bench.everything_on import DAEMON, hooks_toml, rules_toml
-from testbed.bench.paths import OUT
 from testbed.bench.storage_bench import Corpus, report_run, summarize
+from testbed.paths import BENCH_OUT
 
 AGENT = "ai:bench@lab"
 TARGET_P95_MS = 5.0
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="queries a mode runs before the next mode's turn (default 50; 1: query by query)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="fill the node home under this directory once and reuse it in later runs")
-    ap.add_argument("--out", type=Path, default=OUT / "recall.json")
+    ap.add_argument("--out", type=Path, default=BENCH_OUT / "recall.json")
     ap.add_argument("--settle-s", type=float, default=1.0,
                     help="after the fill, wait this long and then until the writer's idle FTS5 merge is done "
                          "before querying (0: query at once, beside the merge)")

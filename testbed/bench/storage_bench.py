@@ -37,7 +37,7 @@ from node.config import from_dict
 from node.node import GIL_SWITCH_INTERVAL_S
 from storage import Database, memories
 from storage.memories import MemoryRow
-from testbed.bench.paths import OUT
+from testbed.paths import BENCH_OUT
 
 SEED = 20240611
 
@@ -241,7 +241,7 @@ async def bench_recall(db: Database, corpus: Corpus, queries: list[str], limit: 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes for a fast smoke run")
-    ap.add_argument("--out", type=Path, default=OUT / "storage.json")
+    ap.add_argument("--out", type=Path, default=BENCH_OUT / "storage.json")
     ap.add_argument("--fts-merge-pages", type=int, default=getattr(node_config, "FTS_MERGE_PAGES", 0),
                     help="the databases' idle FTS5 merge pages per step (default: the node's; 0 = off)")
     ap.add_argument("--switch-interval", type=float, default=GIL_SWITCH_INTERVAL_S,

@@ -24,13 +24,13 @@ from testbed.env import doctor
 from testbed.env.image import (
     APT_TIMEOUT_S,
     DEBOOTSTRAP_TIMEOUT_S,
-    ROOT,
     SUITE,
     apt_mirror,
     mounts_under,
     run_stage,
 )
 from testbed.errors import TestbedError
+from testbed.paths import ROOT
 
 DEFAULT_CACHE = Path("/var/cache/attested-mesh/fresh-bookworm")
 PACKAGES = ("python3", "python3-venv", "python3-pip")

@@ -36,8 +36,8 @@ from testbed.env.engine import (
     start_engine,
 )
 from testbed.errors import TestbedError
+from testbed.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "configs" / "Dockerfile"
 BASE_TAG = "attested-mesh-base:bookworm"
 NODE_REPO = "attested-mesh-node"

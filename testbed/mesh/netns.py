@@ -10,6 +10,9 @@ made directly inside testbed namespaces (``ip -n HUB link add v1 type veth peer 
 so deleting the namespaces removes every interface the testbed made. Node processes run inside their
 namespace (``ip netns exec``), listen on their address, and keep health and MCP HTTP on that
 namespace's loopback; the testbed reaches those by entering the namespace with setns(2) on one thread.
+
+`testbed up --netns` and `down` are testbed/mesh/control.py's up_netns and down_netns. The delay helpers
+testbed/faults.py starts inside the namespaces are recorded in DIR/netns.json too, and teardown stops them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.mesh.state import start_ticks
+from testbed.paths import ROOT
 
 NETNS_STATE = "netns.json"
 PREFIX = "am-"
@@ -37,7 +41,6 @@ NODE_IF = "eth0"
 CMD_TIMEOUT_S = 15.0
 HELPER_STOP_S = 5.0
 CLONE_NEWNET = 0x40000000
-ROOT = Path(__file__).resolve().parents[2]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
