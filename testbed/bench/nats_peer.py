@@ -168,7 +168,7 @@ async def scatter(url: str, client_ctx, frame: bytes, receivers: int, messages: 
 
     Returns (all-reply latencies in seconds, wall seconds for the measured messages).
     """
-    import nats
+    import nats  # nats-py is optional (the [bench] extra): unavailable() says when it is missing
 
     nc = await nats.connect(url, tls=client_ctx, connect_timeout=IO_TIMEOUT_S, allow_reconnect=False,
                             max_reconnect_attempts=0)
@@ -221,7 +221,7 @@ def _open_db(path: Path) -> sqlite3.Connection:
 
 
 async def respond(url: str, cert: Path, key: Path, ca: Path, db: Path, subject: str) -> None:
-    import nats
+    import nats  # nats-py is optional (the [bench] extra): unavailable() says when it is missing
 
     conn = _open_db(db)
     ctx = tls.client_context(cert, key, ca)
