@@ -1,6 +1,7 @@
-"""testbed fault latency|loss|partition|heal|kill|restart, and emulated WAN for `testbed bench --netem`.
+"""testbed fault latency|loss|partition|heal|kill|restart, and the emulated WAN `testbed bench --netem` sets
+(testbed/bench/netem.py).
 
-Per-node link conditions live in the node's own namespace (testbed/netns.py), on its egress to the
+Per-node link conditions live in the node's own namespace (testbed/mesh/netns.py), on its egress to the
 testbed subnet, in an iptables chain ``am_fault`` hooked from OUTPUT:
 
 * partition A B: ``-d B -j DROP`` in A's namespace and ``-d A -j DROP`` in B's, then the established
@@ -35,10 +36,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from testbed import netns
-from testbed.build import MeshLayout, NodeSpec, TestbedError
-from testbed.local import start_node, wait_ready
-from testbed.state import TestbedState, is_ours, start_ticks, stop_pid, write_state
+from testbed.errors import TestbedError
+from testbed.mesh import netns
+from testbed.mesh.build import MeshLayout, NodeSpec
+from testbed.mesh.control import specs_for, status_row
+from testbed.mesh.local import start_node, wait_ready
+from testbed.mesh.state import TestbedState, is_ours, start_ticks, stop_pid, write_state
 
 CHAIN = "am_fault"
 QUEUE = 0
@@ -137,46 +140,14 @@ def _render_chain(root: Path, net: netns.NetState, index: int) -> None:
              "-j", "NFQUEUE", "--queue-num", str(QUEUE), "--queue-bypass")
 
 
-def _helper_alive(f: dict) -> bool:
-    from testbed.state import start_ticks
-
-    pid = f.get("pid")
-    return bool(pid) and start_ticks(pid) == f.get("pid_ticks")
-
-
-def _stop_helper(f: dict) -> bool:
-    if not _helper_alive(f):
-        return False
-    try:
-        os.kill(f["pid"], signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + 5.0
-    while _helper_alive(f) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _helper_alive(f):
-        os.kill(f["pid"], signal.SIGKILL)
-    return True
-
-
-def stop_all_helpers(net: netns.NetState) -> list[str]:
-    done = []
-    for idx, f in net.faults.items():
-        if _stop_helper(f):
-            done.append(f"node-{idx}: delay helper pid {f['pid']} stopped")
-    return done
-
-
 def _start_helper(root: Path, nn: netns.NodeNet, em: Netem) -> tuple[int, int]:
-    from testbed.state import start_ticks
-
     log = open(Path(root) / f"delayd-n{nn.index}.log", "ab")
     try:
         proc = subprocess.Popen(["ip", "netns", "exec", nn.ns, sys.executable, "-m", "testbed.faults", "delayd",
                                  "--queue", str(QUEUE), "--delay-ms", str(em.delay_ms),
                                  "--jitter-ms", str(em.jitter_ms), "--loss-pct", str(em.loss_pct)],
                                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONPATH": _pythonpath()})
+                                start_new_session=True, env={**os.environ, "PYTHONPATH": netns.pythonpath()})
     finally:
         log.close()
     assert proc.stdout is not None
@@ -191,18 +162,12 @@ def _start_helper(root: Path, nn: netns.NodeNet, em: Netem) -> tuple[int, int]:
     return proc.pid, start_ticks(proc.pid) or 0
 
 
-def _pythonpath() -> str:
-    here = str(Path(__file__).resolve().parents[1])
-    old = os.environ.get("PYTHONPATH", "")
-    return here + (os.pathsep + old if old else "")
-
-
 def set_netem(root: Path, net: netns.NetState, index: int, em: Netem) -> None:
     """Give node ``index``'s egress the conditions ``em`` (replacing earlier latency/loss on it)."""
     nn = net.node(index)
     old = net.faults.pop(str(index), None)
     if old:
-        _stop_helper(old)
+        netns.stop_helper(old)
     if em.active:
         pid, ticks = _start_helper(root, nn, em)
         net.faults[str(index)] = {"delay_ms": em.delay_ms, "jitter_ms": em.jitter_ms, "loss_pct": em.loss_pct,
@@ -233,7 +198,7 @@ def heal(root: Path, net: netns.NetState, index: int | None) -> list[int]:
             touched |= {a, b}
     for key in list(net.faults):
         if index is None or int(key) == index:
-            _stop_helper(net.faults.pop(key))
+            netns.stop_helper(net.faults.pop(key))
             touched.add(int(key))
     netns.write_net(root, net)
     for i in sorted(touched):
@@ -247,8 +212,19 @@ def describe(net: netns.NetState | None, index: int) -> dict:
     f = net.faults.get(str(index))
     return {"netns": net.node(index).ns, "addr": net.node(index).addr,
             "netem": Netem(f["delay_ms"], f["jitter_ms"], f["loss_pct"]).describe() if f else "none",
-            "helper": ("alive" if _helper_alive(f) else "DEAD") if f else "-",
+            "helper": ("alive" if netns.helper_alive(f) else "DEAD") if f else "-",
             "partitioned_from": sorted(b if a == index else a for a, b in net.partitions if index in (a, b))}
+
+
+def node_rows(root: Path) -> list[dict]:
+    """`testbed status` rows for a namespaced testbed: health asked inside each node's namespace, and the
+    faults on each node."""
+    state, net, specs = specs_for(root)
+    rows = []
+    for n, spec in zip(state.nodes, specs, strict=True):
+        mcp = f"ip netns exec {spec.netns} ... {n.mcp_endpoint}" if n.mcp_http_port else "-"
+        rows.append({**status_row(n, spec, is_ours(n), mcp), **describe(net, n.index)})
+    return rows
 
 
 # --- the CLI's `fault` subcommand --------------------------------------------------------------------
@@ -355,7 +331,7 @@ _FAULTS: dict[str, Callable[[_FaultTarget], list[str]]] = {
 
 def run_fault(root: Path, action: str, targets: list[str], *, timeout_s: float = 60.0) -> list[str]:
     """Apply one fault to the testbed in ``root``; returns lines to print."""
-    state, net, specs = netns.specs_for(root)
+    state, net, specs = specs_for(root)
     target = _FaultTarget(Path(state.root), state, net, specs, action, targets, timeout_s)
     fault = _FAULTS.get(action)
     if fault is None:
@@ -513,18 +489,6 @@ def delayd(queue: int, delay_ms: float, jitter_ms: float, loss_pct: float) -> in
                     nfq.verdict(packet_id, NF_DROP)
 
 
-# --- floor receivers under netem (same path as the mesh: namespace address, veth, bridge) -----------
-
-def floor_rx(host: str, cert: Path, key: Path, ca: Path) -> int:
-    import asyncio
-
-    from testbed import floor
-
-    floor.new_loop_policy()
-    asyncio.run(floor.serve(cert, key, ca, host))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m testbed.faults")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -533,167 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--delay-ms", type=float, default=0.0)
     d.add_argument("--jitter-ms", type=float, default=0.0)
     d.add_argument("--loss-pct", type=float, default=0.0)
-    f = sub.add_parser("floor-rx", help="bench floor echo receiver bound to a namespace address")
-    f.add_argument("--host", required=True)
-    f.add_argument("--cert", type=Path, required=True)
-    f.add_argument("--key", type=Path, required=True)
-    f.add_argument("--ca", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.cmd == "delayd":
-        return delayd(args.queue, args.delay_ms, args.jitter_ms, args.loss_pct)
-    return floor_rx(args.host, args.cert, args.key, args.ca)
+    return delayd(args.queue, args.delay_ms, args.jitter_ms, args.loss_pct)
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-# --- `testbed bench --netem`: the same fan-out measurement under emulated WAN ------------------------
-
-async def _floor_fan_out(addrs: list[tuple[str, int]], client_ctx, frame: bytes, messages: int,
-                         warmup: int) -> tuple[list[float], float]:
-    """testbed.floor.fan_out, dialling namespace addresses instead of 127.0.0.1."""
-    import asyncio
-
-    from testbed import floor
-
-    conns = [await asyncio.wait_for(asyncio.open_connection(h, p, ssl=client_ctx), floor.IO_TIMEOUT_S)
-             for h, p in addrs]
-    wire = floor.HEADER.pack(len(frame)) + frame
-
-    async def one(reader, writer) -> None:
-        writer.write(wire)
-        await reader.readexactly(len(wire))
-
-    try:
-        for _ in range(warmup):
-            await asyncio.wait_for(asyncio.gather(*(one(r, w) for r, w in conns)), floor.IO_TIMEOUT_S)
-        samples = []
-        started = time.perf_counter()
-        for _ in range(messages):
-            t0 = time.perf_counter()
-            await asyncio.wait_for(asyncio.gather(*(one(r, w) for r, w in conns)), floor.IO_TIMEOUT_S)
-            samples.append(time.perf_counter() - t0)
-        return samples, time.perf_counter() - started
-    finally:
-        for _, w in conns:
-            w.close()
-
-
-def _floor_under_netem(layout, frame: bytes, messages: int, warmup: int):
-    import asyncio
-
-    from mesh import tls
-    from testbed import bench, floor
-    from testbed import procs as helpers
-    from testbed.state import cpu_seconds
-
-    procs: list[subprocess.Popen] = []
-    try:
-        for spec in layout.nodes[1:]:
-            cert, key, ca = bench.node_creds(spec)
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", spec.netns, sys.executable, "-m", "testbed.faults", "floor-rx",
-                 "--host", spec.host, "--cert", str(cert), "--key", str(key), "--ca", str(ca)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": _pythonpath()}))
-        addrs = [(spec.host, floor.read_port(p)) for spec, p in zip(layout.nodes[1:], procs, strict=True)]
-        cert, key, ca = bench.node_creds(layout.node(1))
-        ctx = tls.client_context(cert, key, ca)
-        pids = [p.pid for p in procs]
-        with netns.entered(layout.node(1).netns):
-            asyncio.run(_floor_fan_out(addrs, ctx, frame, 0, warmup))
-            cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
-            self0 = time.process_time()
-            samples, wall = asyncio.run(_floor_fan_out(addrs, ctx, frame, messages, 0))
-            self_cpu = time.process_time() - self0
-            cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
-        return samples, wall, cpu, self_cpu
-    finally:
-        helpers.stop_all(procs, 15)
-
-
-def _tcp_rtt_ms(src_ns: str, host: str, port: int, tries: int = 5) -> float | None:
-    """Median TCP connect time (one SYN / SYN-ACK round trip) from ``src_ns`` to host:port."""
-    out = []
-    with netns.entered(src_ns):
-        for _ in range(tries):
-            t0 = time.perf_counter()
-            try:
-                with socket.create_connection((host, port), 5):
-                    out.append((time.perf_counter() - t0) * 1e3)
-            except OSError:
-                pass
-    return sorted(out)[len(out) // 2] if out else None
-
-
-def bench_one_netem(work: Path, nodes: int, messages: int, warmup: int, em: Netem) -> dict:
-    """testbed.bench.bench_one with every node in its own namespace and ``em`` on every node's egress.
-
-    The bench process acts as node 1 from inside node 1's namespace; the floor's receivers run in the
-    receiving nodes' namespaces on their addresses, so both cross the same veths, bridge and delays."""
-    import asyncio
-    import tempfile
-    from dataclasses import asdict
-
-    from testbed import bench
-    from testbed.build import build_layout
-    from testbed.local import LocalMesh
-    from testbed.progress import Progress
-
-    root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
-    net = netns.plan(nodes)
-    try:
-        layout = build_layout(root, nodes, netns={n.index: (n.ns, n.addr) for n in net.nodes})
-        netns.create(root, net)
-        for n in net.nodes:
-            set_netem(root, net, n.index, em)
-        _, frame = bench.ping_frame(layout, int(time.time() * 1000))
-        progress = Progress(f"bench {nodes} nodes ({em.describe()})", messages)
-        print(f"bench: starting {nodes} nodes in namespaces under {root}, netem {em.describe()}", file=sys.stderr)
-        with LocalMesh(layout) as mesh:
-            n2 = layout.node(2)
-            measured_rtt = _tcp_rtt_ms(layout.node(1).netns, n2.host, n2.port)
-            pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
-            with netns.entered(layout.node(1).netns):
-                ours = asyncio.run(bench.bench_mesh(layout, pids, messages, warmup, progress), debug=False)
-        progress.done()
-        print(f"bench: floor for {nodes} nodes under the same netem", file=sys.stderr)
-        fl = _floor_under_netem(layout, frame, messages, warmup)
-    finally:
-        netns.teardown(root)
-        bench.remove_tree(root)
-    o, f = bench.figures(*ours), bench.figures(*fl)
-    budget = bench.BUDGET_P95_MS.get(nodes)
-    rtt = em.emulated_rtt_ms
-    return {"nodes": nodes, "messages": messages, "warmup": warmup, "frame_bytes": len(frame),
-            "budget_p95_ms": budget, "within_budget": None if budget is None else o.p95_ms <= budget,
-            "ratio_p95": o.p95_ms / f.p95_ms, "ratio_p50": o.p50_ms / f.p50_ms,
-            "ours": asdict(o), "floor": asdict(f), "nats": None,
-            "ratio_p95_nats": None, "ratio_p50_nats": None, "p95_le_nats": None,
-            "netem": em.describe(), "emulated_rtt_ms": rtt, "measured_tcp_rtt_ms": measured_rtt,
-            "p95_over_rtt": o.p95_ms / rtt if rtt else None,
-            "floor_p95_over_rtt": f.p95_ms / rtt if rtt else None,
-            "_samples": {"ours": sorted(ours[0]), "floor": sorted(fl[0])}}
-
-
-def netem_markdown(report: dict) -> str:
-    """Lines added under the bench table for a --netem run."""
-    ne = report.get("netem")
-    if not ne:
-        return ""
-    lines = ["", f"Emulated WAN: `{ne['spec']}` on every node's egress (and on every floor receiver's); "
-                 f"{ne['rtt_note']}", "",
-             "| nodes | emulated RTT | measured TCP RTT n1→n2 | ours p50 / p95 (ms) | ours p95 / RTT "
-             "| floor p50 / p95 (ms) | floor p95 / RTT | target p95 ≤ 1.3 × RTT |",
-             "|---:|---:|---:|---|---:|---|---:|:-:|"]
-    for r in report["results"]:
-        o, f = r["ours"], r["floor"]
-        m = r.get("measured_tcp_rtt_ms")
-        ratio, fratio = r.get("p95_over_rtt"), r.get("floor_p95_over_rtt")
-        ok = "-" if ratio is None else ("yes" if ratio <= 1.3 else "**no**")
-        lines.append(f"| {r['nodes']} | {r['emulated_rtt_ms']:g} ms | {'-' if m is None else f'{m:.1f} ms'} "
-                     f"| {o['p50_ms']:.2f} / {o['p95_ms']:.2f} | {'-' if ratio is None else f'{ratio:.2f}×'} "
-                     f"| {f['p50_ms']:.2f} / {f['p95_ms']:.2f} | {'-' if fratio is None else f'{fratio:.2f}×'} "
-                     f"| {ok} |")
-    return "\n".join(lines) + "\n"

@@ -1,13 +1,13 @@
-"""Skip marks for tests that use a system tool; what is looked for and how to install it is testbed/doctor.py."""
+"""Skip marks for tests that use a system tool; what is looked for and how to install it is testbed/env/doctor.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed import doctor
+from testbed.env import doctor
 
 
 def needs(*tools: str) -> pytest.MarkDecorator:
-    """Skip unless every named tool of ``testbed.doctor.TOOLS`` is usable; the reason names its install command."""
+    """Skip unless every named tool of ``testbed.env.doctor.TOOLS`` is usable; the reason names its install command."""
     reason = doctor.missing(*tools)
     return pytest.mark.skipif(reason is not None, reason=f"{reason}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import testbed.build as testbed_build
+import testbed.errors as testbed_errors
 from a2a.errors import ErrorCode, ProtocolError
 from base.errors import HTTP_STATUS, ProjectError, describe, status_of
 from mesh.errors import MeshCode, MeshError
@@ -30,7 +30,7 @@ FAMILY: dict[str, tuple[type[ProjectError], type[StrEnum]]] = {
     "ConfigError": (ConfigError, ConfigCode),
     "AttestError": (AttestError, AttestCode),
     "HookError": (HookError, HookCode),
-    "TestbedError": (testbed_build.TestbedError, testbed_build.TestbedCode),
+    "TestbedError": (testbed_errors.TestbedError, testbed_errors.TestbedCode),
 }
 # Exceptions that never leave the function family that raises them (control flow, not errors an edge sees).
 INTERNAL = {"_NotFast", "HookFailed"}

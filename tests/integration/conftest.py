@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from testbed.build import MeshLayout, NodeSpec, build_layout
-from testbed.local import LocalMesh
+from testbed.mesh import LocalMesh, MeshLayout, NodeSpec, build_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 60.0

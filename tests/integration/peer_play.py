@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from a2a import Ack, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.routes import MESSAGES_PATH, SYNC_PATH, WS_PATH
-from testbed.build import MeshLayout, NodeSpec
+from testbed.mesh import MeshLayout, NodeSpec
 from tests.integration.conftest import maybe, ok
 
 MAX_BYTES = 4 * 1024 * 1024

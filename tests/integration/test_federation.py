@@ -14,8 +14,7 @@ from mesh import keys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
-from testbed.build import MeshLayout, NodeSpec, build_layout
-from testbed.local import LocalMesh
+from testbed.mesh import LocalMesh, MeshLayout, NodeSpec, build_layout
 from tests.integration.conftest import maybe, ok, run_cli, wait_for
 
 pytestmark = pytest.mark.integration

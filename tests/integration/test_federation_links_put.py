@@ -16,8 +16,7 @@ from mesh import keys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
-from testbed.build import build_layout
-from testbed.local import LocalMesh
+from testbed.mesh import LocalMesh, build_layout
 from tests.integration.conftest import maybe, wait_for
 from tests.integration.conftest import ok as cli_ok
 from tests.integration.test_mcp_mesh import poll, url

@@ -17,8 +17,7 @@ import pytest
 
 from node import attest
 from node.attest import LinkPayload
-from testbed.build import MeshLayout, NodeSpec, build_layout
-from testbed.local import LocalMesh, health
+from testbed.mesh import LocalMesh, MeshLayout, NodeSpec, build_layout, health
 from tests.integration.conftest import node_log_events, run_cli, wait_for
 from tests.integration.peer_play import (
     INT64_MAX,

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.build import build_layout
-from testbed.local import LocalMesh
+from testbed.mesh import LocalMesh, build_layout
 from tests.hooks.scripts import hook, write_hooks_toml, write_scripts
 from tests.integration.test_mcp_mesh import alive, url
 from tests.mcp.conftest import err, http_session, ok

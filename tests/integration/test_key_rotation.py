@@ -10,7 +10,7 @@ import pytest
 from mesh import ca, keys
 from node.config import LimitsConfig
 from node.mcp.socket import SocketClientBackend
-from testbed.local import health
+from testbed.mesh import health
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from testbed.build import build_layout
-from testbed.local import LocalMesh
+from testbed.mesh import LocalMesh, build_layout
 from tests.integration.conftest import run_cli
 from tests.mcp.conftest import http_session, ok
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from node.permissions.approval_api import signed_headers
-from testbed.build import NodeSpec
+from testbed.mesh import NodeSpec
 from tests.integration.conftest import run_cli, wait_for
 from tests.integration.peer_play import Answer, Member, add_config, db_rows, memory_put, new_memory
 

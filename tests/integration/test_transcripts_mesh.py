@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from testbed.build import NodeSpec
+from testbed.mesh import NodeSpec
 from tests.integration.conftest import run_cli, wait_for
 
 TEXT = "user: où est le café? ☕\nassistant: rue de la Paix 🙂\n"

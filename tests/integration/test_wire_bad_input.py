@@ -23,8 +23,7 @@ import pytest
 from a2a import Ack, Envelope, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.routes import MESSAGES_PATH, WS_PATH
-from testbed.build import agent_id_for, build_layout
-from testbed.local import LocalMesh, health
+from testbed.mesh import LocalMesh, agent_id_for, build_layout, health
 
 pytestmark = pytest.mark.integration
 

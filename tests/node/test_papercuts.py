@@ -18,7 +18,7 @@ import pytest
 from node.config import ConfigError, from_dict, load_config
 from node.log import JsonLines, TextLines
 from storage.db import Database
-from testbed.build import build_layout
+from testbed.mesh import build_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 60.0

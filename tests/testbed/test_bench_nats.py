@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import nats_peer
+from testbed.bench import nats_peer
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Bench statistics as plain values: nearest-rank percentiles over exact sorted samples."""
 
-from testbed.bench import figures, percentile
+from testbed.bench.figures import figures, percentile
 
 
 def test_percentile_is_nearest_rank_without_interpolation() -> None:

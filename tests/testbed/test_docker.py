@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed import doctor, image
-from testbed.build import build_layout
-from testbed.docker import render_compose
+from testbed.env import doctor, engine, image
+from testbed.mesh import build_layout
+from testbed.mesh.docker import render_compose
 from tests.needs import needs
 
 pytestmark = pytest.mark.integration
@@ -94,10 +94,10 @@ def test_up_status_down(tmp_path: Path, base_image: str) -> None:
         assert r.returncode == 0, r.stderr
         assert r.stdout.count("stopped and removed") == 3
         for cid in ids:
-            assert image.docker("inspect", "--type", "container", cid, check=False).returncode != 0
-        left = image.docker("ps", "-aq", "--filter", f"label=attested-mesh.testbed={d}").stdout.decode().split()
+            assert engine.docker("inspect", "--type", "container", cid, check=False).returncode != 0
+        left = engine.docker("ps", "-aq", "--filter", f"label=attested-mesh.testbed={d}").stdout.decode().split()
         assert left == []
         assert not d.exists()
     finally:
         for cid in ids:  # last resort: only the containers this test started
-            image.docker("rm", "-f", cid, check=False)
+            engine.docker("rm", "-f", cid, check=False)

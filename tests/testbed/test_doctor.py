@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import doctor
+from testbed.env import doctor
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,8 @@ import pytest
 
 from node.config import load_config
 from node.mcp.socket import ask_node
-from testbed import everything_on
-from testbed.build import build_layout
-from testbed.local import LocalMesh
+from testbed.bench import everything_on
+from testbed.mesh import LocalMesh, build_layout
 from tests.testbed.test_cli import run_testbed
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.fresh import pytest_summary
+from testbed.env.fresh import pytest_summary
 
 LOG = """\
 $ scripts/test
