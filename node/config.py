@@ -14,7 +14,7 @@ import dataclasses
 import os
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -374,10 +374,9 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def load_config(path: Path | None = None, *, env: dict[str, str] | None = None,
+def load_config(path: Path | None = None, *, env: Mapping[str, str] | None = None,
                 overrides: dict[str, Any] | None = None) -> NodeConfig:
     """Load a node config from TOML (or defaults when ``path`` is None), apply env, validate."""
-    env = os.environ if env is None else env
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -393,9 +392,10 @@ def load_config(path: Path | None = None, *, env: dict[str, str] | None = None,
     return from_dict(raw, env=env, config_dir=None if path is None else Path(path).absolute().parent)
 
 
-def from_dict(raw: dict[str, Any], *, env: dict[str, str] | None = None,
+def from_dict(raw: dict[str, Any], *, env: Mapping[str, str] | None = None,
               config_dir: Path | None = None) -> NodeConfig:
-    """A validated config from a parsed TOML table; ``config_dir`` (the file's directory) is the default home."""
+    """A validated config from a parsed TOML table; ``config_dir`` (the file's directory) is the default home;
+    ``env`` the environment to read (None: this process's)."""
     env = os.environ if env is None else env
     raw = dict(raw)
     known = {"agent_id", "home", *_SECTIONS}
@@ -451,7 +451,7 @@ def _section(name: str, cls: type, raw: Any) -> Any:
     return cls(**kwargs)
 
 
-def _coerce(dotted: str, f: dataclasses.Field, value: Any) -> Any:
+def _coerce(dotted: str, f: dataclasses.Field[Any], value: Any) -> Any:
     default = f.default if f.default is not dataclasses.MISSING else None
     if dotted == "mesh.peers":
         return _peers(value)

@@ -14,6 +14,7 @@ from node.errors import ServiceError
 
 if TYPE_CHECKING:
     from node.cli.common import Commands
+    from node.events.webhooks import Webhooks
     from node.permissions.gate import Gate
     from node.service import Service
 
@@ -181,9 +182,15 @@ def _approvals_rotate_key(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 # ---- webhook subscriptions ------------------------------------------------------------------
 
+def _webhooks(svc: Service) -> Webhooks:
+    """The subscriptions of a service ``open_service`` built (it always builds them)."""
+    assert svc.webhooks is not None, "open_service builds every service with its webhooks"
+    return svc.webhooks
+
+
 def _subscriptions_add(args: argparse.Namespace, cfg: NodeConfig) -> int:
     async def go(svc: Service) -> int:
-        sub = await svc.webhooks.subscribe(args.url, args.events)
+        sub = await _webhooks(svc).subscribe(args.url, args.events)
         emit(args, sub, lambda d: f"subscription {d['id']} -> {d['url']} ({', '.join(d['events'])})\n"
                                   f"signing secret (shown once): {d['secret']}")
         return EXIT_OK
@@ -206,7 +213,7 @@ def _subscriptions_deliveries(args: argparse.Namespace, cfg: NodeConfig) -> int:
         rows = [{"id": d.id, "subscription_id": d.subscription_id, "url": d.url, "event": d.event,
                  "status": d.status, "attempts": d.attempts, "last_error": d.last_error, "created_at": d.created_at,
                  "delivered_at": d.delivered_at}
-                for d in await svc.webhooks.deliveries(args.status, args.limit)]
+                for d in await _webhooks(svc).deliveries(args.status, args.limit)]
         emit(args, rows, lambda rows: "\n".join(
             f"{r['id']:>6}  {r['status']:<9} {r['event']:<18} attempts={r['attempts']}  {r['last_error'] or ''}"
             for r in rows) or "no deliveries")
@@ -216,7 +223,7 @@ def _subscriptions_deliveries(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 def _subscriptions_replay(args: argparse.Namespace, cfg: NodeConfig) -> int:
     async def go(svc: Service) -> int:
-        await svc.webhooks.replay(args.id)
+        await _webhooks(svc).replay(args.id)
         emit(args, {"replayed": args.id}, lambda d: f"delivery {d['replayed']} queued again")
         return EXIT_OK
     return with_service(go, cfg)
