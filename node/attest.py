@@ -59,7 +59,7 @@ class LinkPayload:
     valid_from: int
     valid_until: int | None
     # The canonical bytes, encoded once: a link's id and its signature are both over them (on a sender and on
-    # every receiver), and each encoding with its field dict cost ~10 us a link (PERFORMANCE.md, issue 16).
+    # every receiver), and each encoding with its field dict cost ~10 us a link (docs/perf-history.md, issue 16).
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -68,7 +68,7 @@ class LimitsConfig:
     max_db_bytes: int = 100 * 1024 * 1024
 
 
-# storage.fts_merge_pages' default: PERFORMANCE.md "Recall at 100k" says what one step costs.
+# storage.fts_merge_pages' default: docs/perf-history.md, "Recall at 100k" says what one step costs.
 FTS_MERGE_PAGES = 16
 
 
@@ -212,7 +212,7 @@ class FederationConfig:
     sync_park_after: int = 3
     # Envelope bytes in flight to one peer at once, and most links packed into one links.put envelope: what a
     # peer takes in at one time. Smaller keeps a flooded peer quicker to answer everything else (its ping tail),
-    # at some cost in links/s (PERFORMANCE.md, "Issue 16, eighth round").
+    # at some cost in links/s (docs/perf-history.md, "Issue 16, eighth round").
     send_window_bytes: int = SEND_WINDOW_BYTES
     links_per_envelope: int = LINKS_PUT_MAX_ITEMS
     # Nice steps below the event loop for the storage writer and the signature verifier (0..19, Linux; 0 = none):

@@ -2,7 +2,7 @@
 
 A node's storage writer and signature verifier share its process, its CPU time and its interpreter lock with
 the event loop. While a peer's flood keeps them busy, what the loop answers (pings, ACKs, MCP calls) waits
-behind them for a CPU (PERFORMANCE.md, "Issue 16, ninth round"). ``federation.background_nice`` steps of nice
+behind them for a CPU (docs/perf-history.md, "Issue 16, ninth round"). ``federation.background_nice`` steps of nice
 below the loop let the scheduler run the loop first. Linux only: there ``setpriority`` on a thread id changes
 that thread alone (elsewhere it would change the whole process, so the setting is refused there).
 """

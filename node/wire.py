@@ -16,7 +16,7 @@ from storage.links import LinkRow
 from storage.memories import MemoryRow
 
 # Every field is immutable, so a shallow copy will do: asdict's deep copy cost ~40 us a row, a quarter
-# of a millisecond on each 10-hit recall (PERFORMANCE.md, "Recall at 100k").
+# of a millisecond on each 10-hit recall (docs/perf-history.md, "Recall at 100k").
 _MEMORY_FIELDS = tuple(f.name for f in fields(MemoryRow))
 _LINK_FIELDS = tuple(f.name for f in fields(LinkRow))
 
@@ -80,7 +80,7 @@ def envelope_wires(sender: str, peers: Sequence[str], payload: Mapping[str, Any]
     ``(correlation_id, bytes)``, each byte for byte what ``Envelope.to_wire`` encodes. The payload is
     validated and encoded once, not once per peer: a canonical map is its entries' encodings in key order,
     so only the two per-peer entries are encoded per copy (a link.put cost ~25 us a peer to build and
-    encode whole, in the writer's transaction; PERFORMANCE.md, issue 16). ``peers`` are configured peer
+    encode whole, in the writer's transaction; docs/perf-history.md, issue 16). ``peers`` are configured peer
     ids (the first is checked as an envelope recipient; the config checks them all)."""
     if not peers:
         return []

@@ -38,19 +38,19 @@ BUSY_TIMEOUT_MS = 5_000
 # Reader connections map this much of the database file into memory (PRAGMA mmap_size): a recall reads a few
 # hundred scattered rows and FTS5 leaves, and through the default 2 MB page cache each was a read() and a
 # copy into the cache; mapped, SQLite reads the OS page cache in place (recall p50 -10% at 100k memories,
-# PERFORMANCE.md "Recall at 100k"). Read-only mappings: a reader cannot write through them. Pages still in
+# docs/perf-history.md, "Recall at 100k"). Read-only mappings: a reader cannot write through them. Pages still in
 # the WAL are read as before.
 READER_MMAP_BYTES = 256 * 1024 * 1024
 # Reader connections keep SQLite's transient tables (a recall's materialized window, its IN list, its sorter:
 # a few hundred rows each) in memory rather than behind a temporary-file pager, which they stay small enough
-# to never spill to anyway: recall p50 -5 to -9% at 100k memories, p95 about the same (PERFORMANCE.md "Recall
+# to never spill to anyway: recall p50 -5 to -9% at 100k memories, p95 about the same (docs/perf-history.md "Recall
 # at 100k"). A reader's larger sorts (none on its paths is unbounded) would take memory, not temp files.
 READER_TEMP_STORE = "MEMORY"
 # PRAGMA synchronous values by setting name.
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 # Idle FTS5 merging (``fts_merge_pages``): each write transaction adds a segment to the full-text index and
 # FTS5's automerge leaves ~10 of them at 100k memories; every recall walks all of them, and on one segment
-# recall measured p50 -8 to -11%, p95 -14 to -22%, same results (PERFORMANCE.md "Recall at 100k"). After
+# recall measured p50 -8 to -11%, p95 -14 to -22%, same results (docs/perf-history.md, "Recall at 100k"). After
 # the writer has had no job for IDLE_MERGE_S it merges, one bounded step (one short transaction) at a time,
 # so a write arriving waits for at most one step. A full merge rewrites the whole index, so it starts only
 # when the segments other than the largest hold at least MERGE_WHEN_FRACTION of the largest's pages: the

@@ -13,7 +13,7 @@ matches are ranked (FTS5 walks matches in rowid order and stops there): recency 
 for memories, and the cost is bounded. Equal scores keep insertion order (the older memory first), as
 FTS5's rank sorter left them.
 
-What remained at 100k (PERFORMANCE.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
+What remained at 100k (docs/perf-history.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
 posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
 the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still the
 rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).

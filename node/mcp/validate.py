@@ -22,7 +22,7 @@ class ArgValidator:
     whose error names the argument, so a refusal and its message are jsonschema's. The two agree on the
     keywords the tool schemas use (tests/mcp/test_arg_validator.py checks that the fast one accepts
     nothing jsonschema refuses); the fast one is ~30x cheaper: 5.7 ms -> 0.19 ms for a 100-link
-    memory_link_many, 86 -> 3 us for a memory_store (PERFORMANCE.md, issue 16)."""
+    memory_link_many, 86 -> 3 us for a memory_store (docs/perf-history.md, issue 16)."""
 
     def __init__(self, specs: Iterable[ToolSpec[Any]]) -> None:
         self.specs = {s.name: s for s in specs}

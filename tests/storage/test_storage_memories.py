@@ -218,7 +218,7 @@ def recall_conn(tmp_path_factory):
     conn.close()
 
 
-# ---- recall leaves words in half the memories out of the ranking (PERFORMANCE.md, "Recall at 100k") ----
+# ---- recall leaves words in half the memories out of the ranking (docs/perf-history.md, "Recall at 100k") ----
 
 def _rank_sorter_recall(conn: sqlite3.Connection, query: str, limit: int, namespace: str | None = None,
                         rank_window: int = memories.RANK_WINDOW) -> list[tuple[str, float]]:
@@ -538,7 +538,7 @@ async def test_every_word_common_over_non_ascii_text_ranks_with_bm25(db: Databas
     assert await db.read(memories._rank_common, memories.fts_tokens("thé"), 10, None, 2) is None
 
 
-# ---- a window that holds every match is walked oldest first (PERFORMANCE.md, "Recall at 100k") ----------
+# ---- a window that holds every match is walked oldest first (docs/perf-history.md, "Recall at 100k") ----------
 
 @pytest.mark.parametrize("query", ["w3", "the w3", "river w7", "w1 w2", "w9 w10 the", "w5 of", "river", "w4 w4x"])
 @pytest.mark.parametrize("namespace", [None, "a"])

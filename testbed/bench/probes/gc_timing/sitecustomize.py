@@ -1,6 +1,6 @@
 """Times every cyclic garbage collection of each Python process that starts with this directory on
 PYTHONPATH and GCPROBE_DIR set: one line per collection (monotonic time, generation, wall ms, thread CPU ms,
-objects collected) in GCPROBE_DIR/gc-<pid>.log. Used for the GC figures in PERFORMANCE.md:
+objects collected) in GCPROBE_DIR/gc-<pid>.log. Used for the GC figures in docs/perf-history.md:
 
     GCPROBE_DIR=/tmp/gclog PYTHONPATH=testbed/bench/probes/gc_timing:. \\
         .venv/bin/python -m testbed.bench.federation_bench ...

@@ -2,7 +2,7 @@
 PYTHONPATH and LAGPROBE_DIR set runs a 1 ms loop timer and a watchdog thread; whenever the timer has not
 run for LAG_MS (default 5) the watchdog samples the loop thread's Python stack every millisecond until it
 runs again, then writes one line per stall (wall time, length, samples) and its most frequent stacks to
-LAGPROBE_DIR/lag-<pid>.log. Used for the ping-tail figures in PERFORMANCE.md:
+LAGPROBE_DIR/lag-<pid>.log. Used for the ping-tail figures in docs/perf-history.md:
 
     LAGPROBE_DIR=/tmp/lag PYTHONPATH=testbed/bench/probes/loop_lag:. \\
         .venv/bin/python -m testbed.bench.federation_bench ...
