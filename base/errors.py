@@ -56,6 +56,8 @@ HTTP_STATUS: dict[str, int] = {
     "quorum_not_reached": 503,
     "not_stored": 503,
     "storage_full": 503,
+    "storage_unavailable": 503,
+    "storage_corrupt": 503,
     "busy": 503,
     "closed": 503,
     "read_only": 503,

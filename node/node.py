@@ -238,12 +238,15 @@ class Node:
                 "peers": {p: link.state.value for p, link in self.links.items()}}
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready unless degraded: peers are configured and no link is up, or the storage writer is stuck."""
+        """Ready unless degraded: peers are configured and no link is up, the store is away, damaged or full
+        (``storage.health``), or the storage writer is stuck."""
         reasons = []
         states = {p: link.state.value for p, link in self.links.items()}
         if states and LinkState.UP.value not in states.values():
             reasons.append({"code": "no_peer_link", "message": f"none of the {len(states)} configured peer links "
                                                                "is up"})
+        for condition in self.svc.db.health.conditions():
+            reasons.append({"code": str(condition.code), "message": condition.message})
         busy = self.svc.db.writer_busy_s()
         if busy >= self.cfg.mesh.ready_writer_stuck_s:
             reasons.append({"code": "writer_stuck", "message": f"the storage writer has been in one batch for "

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from storage import migrations
 from storage.errors import StorageCode, StorageError, translate
+from storage.health import Health
 
 T = TypeVar("T")
 
@@ -118,6 +119,8 @@ class Database:
         self._batch_started: float | None = None
         self._closed = False
         self._close_task: asyncio.Future[None] | None = None
+        # What is wrong with the store now (away, damaged, full): the node's readiness reads it.
+        self.health = Health()
 
     # ---- lifecycle -------------------------------------------------------------------------
 

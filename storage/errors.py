@@ -36,6 +36,10 @@ class StorageCode(StrEnum):
     FILE_MODE = "file_mode"
     CANNOT_CONNECT = "cannot_connect"
     AGE_UNAVAILABLE = "age_unavailable"
+    # The store as a whole (storage/health.py): away, damaged, full. Each answers a client retryably.
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+    STORAGE_CORRUPT = "storage_corrupt"
+    STORAGE_FULL = "storage_full"
 
 
 class StorageError(ProjectError):
