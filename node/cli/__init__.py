@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from node.cli import doctor, identity, kg, mcp, memory, mesh, permissions, transcripts
-from node.cli.common import EXIT_FAILED, Handler, error_line, resolve_config
+from node.cli.common import EXIT_FAILED, CommandParser, Handler, error_line, resolve_config
 from node.config import HOME_ENV
 from node.errors import is_project_error
 from node.version import version
@@ -22,12 +22,12 @@ GROUPS = (identity.add_parsers, memory.add_parsers, kg.add_parsers, transcripts.
           memory.add_audit_parsers, mesh.add_parsers, mcp.add_parsers, doctor.add_parsers, permissions.add_parsers)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.")
+def build_parser() -> CommandParser:
+    p = CommandParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.")
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     p.add_argument("--config", type=Path, help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, help=f"node home directory (overrides {HOME_ENV} and the config file)")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = p.add_commands(dest="cmd", required=True, metavar="COMMAND")
     for add_parsers in GROUPS:
         add_parsers(sub)
     p.add_argument("--json", action="store_true", help="machine-readable output (where the command has it)")
@@ -35,25 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _global_options_anywhere(parser: argparse.ArgumentParser) -> None:
+def _global_options_anywhere(parser: CommandParser) -> None:
     """Accept --config, --home and --json after the subcommand as well as before it.
 
     A subcommand's option defaults to SUPPRESS so that a value given before the subcommand survives
     (argparse copies a subparser's defaults over the parent's values)."""
-    for action in parser._actions:  # noqa: SLF001 - argparse offers no public walk of its subparsers
-        if not isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-            continue
-        for sub in set(action.choices.values()):
-            for a in sub._actions:  # noqa: SLF001
-                if a.option_strings == ["--json"]:
-                    a.default = argparse.SUPPRESS
-                    a.help = a.help or "print the result as JSON"
-            present = {o for a in sub._actions for o in a.option_strings}  # noqa: SLF001
-            if "--config" not in present:
-                sub.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-            if "--home" not in present:
-                sub.add_argument("--home", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-            _global_options_anywhere(sub)
+    for sub in parser.commands:
+        json_option = sub.options.get("--json")
+        if json_option is not None:
+            json_option.default = argparse.SUPPRESS
+            json_option.help = json_option.help or "print the result as JSON"
+        for name in ("--config", "--home"):
+            if name not in sub.options:
+                sub.add_argument(name, type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        _global_options_anywhere(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,11 +25,43 @@ Handler = Callable[[argparse.Namespace, NodeConfig], int]
 T = TypeVar("T")
 
 
-class Commands(Protocol):
-    """What ``add_subparsers`` returns, as a command group uses it: each group adds its commands to it in its
-    ``add_parsers(sub)``."""
-
+class _AddParser(Protocol):
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``ai-memory``'s parser: it keeps the parsers of its subcommands (``commands``) and the actions of its
+    options by name (``options``), so that the global options can be given after a subcommand too
+    (``node.cli.build_parser``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before argparse's own __init__, which adds -h through add_argument.
+        self.commands: list[CommandParser] = []
+        self.options: dict[str, argparse.Action] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.options.update(dict.fromkeys(action.option_strings, action))
+        return action
+
+    def add_commands(self, **kwargs: Any) -> Commands:
+        """``add_subparsers(**kwargs)``, whose parsers are CommandParsers kept in ``commands``."""
+        return Commands(self.add_subparsers(parser_class=CommandParser, **kwargs), self.commands)
+
+
+class Commands:
+    """A parser's subcommands, as a command group adds to them in its ``add_parsers(sub)``."""
+
+    def __init__(self, subparsers: _AddParser, kept: list[CommandParser]) -> None:
+        self._subparsers = subparsers
+        self._kept = kept
+
+    def add_parser(self, name: str, **kwargs: Any) -> CommandParser:
+        parser = self._subparsers.add_parser(name, **kwargs)
+        assert isinstance(parser, CommandParser)  # add_commands makes every subcommand's parser one
+        self._kept.append(parser)
+        return parser
 
 
 def resolve_config(args: argparse.Namespace) -> NodeConfig:

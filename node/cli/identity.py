@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def add_parsers(sub: Commands) -> None:
     ident = sub.add_parser("identity", help="manage this node's Ed25519 identity and trusted peer keys")
-    isub = ident.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    isub = ident.add_commands(dest="sub", required=True, metavar="ACTION")
     g = isub.add_parser("generate", help="create <home>/keys/<agent_id>.priv (0600) and .pub (0644)")
     g.add_argument("--agent-id", required=True, help="immutable agent id, e.g. ai:node-1@lab")
     g.add_argument("--force", action="store_true", help="replace an existing identity")

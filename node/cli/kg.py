@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def add_parsers(sub: Commands) -> None:
     kg = sub.add_parser("kg", help="the knowledge graph over the links: neighbours, paths, timeline, invalidate")
-    kgsub = kg.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    kgsub = kg.add_commands(dest="sub", required=True, metavar="ACTION")
     kq = kgsub.add_parser("query", help="memories reachable from one memory, each with the path that reached it")
     kq.add_argument("memory_id", help="the memory to start from")
     kq.add_argument("--depth", type=int, default=2, help="hops, 1..kg.max_depth (default 2)")

@@ -87,7 +87,7 @@ def _add_link_parsers(sub: Commands) -> None:
 def add_audit_parsers(sub: Commands) -> None:
     """audit verify (listed after the graph and transcript commands, where `ai-memory --help` has it)."""
     a = sub.add_parser("audit", help="the append-only signed event chain")
-    asub = a.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    asub = a.add_commands(dest="sub", required=True, metavar="ACTION")
     av = asub.add_parser("verify", help="walk the hash chain; exit 3 and name the first bad seq if broken")
     av.add_argument("--json", action="store_true")
     av.set_defaults(handler=_audit_verify)

@@ -26,16 +26,16 @@ def add_parsers(sub: Commands) -> None:
     sv.set_defaults(json=False, handler=_serve)
 
     m = sub.add_parser("mesh", help="the mesh CA and node TLS certificates")
-    msub = m.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    msub = m.add_commands(dest="sub", required=True, metavar="ACTION")
     ca = msub.add_parser("ca", help="mesh certificate authority")
-    casub = ca.add_subparsers(dest="sub2", required=True, metavar="ACTION")
+    casub = ca.add_commands(dest="sub2", required=True, metavar="ACTION")
     ci = casub.add_parser("init", help="create ca.key (0600) and a self-signed ca.crt in --out")
     ci.add_argument("--out", type=Path, required=True, help="directory for ca.key and ca.crt")
     ci.add_argument("--days", type=int, default=3650, help="validity in days (default 3650)")
     ci.add_argument("--force", action="store_true", help="replace an existing CA")
     ci.set_defaults(handler=_ca_init)
     cert = msub.add_parser("cert", help="node certificates")
-    certsub = cert.add_subparsers(dest="sub2", required=True, metavar="ACTION")
+    certsub = cert.add_commands(dest="sub2", required=True, metavar="ACTION")
     cis = certsub.add_parser("issue", help="issue a node certificate over the node's own Ed25519 identity key")
     cis.add_argument("--ca", type=Path, required=True, help="CA directory (from `mesh ca init`)")
     cis.add_argument("--agent-id", required=True, help="the node's agent id, e.g. ai:node-1@lab")
@@ -49,7 +49,7 @@ def add_parsers(sub: Commands) -> None:
 
 def _add_a2a_parsers(sub: Commands) -> None:
     a2 = sub.add_parser("a2a", help="A2A messaging tools")
-    a2sub = a2.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    a2sub = a2.add_commands(dest="sub", required=True, metavar="ACTION")
     snd = a2sub.add_parser("send", help="send one message to a peer and print its ACK and latency")
     snd.add_argument("--to", required=True, help="peer agent id (its url comes from [[mesh.peers]] or --url)")
     snd.add_argument("--url", help="peer base url, e.g. https://127.0.0.1:7444")

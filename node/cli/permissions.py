@@ -23,7 +23,7 @@ def add_parsers(sub: Commands) -> None:
     """permissions (list, check, add), approvals, subscriptions."""
     ops = "store, update, link, recall, get, list, verify, replay or *"
     pm = sub.add_parser("permissions", help="permission rules (docs/permissions.md)")
-    psub = pm.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    psub = pm.add_commands(dest="sub", required=True, metavar="ACTION")
     pl = psub.add_parser("list", help="the rules in force, in evaluation order, and the mode")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(handler=_permissions_list)
@@ -49,7 +49,7 @@ def add_parsers(sub: Commands) -> None:
 
 def _add_approval_parsers(sub: Commands) -> None:
     ap = sub.add_parser("approvals", help="pending actions parked by an ask")
-    asub = ap.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    asub = ap.add_commands(dest="sub", required=True, metavar="ACTION")
     al = asub.add_parser("list", help="pending actions, oldest first")
     al.add_argument("--status", default="pending", choices=["pending", "applied", "denied", "expired", "failed"],
                     help="which actions (default pending)")
@@ -74,7 +74,7 @@ def _add_approval_parsers(sub: Commands) -> None:
 
 def _add_subscription_parsers(sub: Commands) -> None:
     sb = sub.add_parser("subscriptions", help="webhook subscriptions (signed deliveries, retries, dead letters)")
-    ssub = sb.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    ssub = sb.add_commands(dest="sub", required=True, metavar="ACTION")
     sa = ssub.add_parser("add", help="subscribe a URL to events; prints the signing secret once")
     sa.add_argument("--url", required=True, help="where deliveries are POSTed (signed with the secret)")
     sa.add_argument("--event", action="append", required=True, dest="events",

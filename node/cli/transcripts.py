@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def add_parsers(sub: Commands) -> None:
     tr = sub.add_parser("transcript", help="conversation trails behind memories: store, replay, lifecycle")
-    trsub = tr.add_subparsers(dest="sub", required=True, metavar="ACTION")
+    trsub = tr.add_commands(dest="sub", required=True, metavar="ACTION")
     ts = trsub.add_parser("store", help="store a transcript (zstd-compressed, signed) citing spans of it")
     ts.add_argument("file", type=Path, help="the transcript text, UTF-8 ('-' reads stdin)")
     ts.add_argument("--namespace", default="default",
