@@ -1,8 +1,10 @@
 """Real faults for the storage tests: pages of a SQLite file overwritten in its middle, a small filesystem that
-fills up, and a node home with its TLS files to run a node on them."""
+fills up, and a node home with its TLS files to run a node on them (in this process, the CLI beside it in its
+own)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -10,12 +12,20 @@ import shutil
 import socket
 import sqlite3
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from mesh import ca, keys
+from node.config import NodeConfig
+from node.node import Node
+
+ROOT = Path(__file__).resolve().parents[1]
 
 AGENT = "ai:faults@lab"
 # What a damaged page is overwritten with: not a b-tree page header, cells pointing out of the page.
@@ -134,3 +144,53 @@ def node_home(home: Path, *, storage: str = "") -> Path:
                       f"listen_port = {free_port()}\nhealth_port = {free_port()}\n\n[storage]\n{storage}\n",
                       encoding="utf-8")
     return config
+
+
+@contextlib.asynccontextmanager
+async def running_node(cfg: NodeConfig, *, ready_within_s: float = 30.0) -> AsyncIterator[Node]:
+    """A node on ``cfg`` in this process until the block ends (then drained as SIGTERM would); it is up once it
+    has written run/node.json (after its listeners and local socket) and its health port answers."""
+    node = await Node.open(cfg)
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.run(stop), name="node")
+    status = cfg.home / "run" / "node.json"
+    try:
+        deadline = time.monotonic() + ready_within_s
+        while not await asyncio.to_thread(status.exists) or await http_get(cfg.mesh.health_port, "/healthz") is None:
+            assert not task.done(), f"the node ended: {task.exception() if not task.cancelled() else 'cancelled'}"
+            assert time.monotonic() < deadline, f"the node did not answer /healthz within {ready_within_s} s"
+            await asyncio.sleep(0.05)
+        yield node
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60.0)
+
+
+async def http_get(port: int, path: str) -> tuple[int, str] | None:
+    """(status, body) of GET http://127.0.0.1:<port><path>, or None when nothing answers."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as s, \
+                s.get(f"http://127.0.0.1:{port}{path}") as r:
+            return r.status, await r.text()
+    except (aiohttp.ClientError, OSError):
+        return None
+
+
+async def poll(predicate: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 30.0) -> Any:
+    """Await ``predicate()`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {got!r})")
+        await asyncio.sleep(0.1)
+
+
+def ai_memory(config: Path, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``ai-memory --config <config> <args>`` as its own process (beside a node this test runs)."""
+    env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "node.cli", "--config", str(config), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
