@@ -14,7 +14,8 @@ import pytest
 from storage import Database, memories
 from storage.errors import StorageCode, StorageError, translate
 from storage.integrity import FTS_TABLE, FileCheck
-from tests.faults import damage, put_back
+from storage.watch import StoreWatch
+from tests.faults import damage, poll, put_back
 from tests.storage.storage_helpers import MEMORIES, make_memory
 
 
@@ -117,3 +118,27 @@ def test_sqlite_full_and_corrupt_translate_to_the_stores_conditions(tmp_path: Pa
     conn.close()
     assert translate(full.value).code == StorageCode.STORAGE_FULL
     assert translate(corrupt.value).code == StorageCode.STORAGE_CORRUPT
+
+
+async def test_the_watch_checks_when_due_and_finds_damage_done_while_the_store_is_open(
+        store: Path, caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    db = await Database.open(store)
+    watch = StoreWatch(db, integrity_every_s=600.0, tick_s=0.01, clock=lambda: now[0])
+    task = asyncio.create_task(watch.run())
+    try:
+        await asyncio.to_thread(damage, store, "memories_fts_data", 2)
+        with caplog.at_level(logging.INFO, logger="storage"):
+            now[0] = 600.0
+            await poll(lambda: _true(watch.checks == 1), "the check that was due")
+        assert watch.last is not None and not watch.last.ok
+        assert [c.code for c in db.health.conditions()] == [StorageCode.STORAGE_CORRUPT]
+        assert [r.getMessage() for r in caplog.records] == ["storage_corrupt"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await db.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
