@@ -513,8 +513,7 @@ class Database:
             # ENOSPC can surface as an I/O error (the -shm file growing, an fsync): the disk is what is full.
             err = StorageError(StorageCode.STORAGE_FULL, err.message)
         if err.code == StorageCode.STORAGE_FULL:
-            message = (f"no space left for {self.path} on its filesystem: writes are refused until space is "
-                       "freed there (nothing stored is lost; clients may retry)")
+            message = self._full_message()
             self._set(StorageCode.STORAGE_FULL, message, "storage_full", {"error": err.message})
             return StorageError(StorageCode.STORAGE_FULL, f"{err.message}: {message}")
         if err.code == StorageCode.STORAGE_CORRUPT:
@@ -522,6 +521,11 @@ class Database:
                 self._damaged(f"met by a read or write: {err.message}", ())
             return StorageError(StorageCode.STORAGE_CORRUPT, self._corrupt_message())
         return err
+
+    def _full_message(self) -> str:
+        """The storage_full condition's sentence: where space ran out and what to do (a backend's own words)."""
+        return (f"no space left for {self.path} on its filesystem: writes are refused until space is freed there "
+                "(nothing stored is lost; clients may retry)")
 
     def _damaged(self, what: str, messages: tuple[str, ...]) -> None:
         self._set(StorageCode.STORAGE_CORRUPT, integrity.corrupt_error(self.path, what).message, "storage_corrupt",
