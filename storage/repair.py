@@ -37,7 +37,7 @@ LOCK_WAIT_MS = 1_000
 # rebuilt file, and the rollback journal of writing it back.
 COPY_SPACE_FACTOR = 3
 RESTORE = ("restore the store from a backup, or from the mesh (docs/operations.md, \"A damaged database\"); "
-           "nothing was changed")
+           "its rows were left as they were")
 
 
 @dataclass
@@ -82,20 +82,26 @@ def repair(path: Path, *, clock: Callable[[], float] = time.time) -> Repair:
         return Repair(path, schema, not_done=[f"{schema.summary()}: {RESTORE}"])
     conn = _alone(path)
     try:
-        before = check(conn, path, full=True, deep=True)
-        if before.ok:
-            return Repair(path, before)
-        if not before.rebuildable:
-            lost = [d.describe() for d in before.damaged if not d.rebuildable]
-            return Repair(path, before, not_done=[f"{what}: {RESTORE}" for what in lost])
-        done = _in_place(conn)
-        if done:
-            after = check(conn, path, full=True, deep=True)
-            if after.ok:
-                return Repair(path, before, after, done)
-        return _by_copy(conn, path, before, clock())
+        return _repair(conn, path, clock())
+    except sqlite3.Error as e:  # the file refused a step no damage explains (I/O): one error, the file as it was
+        raise translate(e, f"repairing {path}") from e
     finally:
         conn.close()
+
+
+def _repair(conn: sqlite3.Connection, path: Path, now: float) -> Repair:
+    before = check(conn, path, full=True, deep=True)
+    if before.ok:
+        return Repair(path, before)
+    if not before.rebuildable:
+        lost = [d.describe() for d in before.damaged if not d.rebuildable]
+        return Repair(path, before, not_done=[f"{what}: {RESTORE}" for what in lost])
+    done = _in_place(conn)
+    if done:
+        after = check(conn, path, full=True, deep=True)
+        if after.ok:
+            return Repair(path, before, after, done)
+    return _by_copy(conn, path, before, now)
 
 
 def _alone(path: Path) -> sqlite3.Connection:
@@ -149,7 +155,7 @@ def _by_copy(conn: sqlite3.Connection, path: Path, before: Findings, now: float)
             return Repair(path, before, not_done=[f"copying the rows into a new file failed ({e}): {RESTORE}"])
         rebuilt = sqlite3.connect(fresh)
         try:
-            rebuilt.backup(conn)
+            rebuilt.backup(conn)  # one write transaction on the damaged file: a failure rolls it back
         finally:
             rebuilt.close()
     finally:

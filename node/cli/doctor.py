@@ -146,6 +146,9 @@ def _doctor(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 def _integrity(cfg: NodeConfig) -> dict[str, Any] | None:
     """SQLite's integrity_check of the store, by damaged table (None on Postgres; ok when there is no file yet)."""
+    import sqlite3
+
+    from storage.errors import translate
     from storage.integrity import FileCheck
 
     if cfg.storage.backend != "sqlite":
@@ -153,7 +156,10 @@ def _integrity(cfg: NodeConfig) -> dict[str, Any] | None:
     if not cfg.db_path.exists():
         return {"ok": True, "path": str(cfg.db_path), "check": "none: no database yet", "seconds": 0.0,
                 "damaged": [], "messages": []}
-    return FileCheck(cfg.db_path, full=True).run().as_dict()
+    try:
+        return FileCheck(cfg.db_path, full=True).run().as_dict()
+    except sqlite3.Error as e:  # the check could not run at all (the file unreadable): one error line
+        raise translate(e, f"checking {cfg.db_path}") from e
 
 
 async def _service_facts(cfg: NodeConfig) -> dict[str, Any]:
