@@ -64,10 +64,8 @@ HTTP_STATUS: dict[str, int] = {
     "cannot_connect": 503,
     "node_unavailable": 503,
     "node_restarted": 503,
-    "disk_full": 507,
     # The node's own storage failed.
     "io_error": 500,
-    "corrupt": 500,
     "transcript_corrupt": 500,
     "commit_failed": 500,
     "transaction_aborted": 500,

@@ -70,6 +70,9 @@ class LimitsConfig:
 
 # storage.fts_merge_pages' default: docs/perf-history.md, "Recall at 100k" says what one step costs.
 FTS_MERGE_PAGES = 16
+# storage.integrity_check_interval_s' default: one quick_check reads the whole file, 0.09 s of one core at 100k
+# memories (docs/operations.md, "A damaged database"): every 10 minutes is 0.015% of a core.
+INTEGRITY_CHECK_INTERVAL_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class StorageConfig:
     # SQLite: pages of full-text index merged per step while the writer is idle (fewer FTS5 segments, faster
     # recall; a write waits for at most one step). 0 = no idle merging.
     fts_merge_pages: int = FTS_MERGE_PAGES
+    # SQLite: seconds between two integrity checks (PRAGMA quick_check) while the node runs; 0 = only at start.
+    integrity_check_interval_s: float = INTEGRITY_CHECK_INTERVAL_S
     # "sqlite" (the file at ``path``) or "postgres" (the database at ``dsn``).
     backend: str = "sqlite"
     dsn: str = ""
@@ -658,6 +663,9 @@ def _validate_sync_mode_and_backoff(cfg: NodeConfig) -> None:
     if not 0 <= cfg.storage.fts_merge_pages <= 1_000_000:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"storage.fts_merge_pages must be in 0..1000000, got {cfg.storage.fts_merge_pages!r}")
+    if not cfg.storage.integrity_check_interval_s >= 0:
+        raise ConfigError(ConfigCode.CONFIG_INVALID, "storage.integrity_check_interval_s must be >= 0 (0 = only at "
+                                                     f"start), got {cfg.storage.integrity_check_interval_s!r}")
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "

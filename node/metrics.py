@@ -8,7 +8,7 @@ ACKs arrive. ``/metrics`` on the plain health port (``mesh.health_port``) serves
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -31,6 +31,14 @@ class PeerScrape:
 
 
 @dataclass(frozen=True)
+class StorageScrape:
+    """One condition of the store (storage_unavailable, storage_corrupt, storage_full): in force now, and how many
+    times it began since start."""
+    in_force: bool
+    began: int
+
+
+@dataclass(frozen=True)
 class Scrape:
     """What the node is at one instant, as plain values."""
     peers: Mapping[str, PeerScrape]
@@ -41,6 +49,9 @@ class Scrape:
     writer_busy_s: float
     delivered: int = 0
     dead_lettered: int = 0
+    storage: Mapping[str, StorageScrape] = field(default_factory=dict)
+    # Seconds the last integrity check of the store took; None before the first (or on a backend without one).
+    integrity_check_s: float | None = None
 
 
 LINK_STATES = ("connecting", "up", "down", "closed")
@@ -96,6 +107,21 @@ class _Collector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_storage_writer_busy_seconds",
                                 "How long the storage writer has been in its current batch (0 when idle)",
                                 value=s.writer_busy_s)
+        yield from _storage_families(s)
+
+
+def _storage_families(s: Scrape) -> Iterator[Metric]:
+    condition = GaugeMetricFamily(f"{PREFIX}_storage_condition", "1 while the store has this condition (what "
+                                  "/readyz reports: away, damaged, full)", labels=["code"])
+    began = CounterMetricFamily(f"{PREFIX}_storage_condition_began", "Times the condition began since start",
+                                labels=["code"])
+    for code, c in sorted(s.storage.items()):
+        condition.add_metric([code], 1.0 if c.in_force else 0.0)
+        began.add_metric([code], c.began)
+    yield from (condition, began)
+    if s.integrity_check_s is not None:
+        yield GaugeMetricFamily(f"{PREFIX}_storage_integrity_check_seconds",
+                                "How long the last integrity check of the store took", value=s.integrity_check_s)
 
 
 class NodeMetrics:

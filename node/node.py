@@ -36,12 +36,16 @@ from node.federation.sync import PeerSync, PullSettings
 from node.hooks import HookEvent
 from node.mcp.backend import ServiceBackend
 from node.mcp.peers import peer_rows
-from node.metrics import NodeMetrics, PeerScrape, Scrape
+from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
 from node.service import now_ms
+from storage.errors import StorageCode
+from storage.watch import StoreWatch
 
 log = logging.getLogger("node")
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+# The store's conditions /metrics always shows (0 or 1 each), whichever backend.
+STORAGE_CONDITIONS = (StorageCode.STORAGE_UNAVAILABLE, StorageCode.STORAGE_CORRUPT, StorageCode.STORAGE_FULL)
 
 
 class Node:
@@ -78,6 +82,8 @@ class Node:
         # Each peer's catch-up: its pull loop, cursor, stats and "sync wanted".
         self.syncs = {peer: PeerSync(peer, self.links, self.fed.pulled, accepts, store.db, PullSettings.of(cfg))
                       for peer in self.links}
+        # SQLite's integrity check (at start and every storage.integrity_check_interval_s) and the full-disk probe.
+        self.watch = StoreWatch(store.db, integrity_every_s=cfg.storage.integrity_check_interval_s)
         self.extra_services: list[Any] = []
         # Set on drain: the approval sweep and the webhooks stop at their next turn.
         self._closing = False
@@ -117,10 +123,13 @@ class Node:
     async def open(cls, cfg: NodeConfig) -> Node:
         store = await open_store(cfg, require_identity=True)
         try:
-            return cls(cfg, store)
+            node = cls(cfg, store)
+            # Before anything is served: a damaged file is not ready from the first /readyz on.
+            await node.watch.check()
         except BaseException:
             await store.close()
             raise
+        return node
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -142,6 +151,7 @@ class Node:
                 peer_tasks.append(tg.create_task(self.webhooks.run(lambda: self._closing), name="webhooks"))
                 # Cancelled with the peer tasks on drain: a lifecycle pass is one transaction, safe to cut short.
                 peer_tasks.append(tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"))
+                peer_tasks.append(tg.create_task(self.watch.run(), name="storage:watch"))
                 self._write_status(port)
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
                 await stop.wait()
@@ -270,10 +280,15 @@ class Node:
                     rejections[key.split(":", 1)[1]] += n
         hooks = {(h["name"], outcome): n for h in self.svc.hooks.snapshot()["hooks"]
                  for outcome, n in h["counts"].items()}
+        health = self.svc.db.health
+        storage = {str(code): StorageScrape(in_force=code in health, began=health.began.get(code, 0))
+                   for code in STORAGE_CONDITIONS}
+        last = self.watch.last
         return Scrape(peers=peers, rejections=rejections, hooks=hooks,
                       mcp_calls=dict(self.backend.calls) if self.backend else {}, ready=self.readiness()[0],
                       writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
-                      dead_lettered=self.sender.dead_lettered)
+                      dead_lettered=self.sender.dead_lettered, storage=storage,
+                      integrity_check_s=None if last is None else last.seconds)
 
     def _sync_age_s(self, peer: str, now: float) -> float | None:
         """Seconds since ``peer``'s last completed pull (time.monotonic() ``now``); None before the first."""

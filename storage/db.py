@@ -11,12 +11,19 @@ Jobs must not BEGIN/COMMIT themselves. A cancelled ``write`` may still commit.
 
 Reads: ``await db.read(fn, *args)`` runs ``fn(conn, *args)`` on a thread of a small pool, each with
 its own read-only connection, inside one read transaction (one consistent snapshot per call).
+
+Faults: a write or read that meets a full disk or a damaged page sets ``db.health``'s ``storage_full`` or
+``storage_corrupt`` (logged once when it begins) and its caller gets that code, retryable. While the file is
+damaged writes are refused before they reach it (writing into a damaged b-tree can spread the damage);
+``check_integrity`` runs SQLite's own check and sets or clears ``storage_corrupt``; ``recheck_full`` clears
+``storage_full`` once the filesystem has room and a small write commits (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import queue
 import sqlite3
@@ -28,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from storage import migrations
+from storage import integrity, migrations
 from storage.errors import StorageCode, StorageError, translate
 from storage.health import Health
 
 T = TypeVar("T")
+log = logging.getLogger("storage")
 
 # How long a connection waits on a lock held by another process (e.g. the CLI) before 'busy'.
 BUSY_TIMEOUT_MS = 5_000
@@ -64,6 +72,11 @@ MAX_MERGE_STEPS = 1_000_000
 # format): the pages of each segment, counted from the rowids alone.
 _SEGMENT_PAGES_SQL = ("SELECT id >> 37, count(*) FROM memories_fts_data WHERE id >= (1 << 37) "
                       "GROUP BY id >> 37")
+# While the disk is full, the store is writable again once its filesystem has this much free (statvfs, for an
+# unprivileged writer) and a small write commits (``recheck_full``): room for a few batches' WAL frames.
+FULL_CLEAR_FREE_BYTES = 1024 * 1024
+# The errors that say something about the store as a whole (its condition), not about one write.
+_CONDITION_CODES = (StorageCode.STORAGE_FULL, StorageCode.STORAGE_CORRUPT)
 
 
 @dataclass(eq=False)
@@ -148,7 +161,12 @@ class Database:
         db._writer = threading.Thread(target=db._writer_main, args=(opened,),
                                       name=f"storage-writer:{db.path.name}", daemon=True)
         db._writer.start()
-        db._schema_version = await asyncio.wrap_future(opened)
+        try:
+            db._schema_version = await asyncio.wrap_future(opened)
+        except StorageError as e:
+            if e.code == StorageCode.STORAGE_CORRUPT:
+                raise integrity.corrupt_error(db.path, f"found when opening it: {e.message}") from e
+            raise
         db._reader_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=readers, thread_name_prefix=f"storage-reader:{db.path.name}")
         return db
@@ -231,6 +249,8 @@ class Database:
     async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], per_commit: bool) -> T:
         if self._closed:
             raise StorageError(StorageCode.CLOSED, "the database is closed; no further writes are accepted")
+        if StorageCode.STORAGE_CORRUPT in self.health:
+            raise StorageError(StorageCode.STORAGE_CORRUPT, f"writes are refused: {self._corrupt_message()}")
         assert self._loop is not None
         fut: asyncio.Future[T] = self._loop.create_future()
         self._queue.put(_Job(fn, args, fut, per_commit))
@@ -371,7 +391,7 @@ class Database:
                 _roll_back_savepoint(conn)
             else:
                 # SQLite rolled the whole transaction back (e.g. disk full): earlier jobs are gone too.
-                done.extend(_lost_with_transaction(uncommitted, failure))
+                done.extend(_lost_with_transaction(uncommitted, job.error or failure))
                 uncommitted = []
                 _reopen_transaction(conn)
         self._commit_batch(conn, uncommitted)
@@ -399,7 +419,7 @@ class Database:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            err = StorageError(StorageCode.COMMIT_FAILED, f"the batch could not be committed: {e}")
+            err = _commit_error(e)
             for j in uncommitted:
                 j.error = err
                 j.result = None
@@ -411,6 +431,9 @@ class Database:
 
     def _deliver(self, jobs: list[_Job]) -> None:
         assert self._loop is not None
+        for job in jobs:
+            if isinstance(job.error, StorageError):
+                job.error = self._noted(job.error)
         try:
             self._loop.call_soon_threadsafe(_resolve_all, jobs)
         except RuntimeError:
@@ -439,7 +462,104 @@ class Database:
             finally:
                 conn.execute("ROLLBACK")
         except sqlite3.Error as e:
-            raise translate(e) from e
+            raise self._noted(translate(e)) from e
+
+    # ---- the store's condition: damaged, full -------------------------------------------
+
+    async def check_integrity(self, *, full: bool = False) -> integrity.Findings | None:
+        """SQLite's own check of the file (quick_check; ``full``: integrity_check) on a connection of its own
+        beside the readers and the writer: sets storage_corrupt (logged once) when it finds damage, clears it
+        when a later check finds none. None where the backend has no such check."""
+        job = integrity.FileCheck(self.path, full=full)
+        try:
+            findings = await asyncio.to_thread(job.run)
+        except asyncio.CancelledError:
+            job.interrupt()
+            raise
+        except sqlite3.Error as e:
+            raise self._noted(translate(e, f"checking {self.path}")) from e
+        if findings.ok:
+            self._clear(StorageCode.STORAGE_CORRUPT, "storage_intact")
+        else:
+            self._damaged(findings.summary(), findings.messages)
+        return findings
+
+    async def recheck_full(self) -> bool:
+        """While storage_full is in force: clear it (logged once) when the file's filesystem has room again and a
+        small write commits. Returns whether it is still in force."""
+        if StorageCode.STORAGE_FULL not in self.health:
+            return False
+        if not self._has_room():
+            return True
+        try:
+            await self.write(_probe_write)
+        except StorageError:
+            return StorageCode.STORAGE_FULL in self.health
+        self._clear(StorageCode.STORAGE_FULL, "storage_space_available")
+        return False
+
+    def _has_room(self) -> bool:
+        """Whether the file's filesystem has FULL_CLEAR_FREE_BYTES free for an unprivileged writer."""
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return True  # nothing to measure: the probe write decides
+        return st.f_bavail * st.f_frsize >= FULL_CLEAR_FREE_BYTES
+
+    def _noted(self, err: StorageError) -> StorageError:
+        """``err`` as the store's condition: a full disk or a damaged page sets it (logged once when it begins)
+        and the caller gets an error naming the file and what to do; any other error is returned as it is."""
+        if err.code == StorageCode.IO_ERROR and not self._has_room():
+            # ENOSPC can surface as an I/O error (the -shm file growing, an fsync): the disk is what is full.
+            err = StorageError(StorageCode.STORAGE_FULL, err.message)
+        if err.code == StorageCode.STORAGE_FULL:
+            message = self._full_message()
+            self._set(StorageCode.STORAGE_FULL, message, "storage_full", {"error": err.message})
+            return StorageError(StorageCode.STORAGE_FULL, f"{err.message}: {message}")
+        if err.code == StorageCode.STORAGE_CORRUPT:
+            if StorageCode.STORAGE_CORRUPT not in self.health:  # a check's naming of the damage says more
+                self._damaged(f"met by a read or write: {err.message}", ())
+            return StorageError(StorageCode.STORAGE_CORRUPT, self._corrupt_message())
+        return err
+
+    def _full_message(self) -> str:
+        """The storage_full condition's sentence: where space ran out and what to do (a backend's own words)."""
+        return (f"no space left for {self.path} on its filesystem: writes are refused until space is freed there "
+                "(nothing stored is lost; clients may retry)")
+
+    def _damaged(self, what: str, messages: tuple[str, ...]) -> None:
+        self._set(StorageCode.STORAGE_CORRUPT, integrity.corrupt_error(self.path, what).message, "storage_corrupt",
+                  {"damaged": what, "sqlite": list(messages[:3])})
+
+    def _corrupt_message(self) -> str:
+        """The storage_corrupt condition's sentence (what was found first, and the recovery)."""
+        held = next((c for c in self.health.conditions() if c.code == StorageCode.STORAGE_CORRUPT), None)
+        return held.message if held is not None else integrity.corrupt_error(self.path, "found earlier").message
+
+    def _set(self, code: StorageCode, message: str, event: str, fields: dict[str, Any]) -> None:
+        if self.health.set(code, message):
+            log.error(event, extra={"ev": {"path": str(self.path), "message": message, **fields}})
+
+    def _clear(self, code: StorageCode, event: str) -> None:
+        ended = self.health.clear(code)
+        if ended is not None:
+            log.warning(event, extra={"ev": {"path": str(self.path), "after_s": round(time.monotonic() - ended.since,
+                                                                                        3)}})
+
+
+def _probe_write(conn: Any) -> None:
+    """A small write that leaves nothing behind (a row into ``counters`` and out): its pages still reach the disk."""
+    conn.execute("INSERT INTO counters (name, value) VALUES ('storage_probe', 0)")
+    conn.execute("DELETE FROM counters WHERE name = 'storage_probe'")
+
+
+def _commit_error(e: sqlite3.Error) -> StorageError:
+    """A failed COMMIT: the store's condition where it names one (full, damaged, an I/O error), else
+    commit_failed."""
+    err = translate(e, "committing a write batch")
+    if err.code in (*_CONDITION_CODES, StorageCode.IO_ERROR):
+        return err
+    return StorageError(StorageCode.COMMIT_FAILED, f"the batch could not be committed: {e}")
 
 
 def _open_savepoint(conn: sqlite3.Connection, job: _Job) -> bool:
@@ -471,10 +591,12 @@ def _roll_back_savepoint(conn: sqlite3.Connection) -> None:
 
 
 def _lost_with_transaction(uncommitted: list[_Job], cause: BaseException) -> list[_Job]:
-    """Mark jobs that had succeeded in a transaction SQLite has since rolled back; returns them."""
+    """Mark jobs that had succeeded in a transaction SQLite has since rolled back; returns them. A cause that is
+    the store's condition (the disk full) is theirs too: they were not stored for the same reason."""
+    code = cause.code if isinstance(cause, StorageError) and cause.code in _CONDITION_CODES \
+        else StorageCode.TRANSACTION_ABORTED
     for lost in uncommitted:
-        lost.error = StorageError(StorageCode.TRANSACTION_ABORTED,
-                                  f"the batch transaction was rolled back by a later job's error: {cause}")
+        lost.error = StorageError(code, f"the batch transaction was rolled back by a later job's error: {cause}")
     return uncommitted
 
 

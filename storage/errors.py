@@ -23,9 +23,7 @@ class StorageCode(StrEnum):
     CONSTRAINT = "constraint"
     BUSY = "busy"
     READ_ONLY = "read_only"
-    DISK_FULL = "disk_full"
     IO_ERROR = "io_error"
-    CORRUPT = "corrupt"
     CLOSED = "closed"
     COMMIT_FAILED = "commit_failed"
     TRANSACTION_ABORTED = "transaction_aborted"
@@ -36,6 +34,8 @@ class StorageCode(StrEnum):
     FILE_MODE = "file_mode"
     CANNOT_CONNECT = "cannot_connect"
     AGE_UNAVAILABLE = "age_unavailable"
+    # Another process holds the file (``ai-memory repair`` needs it alone).
+    IN_USE = "in_use"
     # The store as a whole (storage/health.py): away, damaged, full. Each answers a client retryably.
     STORAGE_UNAVAILABLE = "storage_unavailable"
     STORAGE_CORRUPT = "storage_corrupt"
@@ -52,10 +52,12 @@ _BY_ERRORNAME: tuple[tuple[str, StorageCode], ...] = (
     ("SQLITE_BUSY", StorageCode.BUSY),
     ("SQLITE_LOCKED", StorageCode.BUSY),
     ("SQLITE_READONLY", StorageCode.READ_ONLY),
-    ("SQLITE_FULL", StorageCode.DISK_FULL),
+    ("SQLITE_FULL", StorageCode.STORAGE_FULL),
     ("SQLITE_IOERR", StorageCode.IO_ERROR),
-    ("SQLITE_CORRUPT", StorageCode.CORRUPT),
-    ("SQLITE_NOTADB", StorageCode.NOT_A_DATABASE),
+    ("SQLITE_CORRUPT", StorageCode.STORAGE_CORRUPT),
+    # On a store already open, a page that is not SQLite's is damage (``migrations.guard`` refuses a file that
+    # is not a database at all before it is opened: not_a_database).
+    ("SQLITE_NOTADB", StorageCode.STORAGE_CORRUPT),
 )
 
 

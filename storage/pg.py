@@ -356,6 +356,13 @@ class PgDatabase(Database):
         conn.before_commit = age.sync
         self.kg_backend = "postgres-age"
 
+    async def check_integrity(self, *, full: bool = False) -> None:
+        """None: the server checks its own pages (data checksums, amcheck); SQLite's file check has no part here."""
+        return None
+
+    def _has_room(self) -> bool:
+        return True  # the server's disk is not ours to measure: the probe write decides
+
     def _stored_schema_version(self, conn: Any) -> int:
         self._measure(conn)
         return _stored_version(conn.raw) or 0

@@ -84,8 +84,8 @@ def test_each_rooms_error_is_a_project_error(cls: type[ProjectError]) -> None:
 
 def test_storage_trouble_answers_a_server_status_not_a_client_one() -> None:
     assert StorageError(StorageCode.BUSY, "the database is locked").http_status == 503
-    assert StorageError(StorageCode.DISK_FULL, "the disk is full").http_status == 507
-    assert StorageError(StorageCode.CORRUPT, "malformed page").http_status == 500
+    assert StorageError(StorageCode.STORAGE_FULL, "the disk is full").http_status == 503
+    assert StorageError(StorageCode.STORAGE_CORRUPT, "malformed page").http_status == 503
     assert StorageError(StorageCode.CLOSED, "closed").http_status == 503
 
 

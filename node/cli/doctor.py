@@ -1,4 +1,5 @@
-"""Reports on the node: ``doctor`` (what it runs on, its audit chain, its hooks), ``peers`` and ``status``.
+"""Reports on the node: ``doctor`` (what it runs on, the store's integrity, its audit chain, its hooks), ``peers``
+and ``status``.
 
 Each asks the running node first, over its local socket (``node.mcp.socket.ask_node``), and when none answers
 reads the store itself, saying so: the same functions the node answers with (``node.mcp.capabilities``,
@@ -14,8 +15,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from node.cli.common import EXIT_CHECK, EXIT_OK, check_home, emit, run_async, with_service
+from node.cli.common import EXIT_CHECK, EXIT_OK, check_home, emit, run_async
 from node.config import NodeConfig
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from node.cli.common import Commands
@@ -27,7 +29,8 @@ COUNT_COLUMNS = ("fired", "allowed", "modified", "denied", "asked", "timeout", "
 def add_parsers(sub: Commands) -> None:
     """doctor, peers, status."""
     dr = sub.add_parser("doctor", help="what this node runs on (storage backend, schema, kg backend, key, audit "
-                                       "chain) and its hooks; exit 3 when a check fails")
+                                       "chain), SQLite's integrity check of the store, and its hooks; exit 3 when a "
+                                       "check fails")
     dr.add_argument("--hooks", action="store_true",
                     help="only the hooks: per event in chain order, daemon state, fire/deny/timeout/crash counts")
     dr.add_argument("--json", action="store_true")
@@ -125,16 +128,68 @@ def _doctor(args: argparse.Namespace, cfg: NodeConfig) -> int:
     if args.hooks:
         emit(args, {"hooks": report}, lambda d: render_hooks(d["hooks"]))
         return EXIT_OK if hooks_ok else EXIT_CHECK
+    check_home(cfg)
+    # The file first, read-only, before anything opens it for writing: damage can stop the service from opening.
+    integrity = _integrity(cfg)
+    r: dict[str, Any] = {"storage_backend": cfg.storage.backend}
+    try:
+        r.update(run_async(_service_facts(cfg)))
+    except StorageError as e:
+        if integrity is None or integrity["ok"]:
+            raise
+        r["service"] = f"not opened: [{e.code}] {e.message}"
+    r.update(storage_integrity=integrity, hooks=report)
+    emit(args, r, _doctor_lines)
+    sound = integrity is None or bool(integrity["ok"])
+    return EXIT_OK if sound and r.get("audit_chain_ok") and hooks_ok else EXIT_CHECK
 
-    async def go(svc: Service) -> int:
+
+def _integrity(cfg: NodeConfig) -> dict[str, Any] | None:
+    """SQLite's integrity_check of the store, by damaged table (None on Postgres; ok when there is no file yet)."""
+    import sqlite3
+
+    from storage.errors import translate
+    from storage.integrity import FileCheck
+
+    if cfg.storage.backend != "sqlite":
+        return None
+    if not cfg.db_path.exists():
+        return {"ok": True, "path": str(cfg.db_path), "check": "none: no database yet", "seconds": 0.0,
+                "damaged": [], "messages": []}
+    try:
+        return FileCheck(cfg.db_path, full=True).run().as_dict()
+    except sqlite3.Error as e:  # the check could not run at all (the file unreadable): one error line
+        raise translate(e, f"checking {cfg.db_path}") from e
+
+
+async def _service_facts(cfg: NodeConfig) -> dict[str, Any]:
+    from node.assemble import open_service
+
+    svc = await open_service(cfg)
+    try:
         chain = await svc.audit_verify()
-        r = {"storage_backend": cfg.storage.backend, "schema_version": svc.db.schema_version,
-             "kg_backend": svc.kg.backend, "agent_id": svc.agent_id, "signing": svc.identity is not None,
-             "audit_chain_ok": chain["ok"], "hooks": report}
-        emit(args, r, lambda r: "\n".join([*(f"{k}: {v}" for k, v in r.items() if k != "hooks"),
-                                            render_hooks(r["hooks"])]))
-        return EXIT_OK if chain["ok"] and hooks_ok else EXIT_CHECK
-    return with_service(go, cfg)
+        return {"schema_version": svc.db.schema_version, "kg_backend": svc.kg.backend, "agent_id": svc.agent_id,
+                "signing": svc.identity is not None, "audit_chain_ok": chain["ok"]}
+    finally:
+        await svc.close()
+
+
+def _doctor_lines(r: dict[str, Any]) -> str:
+    lines = [f"{k}: {v}" for k, v in r.items() if k not in ("hooks", "storage_integrity")]
+    lines.extend(_integrity_lines(r["storage_integrity"]))
+    lines.append(render_hooks(r["hooks"]))
+    return "\n".join(lines)
+
+
+def _integrity_lines(found: dict[str, Any] | None) -> list[str]:
+    from storage.integrity import RECOVERY
+
+    if found is None:
+        return ["storage_integrity: not checked here (Postgres checks its own pages: amcheck)"]
+    if found["ok"]:
+        return [f"storage_integrity: ok ({found['check']}, {found['seconds']:.2f} s)"]
+    return [f"storage_integrity: DAMAGED {found['path']}: " + ", ".join(d["what"] for d in found["damaged"]),
+            *(f"  sqlite: {m}" for m in found["messages"][:3]), f"  what to do: {RECOVERY}"]
 
 
 async def hooks_report(cfg: NodeConfig) -> dict[str, Any]:

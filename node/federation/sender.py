@@ -42,6 +42,7 @@ from node.config import SEND_WINDOW_BYTES
 from node.wire import split_links_put
 from storage import changelog, outbox
 from storage.db import Database
+from storage.errors import StorageError
 from storage.outbox import OutboxRow
 
 log = logging.getLogger("node.outbox")
@@ -167,8 +168,12 @@ class OutboxSender:
     async def _orphans_to_dead_letters(self) -> None:
         """Rows for a peer this node has no link to (removed from the config) would wait forever."""
         now = self.clock_ms()
-        moved = await self.db.write(outbox.dead_letter_peers_except, sorted(self.links),
-                                    "no [[mesh.peers]] entry for this peer", now)
+        try:
+            moved = await self.db.write(outbox.dead_letter_peers_except, sorted(self.links),
+                                        "no [[mesh.peers]] entry for this peer", now)
+        except StorageError as e:  # a damaged or full store: the workers wait on it; the next start sweeps
+            log.warning("orphan_sweep_failed", extra={"ev": {"code": str(e.code), "error": e.message}})
+            return
         if moved:
             log.warning("dead_letter", extra={"ev": {"count": moved, "error": "peer not configured"}})
 

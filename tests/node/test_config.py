@@ -96,6 +96,8 @@ def test_namespaces_and_peers_parse() -> None:
     ({"federation": {"links_per_envelope": 101}}, "1..100"),
     ({"storage": {"synchronous": "off"}}, "storage.synchronous"),
     ({"storage": {"fts_merge_pages": -1}}, "storage.fts_merge_pages"),
+    ({"storage": {"integrity_check_interval_s": -1}}, "storage.integrity_check_interval_s"),
+    ({"storage": {"integrity_check_interval_s": float("nan")}}, "storage.integrity_check_interval_s"),
 ])
 def test_inconsistent_settings_are_refused(raw: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as err:

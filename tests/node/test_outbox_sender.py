@@ -444,7 +444,7 @@ async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp
     try:
         # The first expires before its first retry would be due (clock 1,000 ms, first delay 1 s).
         rows = await _enqueued_expiring(db, [1_500, 10**13, 10**13])
-        _refuse(db, "to_dead_letter", StorageError("disk_full", "database or disk is full"))
+        _refuse(db, "to_dead_letter", StorageError("storage_full", "database or disk is full"))
         sender = _sender(db, FailingLink(), [])
         sender.hand_off(rows)
 
@@ -467,7 +467,7 @@ async def test_an_expired_rows_failed_dead_letter_does_not_hold_back_the_live_ro
     db = await Database.open(tmp_path / "memory.db", synchronous="normal")
     try:
         expired, live = await _enqueued_expiring(db, [500, 10**13])  # the first expired (clock 1,000 ms)
-        _refuse(db, "to_dead_letter", StorageError("disk_full", "database or disk is full"))
+        _refuse(db, "to_dead_letter", StorageError("storage_full", "database or disk is full"))
         link, acked = AckingLink(), []
         sender = _sender(db, link, acked)
         sender.hand_off([expired, live])

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from storage import Database
 from storage.backend import open_database
 from tests.pg import pg_cluster, pg_dsn  # noqa: F401  (pytest finds fixtures by name)
+from tests.storage.storage_helpers import fill_store
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -43,3 +46,19 @@ async def db(backend: str, db_path: Path, request: pytest.FixtureRequest):
         if cluster is not None:
             cluster.drop_db(name)
 
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A filled SQLite store (storage_helpers.fill_store), made once per module: (its path, the memory ids)."""
+    path = tmp_path_factory.mktemp("filled") / "memory.db"
+    return path, asyncio.run(fill_store(path))
+
+
+@pytest.fixture
+def store(filled: tuple[Path, list[str]], tmp_path: Path) -> Path:
+    """A copy of the filled store, this test's to damage."""
+    path = tmp_path / "node" / "memory.db"
+    path.parent.mkdir(parents=True)
+    shutil.copyfile(filled[0], path)
+    return path

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import random
 import sqlite3
 import uuid
 from pathlib import Path
 
+from storage import Database, memories
 from storage.memories import MemoryRow
+from tests.faults import checkpointed
 
 _clock = itertools.count(1_700_000_000_000)
 
@@ -50,3 +54,24 @@ class Raw:
 
     def close(self) -> None:
         self.conn.close()
+
+
+# A filled store for the fault tests: enough memories that each table and index spans many pages.
+MEMORIES = 2_000
+WORDS = [f"w{i}" for i in range(3_000)]
+
+
+async def fill_store(path: Path, n: int = MEMORIES) -> list[str]:
+    """A store of ``n`` memories of a few hundred bytes each (memory i holds the word needle<i>), closed and
+    checkpointed; their ids."""
+    rng = random.Random(7)
+    rows = [make_memory(namespace=f"ns{i % 5}", title=f"memory {i}",
+                        content=" ".join(rng.choices(WORDS, k=60)) + f" needle{i}") for i in range(n)]
+    db = await Database.open(path, synchronous="normal")
+    try:
+        for i in range(0, n, 500):
+            await asyncio.gather(*(db.write(memories.insert, row) for row in rows[i:i + 500]))
+    finally:
+        await db.close()
+    checkpointed(path)
+    return [r.id for r in rows]
