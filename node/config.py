@@ -415,7 +415,9 @@ def load_config(path: Path | None = None, *, env: Mapping[str, str] | None = Non
         try:
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(ConfigCode.CONFIG_NOT_FOUND, f"config file {path} does not exist") from None
+            raise ConfigError(ConfigCode.CONFIG_NOT_FOUND,
+                              f"config file {path} does not exist; check --config, or write it "
+                              "(configs/node.example.toml documents every key)") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(ConfigCode.CONFIG_MALFORMED, f"config file {path} is not valid TOML: {e}") from None
         except UnicodeDecodeError:

@@ -28,7 +28,8 @@ async def test_an_mcp_started_while_its_node_is_down_waits_and_joins_it(mesh_fac
     params = StdioServerParameters(command=sys.executable, args=["-m", "node.cli", "mcp", "--config",
                                                                  str(n1.config_path)], env=env, cwd=str(ROOT))
     errlog_path = n1.home / "mcp-stderr.log"
-    with anyio.fail_after(TEST_TIMEOUT_S), open(errlog_path, "w") as errlog:
+    errlog = await asyncio.to_thread(open, errlog_path, "w")
+    with anyio.fail_after(TEST_TIMEOUT_S), errlog:
         async with stdio_client(params, errlog=errlog) as (r, w), \
                 ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as session:
             init = asyncio.create_task(session.initialize())

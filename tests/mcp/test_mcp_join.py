@@ -3,6 +3,7 @@ its own process only where no node is configured to serve the home, or when aske
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -27,7 +28,8 @@ async def mode(h: Home, *extra: str) -> tuple[str, str]:
     params = stdio_params(h)
     params.args = [*params.args, *extra]
     log = h.cfg.home / "mcp-stderr.log"
-    with anyio.fail_after(TEST_TIMEOUT_S), open(log, "w") as errlog:
+    errlog = await asyncio.to_thread(open, log, "w")
+    with anyio.fail_after(TEST_TIMEOUT_S), errlog:
         async with stdio_client(params, errlog=errlog) as (r, w), \
                 ClientSession(r, w, read_timeout_seconds=CALL_TIMEOUT_S) as session:
             await session.initialize()
