@@ -280,7 +280,10 @@ class Node:
         logging.getLogger().setLevel(self.cfg.log.level.upper())
         if isinstance(self.hooks, HookPipeline):
             self.hooks.reload_now()
-        await self.gate.refresh()
+        try:
+            await self.gate.refresh()
+        except Exception as e:  # the store may be away: the gate looks again at its next check
+            log.warning("permissions_refresh_failed", extra={"ev": {"error": describe(e).message}})
         log.info("config_reloaded", extra={"ev": {
             "changed": list(plan.live), "peers_added": [p.agent_id for p in plan.peers_added],
             "peers_removed": list(plan.peers_removed), "peers": list(self.links)}})
