@@ -447,8 +447,9 @@ def _explained(exc: BaseException, home: Path) -> BaseException:
 def _created_by_start(cfg: NodeConfig) -> list[Path]:
     """The paths a start may create in the home that do not exist yet, deepest first (removed after a failed start)."""
     paths = [cfg.socket_path, cfg.status_path, cfg.socket_path.parent, cfg.status_path.parent]
-    if cfg.storage.backend == "sqlite":
-        db = cfg.db_path
+    db = cfg.db_path
+    # Only a database this start makes, with its -wal and -shm: those of one that exists may be another process's.
+    if cfg.storage.backend == "sqlite" and not os.path.lexists(db):
         paths += [db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), db,
                   *(d for d in db.parents if d != cfg.home and cfg.home in d.parents)]
     return sorted({p for p in paths if not os.path.lexists(p)}, key=lambda p: len(p.parts), reverse=True)
