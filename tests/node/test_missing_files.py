@@ -3,12 +3,17 @@ file left in the home."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from node.cli import main
 from testbed.mesh import NodeSpec, build_layout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -21,10 +26,14 @@ def tree(home: Path) -> list[str]:
 
 
 def serve_line(capsys: pytest.CaptureFixture[str], spec: NodeSpec) -> str:
+    """``serve``'s stderr, from a process of its own (serve sets up the process's logging)."""
     before = tree(spec.home)
-    rc = main(["--config", str(spec.config_path), "serve"])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(lines) == 1, lines
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("AI_MEMORY_HOME", None)
+    p = subprocess.run([sys.executable, "-m", "node.cli", "--config", str(spec.config_path), "serve"], env=env,
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1, lines
     assert tree(spec.home) == before
     return lines[0]
 
