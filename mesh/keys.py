@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pwd
 import secrets
 import stat
 import unicodedata
@@ -193,9 +194,7 @@ def _read_file(path: Path, what: str) -> tuple[bytes, os.stat_result]:
     except IsADirectoryError:
         raise MeshError(MeshCode.KEY_INVALID, f"The {what} path {path} is a directory.") from None
     except PermissionError:
-        raise MeshError(
-            MeshCode.KEY_FILE_MODE, f"The {what} file {path} is not readable by this user."
-        ) from None
+        raise MeshError(MeshCode.KEY_FILE_MODE, _unreadable(path, what)) from None
     try:
         st = os.fstat(fd)  # stat the opened file itself, not the name (no race)
         if not stat.S_ISREG(st.st_mode):
@@ -204,6 +203,25 @@ def _read_file(path: Path, what: str) -> tuple[bytes, os.stat_result]:
             return fh.read(), st
     finally:
         os.close(fd)
+
+
+def _unreadable(path: Path, what: str) -> str:
+    """A key file this user may not open: who owns it, its mode, and the chown that hands it to this user."""
+    me = _user_name(os.geteuid())
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (f"The {what} file {path} cannot be reached by user {me} (a directory above it cannot be entered); "
+                f"run: chown -R {me}: {path.parent}")
+    return (f"The {what} file {path} cannot be read by user {me} (owned by {_user_name(st.st_uid)}, mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); run: chown {me}: {path}")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 # --------------------------------------------------------------------- loading

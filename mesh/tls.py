@@ -71,6 +71,14 @@ def client_context(cert_path: Path, key_path: Path, ca_path: Path) -> ssl.SSLCon
 def _configure(ctx: ssl.SSLContext, cert_path: Path, key_path: Path, ca_path: Path) -> None:
     cert_path, key_path, ca_path = Path(cert_path), Path(key_path), Path(ca_path)
     private_key = keys.load_private_key(key_path)  # mode 0600 + Ed25519 checks
+    if not cert_path.exists():
+        agent_id = key_path.name.removesuffix(keys.PRIV_SUFFIX)
+        raise MeshError(
+            MeshCode.CERT_MISSING,
+            f"The node certificate {cert_path} does not exist; issue one over this node's key where the mesh CA "
+            f"is: ai-memory mesh cert issue --ca CA_DIR --agent-id {agent_id} "
+            f"--pub {key_path.with_name(agent_id + keys.PUB_SUFFIX)} --out {cert_path}",
+        )
     own = load_cert(cert_path)
     if _raw_key(own, cert_path) != keys.raw_public_bytes(private_key.public_key()):
         raise MeshError(
@@ -101,7 +109,8 @@ def _check_issued_by(cert: x509.Certificate, cert_path: Path, ca_path: Path) -> 
     try:
         cas = x509.load_pem_x509_certificates(ca_path.read_bytes())
     except FileNotFoundError:
-        raise MeshError(MeshCode.CA_MISSING, f"The CA certificate file {ca_path} does not exist.") from None
+        raise MeshError(MeshCode.CA_MISSING, f"The CA certificate file {ca_path} does not exist; copy the mesh "
+                                             f"CA's certificate there: cp CA_DIR/ca.crt {ca_path}") from None
     except ValueError as exc:
         raise MeshError(MeshCode.CERT_INVALID, f"{ca_path} holds no PEM certificate ({exc}).") from None
     for ca_cert in cas:

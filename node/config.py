@@ -26,6 +26,7 @@ from a2a.seen import SEEN_CACHE_SIZE
 from base.errors import ProjectError
 from mesh.receive import APPLY_TIMEOUT_S
 from node import priority
+from node.files import HomeFile, Need, explain
 from node.priority import MAX_NICE
 
 DEFAULT_HOME = "~/.config/ai-memory"
@@ -41,6 +42,7 @@ class ConfigCode(StrEnum):
     CONFIG_MALFORMED = "config_malformed"
     CONFIG_UNKNOWN_KEY = "config_unknown_key"
     CONFIG_INVALID = "config_invalid"
+    CONFIG_UNREADABLE = "config_unreadable"
 
 
 class ConfigError(ProjectError):
@@ -231,6 +233,9 @@ class McpConfig:
     # 0 = streamable HTTP off.
     http_port: int = 0
     socket: Path = Path("run/node.sock")
+    # `ai-memory mcp` for a home a node serves waits this long for the node's socket (a node restarting opens its
+    # store first), then fails; a home no node serves is opened in the MCP process itself (docs/mcp.md).
+    join_wait_s: float = 30.0
     # Tool families each MCP session lists at first (docs/mcp.md): core | graph | admin | power | full.
     profile: str = "core"
 
@@ -350,6 +355,34 @@ class NodeConfig:
     def permissions_path(self) -> Path:
         return self._in_home(self.permissions.config)
 
+    @property
+    def status_path(self) -> Path:
+        """run/node.json: written by a node once it serves, removed when it stops cleanly."""
+        return self.home / "run" / "node.json"
+
+    def home_files(self, *, serving: bool) -> tuple[HomeFile, ...]:
+        """Every path of the home a process opening its store reads or writes, with what it needs there
+        (``node.files.check`` looks at them before anything is opened); ``serving``: the node's own as well."""
+        f = HomeFile
+        out = [f(self.home, "the node home", Need.ENTER),
+               f(self.keys_dir, "the keys directory", Need.LIST),
+               f(self.keys_dir / "retired", "the retired keys directory", Need.LIST),
+               f(self.peers_dir, "the peers' keys directory", Need.LIST),
+               f(self.peers_dir / "retired", "the peers' retired keys directory", Need.LIST),
+               f(self.hooks_path, "the hooks file", Need.READ),
+               f(self.permissions_path, "the permission rules file", Need.READ)]
+        if self.storage.backend == "sqlite":
+            db = self.db_path
+            out += [f(db.parent, "the database directory", Need.CREATE), f(db, "the database", Need.WRITE),
+                    *(f(db.with_name(db.name + end), f"the database's {end} file", Need.WRITE)
+                      for end in ("-wal", "-shm"))]
+        if serving:
+            out += [f(self.cert_path, "the node certificate", Need.READ),
+                    f(self.ca_cert_path, "the mesh CA certificate", Need.READ),
+                    f(self.socket_path.parent, "the directory of the local socket", Need.CREATE),
+                    f(self.status_path.parent, "the run directory", Need.CREATE)]
+        return tuple(out)
+
     def _in_home(self, p: Path) -> Path:
         p = p.expanduser()
         return p if p.is_absolute() else self.home / p
@@ -387,14 +420,24 @@ def load_config(path: Path | None = None, *, env: Mapping[str, str] | None = Non
         try:
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(ConfigCode.CONFIG_NOT_FOUND, f"config file {path} does not exist") from None
+            raise ConfigError(ConfigCode.CONFIG_NOT_FOUND,
+                              f"config file {path} does not exist; check --config, or write it "
+                              "(configs/node.example.toml documents every key)") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(ConfigCode.CONFIG_MALFORMED, f"config file {path} is not valid TOML: {e}") from None
         except UnicodeDecodeError:
             raise ConfigError(ConfigCode.CONFIG_MALFORMED, f"config file {path} is not UTF-8 text") from None
+        except OSError as e:
+            raise ConfigError(ConfigCode.CONFIG_UNREADABLE, _unreadable(Path(path), e)) from None
     if overrides:
         raw = {**raw, **overrides}
     return from_dict(raw, env=env, config_dir=None if path is None else Path(path).absolute().parent)
+
+
+def _unreadable(path: Path, e: OSError) -> str:
+    """The config file's read error as one line with its fix (node.files), else the system's words."""
+    err = explain(e, path.absolute().parent, "the config file")
+    return err.message if err is not None else f"config file {path} cannot be read: {e.strerror or e}"
 
 
 def from_dict(raw: dict[str, Any], *, env: Mapping[str, str] | None = None,
@@ -647,6 +690,7 @@ def _validate_listen_addresses(cfg: NodeConfig) -> None:
         port = getattr(cfg.mesh, key)
         if not 0 <= port <= MAX_PORT:
             raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
+    _positive("mcp.join_wait_s", cfg.mcp.join_wait_s)
     if not 0 <= cfg.mcp.http_port <= MAX_PORT:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"mcp.http_port must be in 0..{MAX_PORT}, got {cfg.mcp.http_port!r}")

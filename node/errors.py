@@ -51,6 +51,9 @@ class ServiceCode(StrEnum):
     CANNOT_LISTEN = "cannot_listen"
     HOME_NOT_FOUND = "home_not_found"
     HOME_EMPTY = "home_empty"
+    # A file of the home this process's user may not read or write (node/files.py).
+    FILE_UNREADABLE = "file_unreadable"
+    FILE_UNWRITABLE = "file_unwritable"
     KEY_INVALID = "key_invalid"
     KEY_FILE_MODE = "key_file_mode"
 

@@ -1,7 +1,12 @@
 """The node process: service + mesh server + peer links + outbox sender + catch-up, with one lifecycle.
 
-``serve(cfg)`` runs until SIGTERM/SIGINT, then drains: stop accepting, stop the sender, give ACK
-waits ``drain_timeout_s``, close sockets and the database. Every task is owned by one TaskGroup.
+``serve(cfg, load)`` runs until SIGTERM/SIGINT, then drains: stop accepting, stop the sender, give ACK
+waits ``drain_timeout_s``, close sockets and the database, and logs ``node_stopped`` with the signal. SIGHUP
+reads the configuration again (``load``) and puts its live settings in force (``node.reload``: peers' links
+started and stopped, namespace policies, the log level, the hooks and permission rules files read now), naming
+what needs a restart; a file that does not load is refused in one log line and the running configuration kept.
+A failure after ``node_ready`` is logged ``node_crashed`` before the process exits non-zero; a start that fails
+leaves none of the files it created behind. Every task is owned by one TaskGroup.
 """
 
 from __future__ import annotations
@@ -11,33 +16,42 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import Backoff, RetrySchedule, SeenCache
+from base.errors import ProjectError, describe
 from mesh import tls
 from mesh.heap import keep_tls_reads_on_the_heap
 from mesh.keys import Identity
 from mesh.link import LinkState, PeerLink
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
+from node import files, reload
 from node.assemble import Store, assemble, open_store
-from node.config import NodeConfig
+from node.config import NodeConfig, PeerConfig
 from node.federation.outbound import AckSignal, DeliveryFeedback, PeerAccepts
 from node.federation.sender import OutboxSender
 from node.federation.sync import PeerSync, PullSettings
 from node.hooks import HookEvent
+from node.hooks.config import load_hooks
+from node.hooks.pipeline import HookPipeline
 from node.mcp.backend import ServiceBackend
 from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
+from node.permissions.gate import load_rules_file
 from node.service import now_ms
+from node.trust import load_node_identity
 from storage.errors import StorageCode
 from storage.watch import StoreWatch
 
@@ -48,11 +62,52 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 STORAGE_CONDITIONS = (StorageCode.STORAGE_UNAVAILABLE, StorageCode.STORAGE_CORRUPT, StorageCode.STORAGE_FULL)
 
 
+class TlsContexts(NamedTuple):
+    """The node's mutual-TLS contexts, built from its key and certificates before its store is opened."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+    @classmethod
+    def of(cls, cfg: NodeConfig) -> TlsContexts:
+        ident = load_node_identity(cfg, required=True)
+        assert ident is not None  # required=True raises instead
+        return cls(tls.server_context(cfg.cert_path, ident.priv_path, cfg.ca_cert_path),
+                   tls.client_context(cfg.cert_path, ident.priv_path, cfg.ca_cert_path))
+
+
+@dataclass
+class Signals:
+    """What the process's signals ask of the node: stop (``reason``: the signal's name) or read its configuration
+    again (``reload``, SIGHUP)."""
+
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    reload: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+
+    def stop_for(self, reason: str) -> None:
+        if not self.stop.is_set():
+            self.reason = reason
+            self.stop.set()
+
+    def install(self) -> None:
+        """SIGTERM and SIGINT stop (drain), SIGHUP reloads: from now on, before the node is even open."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_for, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, self.reload.set)
+
+
+# Reads the node's configuration file again (the one it was started with, the same environment).
+Load = Callable[[], NodeConfig]
+
+
 class Node:
     """One node process on an opened store: it builds its peer links and outbox sender, then the federation and
-    the service with the sender as their delivery (``node.assemble``), and runs them under one lifecycle."""
+    the service with the sender as their delivery (``node.assemble``), and runs them under one lifecycle.
+    ``load`` reads the configuration again on SIGHUP."""
 
-    def __init__(self, cfg: NodeConfig, store: Store) -> None:
+    def __init__(self, cfg: NodeConfig, store: Store, contexts: TlsContexts, load: Load) -> None:
         self.cfg = cfg
         self.started_at = time.time()
         ident = store.identity
@@ -60,10 +115,13 @@ class Node:
         self.identity: Identity = ident
         self.keyring = store.keyring
         self.hooks = store.hooks
-        self.server_ssl = tls.server_context(cfg.cert_path, ident.priv_path, cfg.ca_cert_path)
-        self.client_ssl = tls.client_context(cfg.cert_path, ident.priv_path, cfg.ca_cert_path)
-        self.links = self._peer_links()
+        self.gate = store.gate
+        self.db = store.db
+        self._load = load
+        self.server_ssl, self.client_ssl = contexts
+        self.links = {p.agent_id: self._link(p) for p in cfg.mesh.peers}
         accepts, acks = PeerAccepts(), AckSignal()
+        self.accepts = accepts
         self.metrics = NodeMetrics(self.scrape)
         self.sender = OutboxSender(store.db, self.links, RetrySchedule(cfg.a2a.retry_delays_s), now_ms,
                                    DeliveryFeedback(acks, accepts, self.metrics),
@@ -80,25 +138,28 @@ class Node:
                                              member_generation=self.member_generation),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
         # Each peer's catch-up: its pull loop, cursor, stats and "sync wanted".
-        self.syncs = {peer: PeerSync(peer, self.links, self.fed.pulled, accepts, store.db, PullSettings.of(cfg))
-                      for peer in self.links}
+        self.syncs = {peer: self._sync(peer) for peer in self.links}
+        # Each peer's link and catch-up tasks, so that a reload can stop a removed peer's.
+        self._peer_tasks: dict[str, list[asyncio.Task[None]]] = {}
         # SQLite's integrity check (at start and every storage.integrity_check_interval_s) and the full-disk probe.
         self.watch = StoreWatch(store.db, integrity_every_s=cfg.storage.integrity_check_interval_s)
         self.extra_services: list[Any] = []
         # Set on drain: the approval sweep and the webhooks stop at their next turn.
         self._closing = False
+        # Set once the node serves (node_ready): a failure before it is a failed start, after it a crash.
+        self.ready = False
         # The tool backend the local MCP doors share (its call counts feed /metrics); set at start.
         self.backend: ServiceBackend | None = None
 
-    def _peer_links(self) -> dict[str, PeerLink]:
+    def _link(self, p: PeerConfig) -> PeerLink:
         cfg = self.cfg
-        backoff = Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s)
-        return {
-            p.agent_id: PeerLink(p.agent_id, p.url, self.client_ssl, pinned=self.pinned_keys,
-                                 backoff=backoff, ack_timeout_s=cfg.a2a.ack_timeout_s,
-                                 max_bytes=cfg.a2a.max_message_bytes, member=self.is_member)
-            for p in cfg.mesh.peers
-        }
+        return PeerLink(p.agent_id, p.url, self.client_ssl, pinned=self.pinned_keys,
+                        backoff=Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s),
+                        ack_timeout_s=cfg.a2a.ack_timeout_s, max_bytes=cfg.a2a.max_message_bytes,
+                        member=self.is_member)
+
+    def _sync(self, peer: str) -> PeerSync:
+        return PeerSync(peer, self.links, self.fed.pulled, self.accepts, self.db, PullSettings.of(self.cfg))
 
     def is_member(self, agent_id: str) -> bool:
         """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
@@ -120,10 +181,15 @@ class Node:
         return {**self.keyring.peer_keys, ident.agent_id: ident.public_key}
 
     @classmethod
-    async def open(cls, cfg: NodeConfig) -> Node:
+    async def open(cls, cfg: NodeConfig, load: Load) -> Node:
+        """Check the home's files, the key, certificates and rules file, then open the store: a home this node
+        cannot run on is refused before any file is created in it."""
+        files.check(cfg.home, cfg.home_files(serving=True))
+        contexts = TlsContexts.of(cfg)
+        load_rules_file(cfg.permissions_path)  # the gate reads it after the store opens; refuse a bad one first
         store = await open_store(cfg, require_identity=True)
         try:
-            node = cls(cfg, store)
+            node = cls(cfg, store, contexts, load)
             # Before anything is served: a damaged file is not ready from the first /readyz on.
             await node.watch.check()
         except BaseException:
@@ -133,44 +199,56 @@ class Node:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, signals: Signals) -> None:
+        """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration."""
         try:
             # Every listener is bound before any task starts: a port or socket in use is one plain error.
             port = await self.server.start()
             await self._start_extras()
-            self._warn_unpinned_peers()
-            for peer, link in self.links.items():
-                link.on_up(partial(self._link_up, peer))
+            self._warn_unpinned_peers(list(self.links))
             async with asyncio.TaskGroup() as tg:
-                peer_tasks = []
-                for peer, link in self.links.items():
-                    peer_tasks.append(tg.create_task(link.run(), name=f"link:{peer}"))
-                    peer_tasks.append(tg.create_task(self.syncs[peer].run(), name=f"sync:{peer}"))
+                for peer in self.links:
+                    self._start_peer(peer, tg)
                 sender = tg.create_task(self.sender.run(), name="outbox")
-                peer_tasks.append(tg.create_task(self._sweep_loop(), name="approvals:sweep"))
-                peer_tasks.append(tg.create_task(self.webhooks.run(lambda: self._closing), name="webhooks"))
-                # Cancelled with the peer tasks on drain: a lifecycle pass is one transaction, safe to cut short.
-                peer_tasks.append(tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"))
-                peer_tasks.append(tg.create_task(self.watch.run(), name="storage:watch"))
+                background = [tg.create_task(self._sweep_loop(), name="approvals:sweep"),
+                              tg.create_task(self.webhooks.run(lambda: self._closing), name="webhooks"),
+                              # Cancelled on drain: a lifecycle pass is one transaction, safe to cut short.
+                              tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"),
+                              tg.create_task(self.watch.run(), name="storage:watch"),
+                              tg.create_task(self._reloads(signals, tg), name="config:reload")]
                 self._write_status(port)
+                self.ready = True
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
-                await stop.wait()
-                log.info("node_draining", extra={"ev": {"timeout_s": self.cfg.mesh.drain_timeout_s}})
-                await self._drain(sender, peer_tasks)
+                await signals.stop.wait()
+                log.info("node_draining", extra={"ev": {"reason": signals.reason,
+                                                        "timeout_s": self.cfg.mesh.drain_timeout_s}})
+                await self._drain(sender, background)
         finally:
             await self._stop_extras()
             await self.server.stop(self.cfg.mesh.drain_timeout_s)
             await self.svc.close()
             self._status_path.unlink(missing_ok=True)
-            log.info("node_stopped", extra={"ev": {}})
+
+    def _start_peer(self, peer: str, tg: asyncio.TaskGroup) -> None:
+        link = self.links[peer]
+        link.on_up(partial(self._link_up, peer))
+        self._peer_tasks[peer] = [tg.create_task(link.run(), name=f"link:{peer}"),
+                                  tg.create_task(self.syncs[peer].run(), name=f"sync:{peer}")]
+
+    async def _stop_peer(self, peer: str) -> None:
+        """End a peer's catch-up and link (a reload removed it); its outbox worker ends with it."""
+        self.syncs.pop(peer).stop()
+        await self.links.pop(peer).close()
+        for task in self._peer_tasks.pop(peer, []):
+            task.cancel()
 
     def _link_up(self, peer: str) -> None:
         """A link came up: its outbox worker looks in the database, and its catch-up pulls now."""
         self.sender.wake(peer)
         self.syncs[peer].want()
 
-    def _warn_unpinned_peers(self) -> None:
-        for peer in self.links:
+    def _warn_unpinned_peers(self, peers: list[str]) -> None:
+        for peer in peers:
             if peer not in self.keyring.peer_keys:
                 log.warning("peer_without_pub", extra={"ev": {
                     "peer": peer, "trust": self.cfg.mesh.trust,
@@ -178,7 +256,53 @@ class Node:
                                "its .pub with `ai-memory identity import`") if self.cfg.mesh.trust == "pinned"
                     else "trusted on the mesh CA alone; its signatures cannot be verified (unsigned)"}})
 
-    async def _drain(self, sender: asyncio.Task[None], peer_tasks: list[asyncio.Task[Any]]) -> None:
+    # ---- configuration reload (SIGHUP) ----------------------------------------------------
+
+    async def _reloads(self, signals: Signals, tg: asyncio.TaskGroup) -> None:
+        while True:
+            await signals.reload.wait()
+            signals.reload.clear()
+            await self.reload_config(tg)
+
+    async def reload_config(self, tg: asyncio.TaskGroup) -> None:
+        """Read the configuration again and put its live settings in force (``node.reload``); a file that does not
+        load, or a hooks or rules file that does not, is refused in one log line and nothing changes."""
+        try:
+            new = await asyncio.to_thread(self._load)
+            await asyncio.to_thread(_check_reread_files, self.cfg)
+        except Exception as e:  # refused whole: the node keeps serving on the configuration it has
+            d = describe(_explained(e, self.cfg.home))
+            log.error("config_reload_refused", extra={"ev": {"code": d.code, "error": d.message,
+                                                             "kept": "the running configuration"}})
+            return
+        plan = reload.plan(self.cfg, new)
+        for peer in plan.peers_removed:
+            await self._stop_peer(peer)
+        self.cfg = plan.in_force
+        self.fed.reconfigure(self.cfg)
+        for p in plan.peers_added:
+            self.links[p.agent_id] = self._link(p)
+            self.syncs[p.agent_id] = self._sync(p.agent_id)
+            self._start_peer(p.agent_id, tg)
+        if plan.peers_added or plan.peers_removed:
+            self.sender.peers_changed()
+            self._warn_unpinned_peers([p.agent_id for p in plan.peers_added])
+        logging.getLogger().setLevel(self.cfg.log.level.upper())
+        if isinstance(self.hooks, HookPipeline):
+            self.hooks.reload_now()
+        try:
+            await self.gate.refresh()
+        except Exception as e:  # the store may be away: the gate looks again at its next check
+            log.warning("permissions_refresh_failed", extra={"ev": {"error": describe(e).message}})
+        log.info("config_reloaded", extra={"ev": {
+            "changed": list(plan.live), "peers_added": [p.agent_id for p in plan.peers_added],
+            "peers_removed": list(plan.peers_removed), "peers": list(self.links)}})
+        if plan.needs_restart:
+            log.warning("config_needs_restart", extra={"ev": {
+                "settings": list(plan.needs_restart),
+                "effect": "these keep their running values: they need a restart to change"}})
+
+    async def _drain(self, sender: asyncio.Task[None], background: list[asyncio.Task[Any]]) -> None:
         """Stop accepting, let in-flight sends finish (bounded), then close links and stop their tasks."""
         self._closing = True
         for sync in self.syncs.values():
@@ -191,7 +315,7 @@ class Node:
         for link in self.links.values():
             await link.close()
         # A link may be mid-handshake or in its backoff sleep: nothing of value is lost by cancelling it.
-        for task in peer_tasks:
+        for task in [*background, *(t for tasks in self._peer_tasks.values() for t in tasks)]:
             task.cancel()
 
     async def _start_extras(self) -> None:
@@ -219,7 +343,7 @@ class Node:
 
     @property
     def _status_path(self) -> Path:
-        return self.cfg.home / "run" / "node.json"
+        return self.cfg.status_path
 
     def _write_status(self, port: int) -> None:
         self._status_path.parent.mkdir(parents=True, exist_ok=True)
@@ -320,22 +444,67 @@ class Node:
                 "signature_batches": self.fed.verifier.batches}
 
 
-def install_stop_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+def _check_reread_files(cfg: NodeConfig) -> None:
+    """The hooks and permission rules files a reload re-reads must load (HookError / ConfigError otherwise)."""
+    load_hooks(cfg.hooks_path)
+    load_rules_file(cfg.permissions_path)
 
 
-async def serve(cfg: NodeConfig) -> int:
-    node = await Node.open(cfg)
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    await node.run(stop)
+def _explained(exc: BaseException, home: Path) -> BaseException:
+    """``exc`` itself, or the first error inside an exception group, a file this user may not use as one line."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, OSError):
+        return files.explain(exc, home) or exc
+    return exc
+
+
+def _created_by_start(cfg: NodeConfig) -> list[Path]:
+    """The paths a start may create in the home that do not exist yet, deepest first (removed after a failed start)."""
+    paths = [cfg.socket_path, cfg.status_path, cfg.socket_path.parent, cfg.status_path.parent]
+    db = cfg.db_path
+    # Only a database this start makes, with its -wal and -shm: those of one that exists may be another process's.
+    if cfg.storage.backend == "sqlite" and not os.path.lexists(db):
+        paths += [db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm"), db,
+                  *(d for d in db.parents if d != cfg.home and cfg.home in d.parents)]
+    return sorted({p for p in paths if not os.path.lexists(p)}, key=lambda p: len(p.parts), reverse=True)
+
+
+def _remove_created(paths: list[Path]) -> None:
+    for p in paths:
+        with contextlib.suppress(OSError):  # a directory some other process put a file in stays
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()
+            else:
+                p.unlink(missing_ok=True)
+
+
+async def serve(cfg: NodeConfig, load: Load) -> int:
+    """Run the node until SIGTERM/SIGINT; 0 after a clean stop, 1 after a crash (logged ``node_crashed``).
+    A start that fails raises (the CLI's one line) and leaves none of the files it created."""
+    signals = Signals()
+    signals.install()
+    created = _created_by_start(cfg)
+    node: Node | None = None
+    try:
+        node = await Node.open(cfg, load)
+        await node.run(signals)
+    except Exception as e:
+        exc = _explained(e, cfg.home)
+        if node is None or not node.ready:
+            _remove_created(created)
+            raise exc from None
+        d = describe(exc)
+        log.error("node_crashed", extra={"ev": {"code": d.code, "error": d.message}},
+                  exc_info=None if isinstance(exc, ProjectError) else exc)
+        return 1
+    log.info("node_stopped", extra={"ev": {"reason": signals.reason}})
     return 0
 
 
-def run_serve(cfg: NodeConfig) -> int:
-    """Run the node until a stop signal, under uvloop when it is installed."""
+def run_serve(cfg: NodeConfig, load: Load) -> int:
+    """Run the node until a stop signal, under uvloop when it is installed; ``load`` reads the configuration
+    again on SIGHUP."""
     # The event loop hands work to the storage writer, the readers and the verifier thread; with the
     # default 5 ms GIL switch interval each hand-off can wait that long. bench/storage_bench.py
     # --switch-interval shows the effect (group-commit inserts/s roughly 1.7x at 0.5 ms here).
@@ -344,5 +513,5 @@ def run_serve(cfg: NodeConfig) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(cfg))
-    return uvloop.run(serve(cfg))
+        return asyncio.run(serve(cfg, load))
+    return uvloop.run(serve(cfg, load))

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from node import files
 from node.cli import doctor, identity, kg, mcp, memory, mesh, permissions, repair, transcripts
 from node.cli.common import EXIT_FAILED, CommandParser, Handler, error_line, resolve_config
 from node.config import HOME_ENV
@@ -55,11 +56,16 @@ def _global_options_anywhere(parser: CommandParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
+    home: Path | None = None
     try:
-        return handler(args, resolve_config(args))
+        cfg = resolve_config(args)
+        home = cfg.home
+        return handler(args, cfg)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the one place errors become messages and exit codes
+        if isinstance(exc, OSError) and (explained := files.explain(exc, home)) is not None:
+            exc = explained  # a file this user may not read or write: one line with the fix, not a traceback
         if not is_project_error(exc):
             raise
         print(error_line(exc), file=sys.stderr)

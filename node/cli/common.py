@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from node import files
 from node.config import HOME_ENV, NodeConfig, load_config
 from node.errors import ServiceError, describe
 
@@ -92,12 +93,20 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> No
         print(human(data))
 
 
-def check_home(cfg: NodeConfig) -> None:
-    """Refuse a home that does not exist rather than create a store there (a mistyped --home)."""
-    if not cfg.home.is_dir():
+def check_home(cfg: NodeConfig, *, serving: bool = False) -> None:
+    """Refuse a home that does not exist rather than create a store there (a mistyped --home), and one whose
+    files this user may not read or write (one line naming the file and the fix, before anything is created)."""
+    refuse_unreachable_home(cfg)
+    if not os.path.isdir(cfg.home):
         raise ServiceError("home_not_found",
                            f"no node home at {cfg.home} (mistyped --home or {HOME_ENV}?); a new node starts with "
                            f"`ai-memory --home {cfg.home} identity generate --agent-id ...`")
+    files.check(cfg.home, cfg.home_files(serving=serving))
+
+
+def refuse_unreachable_home(cfg: NodeConfig) -> None:
+    """A home behind a directory this user may not enter is that, not a missing home."""
+    files.check(cfg.home, [files.HomeFile(cfg.home, "the node home", files.Need.ENTER)])
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

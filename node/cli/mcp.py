@@ -1,7 +1,8 @@
 """``ai-memory mcp``: serve MCP on stdin/stdout for one agent.
 
-It joins the running node over the node's local socket (``[mcp] socket``, default <home>/run/node.sock)
-when one answers, and otherwise opens the node's database itself for as long as the client stays.
+It joins the running node over the node's local socket (``[mcp] socket``, default <home>/run/node.sock).
+When none answers it waits for one (``mcp.join_wait_s``) if a node is configured to serve the home, and
+otherwise opens the node's database itself for as long as the client stays (``--embedded`` asks for that).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from node.config import HOME_ENV, NodeConfig
 if TYPE_CHECKING:
     from node.cli.common import Commands
 
-HELP = ("serve MCP over stdio (joins the running node's local socket; with no node running, opens its store "
-        "here: writes then wait in the outbox until `ai-memory serve` runs)")
+HELP = ("serve MCP over stdio (joins the running node's local socket, waiting for a node configured to serve the "
+        "home; where none is, or with --embedded, opens its store here: writes then wait in the outbox until "
+        "`ai-memory serve` runs)")
 DESCRIPTION = (HELP + ". stdout carries only MCP messages; diagnostics go to stderr. "
                "Example: claude mcp add ai-memory -- ai-memory mcp --config /path/node.toml")
 
@@ -33,6 +35,9 @@ def add_parsers(sub: Commands) -> None:
                    help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, default=argparse.SUPPRESS,
                    help=f"node home directory (overrides {HOME_ENV} and the config file)")
+    p.add_argument("--embedded", action="store_true",
+                   help="open the node's store in this process even where a node is configured to serve the home "
+                        "(default: join the node over its socket, waiting up to mcp.join_wait_s for it)")
     p.set_defaults(handler=_serve_stdio)
 
 
@@ -43,7 +48,7 @@ def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
     logging.basicConfig(stream=sys.stderr, level=cfg.log.level.upper(),
                         format="ai-memory mcp: %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(run_stdio(cfg))
+        asyncio.run(run_stdio(cfg, embedded=args.embedded))
     except KeyboardInterrupt:
         return 130
     return EXIT_OK

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.cli.common import EXIT_CHECK, EXIT_OK, emit, with_service
+from node.cli.common import EXIT_CHECK, EXIT_OK, emit, resolve_config, with_service
 from node.config import NodeConfig
 from node.errors import ServiceError
 
@@ -74,7 +74,7 @@ def _serve(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node import log
     from node.node import run_serve
     log.setup(cfg.agent_id or "?", cfg.log.level, cfg.log.format)
-    return run_serve(cfg)
+    return run_serve(cfg, lambda: resolve_config(args))  # SIGHUP reads the same file again
 
 
 def _ca_init(args: argparse.Namespace, cfg: NodeConfig) -> int:

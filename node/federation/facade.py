@@ -68,6 +68,10 @@ class Federation:
     def close(self) -> None:
         self.verifier.close()
 
+    def reconfigure(self, cfg: NodeConfig) -> None:
+        """Follow a reloaded configuration's peers and namespace policies (what goes to whom, who may write)."""
+        self.policy.reconfigure(cfg.federation, [p.agent_id for p in cfg.mesh.peers])
+
     # ---- outbound: the service's Replicator ---------------------------------------------------
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:

@@ -22,6 +22,11 @@ class Policy:
         self.federation = federation
         self.peers = tuple(peers)
 
+    def reconfigure(self, federation: FederationConfig, peers: Sequence[str]) -> None:
+        """The policy and peers a configuration reload (SIGHUP) put in force; every later answer follows them."""
+        self.federation = federation
+        self.peers = tuple(peers)
+
     def shares(self, peer: str, namespace: str) -> bool:
         """This node's own policy lets ``peer`` see ``namespace``."""
         policy = self.federation.namespaces.get(namespace)

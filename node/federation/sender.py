@@ -129,6 +129,7 @@ class OutboxSender:
         # The open ACK batch per peer: the ACKs settled in one loop turn join it (see _record_acks).
         self._ack_batches: dict[str, _AckBatch] = {}
         self._stopping = False
+        self._links_changed = asyncio.Event()
         # The shared periodic read: the POLL_S tick it was made in, and its answer (or the read in flight).
         self._due_tick = -1
         self._due_read: asyncio.Future[frozenset[str] | None] | None = None
@@ -160,10 +161,31 @@ class OutboxSender:
         return len(state.inflight) if state is not None else 0
 
     async def run(self) -> None:
+        """One worker per peer in ``links``, following it as the node adds and removes peers (``peers_changed``)."""
         await self._orphans_to_dead_letters()
+        workers: dict[str, asyncio.Task[None]] = {}
         async with asyncio.TaskGroup() as tg:
-            for peer in self.links:
-                tg.create_task(self._worker(peer), name=f"outbox:{peer}")
+            while not self._stopping:
+                self._links_changed.clear()
+                gone = [p for p in workers if p not in self.links]
+                for peer in gone:
+                    workers.pop(peer)
+                    state = self._peers.pop(peer, None)  # its worker ends at its next turn (its state is gone)
+                    if state is not None:
+                        state.wake.set()
+                if gone:
+                    await self._orphans_to_dead_letters()
+                for peer in self.links:
+                    if peer not in workers:
+                        self._peers.setdefault(peer, _Peer())
+                        workers[peer] = tg.create_task(self._worker(peer), name=f"outbox:{peer}")
+                await self._links_changed.wait()
+
+    def peers_changed(self) -> None:
+        """The node added or removed peers in ``links``: start their workers, end the removed ones' (their rows go
+        to the dead letters, as at a start without them)."""
+        self._links_changed.set()
+        self.wake()
 
     async def _orphans_to_dead_letters(self) -> None:
         """Rows for a peer this node has no link to (removed from the config) would wait forever."""
@@ -179,6 +201,7 @@ class OutboxSender:
 
     def stop(self) -> None:
         self._stopping = True
+        self._links_changed.set()
         self.wake()
 
     async def _worker(self, peer: str) -> None:
@@ -186,7 +209,7 @@ class OutboxSender:
         loop = asyncio.get_running_loop()
         next_poll = loop.time()
         async with asyncio.TaskGroup() as tg:
-            while not self._stopping:
+            while not self._stopping and self._peers.get(peer) is state:
                 state.wake.clear()
                 room = SEND_WINDOW - len(state.inflight)
                 budget = _Budget(self.window_bytes - state.inflight_bytes, first=not state.inflight)

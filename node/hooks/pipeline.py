@@ -156,6 +156,10 @@ class HookPipeline:
 
     # ---- hot reload -----------------------------------------------------------------------
 
+    def reload_now(self) -> None:
+        """Look at the hooks file now rather than at the next check (a SIGHUP): reloaded if it changed."""
+        self._check_reload(time.monotonic())
+
     def _check_reload(self, now: float) -> None:
         self._next_check = now + self.settings.reload_check_s
         stamp = file_stamp(self.path)

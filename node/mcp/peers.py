@@ -38,7 +38,9 @@ async def peer_rows(svc: Service, links: Mapping[str, PeerLink] | None = None,
 
     Without ``links`` (no node running in this process) the link state reads ``not_running``.
     """
-    configured = {p.agent_id: p.url for p in svc.cfg.mesh.peers}
+    # A running node's links are its configured peers as of its last reload (SIGHUP); the file's otherwise.
+    configured = ({p: link.url for p, link in links.items()} if links is not None
+                  else {p.agent_id: p.url for p in svc.cfg.mesh.peers})
     names = sorted(set(configured) | set(svc.peer_keys))
 
     def read(conn: sqlite3.Connection) -> dict[str, Any]:

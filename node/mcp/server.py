@@ -16,7 +16,9 @@ import contextlib
 import errno
 import ipaddress
 import logging
+import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +32,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
-from node.config import DEFAULT_HOME, LimitsConfig, NodeConfig
-from node.errors import ServiceError, describe
+from node import files
+from node.config import DEFAULT_HOME, LimitsConfig, MeshConfig, NodeConfig
+from node.errors import ServiceCode, ServiceError, describe
 from node.mcp.backend import ServiceBackend, ToolBackend
 from node.mcp.profiles import Family, parse_family
 from node.mcp.registry import JSON, Args, Door, ToolSpec, instructions, listed, loader_specs, tool_specs
@@ -181,18 +184,18 @@ def _version() -> str:
 
 # ---- stdio ----------------------------------------------------------------------------------
 
-async def open_backend(cfg: NodeConfig) -> tuple[ToolBackend, dict[str, Any], Callable[[], Awaitable[None]]]:
-    """Join the running node over ``cfg.socket_path`` if it answers, else open a Service here.
+async def open_backend(cfg: NodeConfig, *, embedded: bool = False) -> tuple[ToolBackend, dict[str, Any],
+                                                                          Callable[[], Awaitable[None]]]:
+    """Join the running node over ``cfg.socket_path``; when none answers, wait for it (``mcp.join_wait_s``) if a
+    node is configured to serve this home (``served_by_node``), else open a Service here. ``embedded``: open the
+    Service here without asking the socket.
 
     Returns (backend, session description, async close function).
     """
-    try:
-        client = await SocketClientBackend.connect(cfg.socket_path, limits=cfg.limits)
-    except (OSError, TimeoutError) as e:
-        log.info("no node on %s (%s); running the service embedded", cfg.socket_path, type(e).__name__)
-    else:
-        return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path)}, client.close
-
+    if not embedded:
+        client = await _join(cfg)
+        if client is not None:
+            return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path)}, client.close
     _check_embedded_home(cfg)
     from node.assemble import open_service
 
@@ -200,9 +203,47 @@ async def open_backend(cfg: NodeConfig) -> tuple[ToolBackend, dict[str, Any], Ca
     return ServiceBackend(service), {"transport": "stdio", "mode": "embedded"}, service.close
 
 
+async def _join(cfg: NodeConfig) -> SocketClientBackend | None:
+    """The node's socket client; None when no node answers and none is configured to serve this home."""
+    try:
+        return await SocketClientBackend.connect(cfg.socket_path, limits=cfg.limits)
+    except PermissionError:
+        raise files.socket_refused(cfg.socket_path) from None
+    except (OSError, TimeoutError) as e:
+        served = served_by_node(cfg)
+        if served is None:
+            log.info("no node on %s (%s); running the service embedded", cfg.socket_path, type(e).__name__)
+            return None
+    # One line on stderr while waiting: the MCP client shows it when its server is slow to start.
+    print(f"ai-memory mcp: waiting up to {cfg.mcp.join_wait_s:g} s for the node serving {cfg.home} to answer on "
+          f"{cfg.socket_path} ({served})", file=sys.stderr, flush=True)
+    try:
+        return await SocketClientBackend.wait(cfg.socket_path, limits=cfg.limits, within_s=cfg.mcp.join_wait_s)
+    except ServiceError:
+        raise ServiceError(ServiceCode.NODE_UNAVAILABLE,
+                           f"no node answered on {cfg.socket_path} within {cfg.mcp.join_wait_s:g} s, and a node is "
+                           f"configured to serve {cfg.home} ({served}), so its store is not opened beside it: start "
+                           "the node (`ai-memory serve`, `systemctl start ai-memory`), or pass --embedded to open "
+                           "the store in this process") from None
+
+
+def served_by_node(cfg: NodeConfig) -> str | None:
+    """Why a node is taken to serve this home (a sentence), or None: ``run/node.json`` (a node served it and did
+    not stop cleanly, or serves it now), a node certificate, or a ``[mesh]`` table in the config."""
+    if os.path.exists(cfg.status_path):
+        return f"{cfg.status_path} is there"
+    if os.path.exists(cfg.cert_path):
+        return f"it holds a node certificate, {cfg.cert_path}"
+    if cfg.mesh != MeshConfig():
+        return "its config has a [mesh] table"
+    return None
+
+
 def _check_embedded_home(cfg: NodeConfig) -> None:
     """Refuse to serve a store nobody set up: a home that does not exist, or the default home with neither a
-    database nor an identity (the client config most likely lacks --config)."""
+    database nor an identity (the client config most likely lacks --config); and a home whose files this user
+    may not use (one line naming the file and the fix)."""
+    files.check(cfg.home, [files.HomeFile(cfg.home, "the node home", files.Need.ENTER)])
     if not cfg.home.is_dir():
         raise ServiceError("home_not_found", f"no node home at {cfg.home} and no node answers on "
                                              f"{cfg.socket_path}; pass --config /path/node.toml (or --home DIR)")
@@ -211,11 +252,12 @@ def _check_embedded_home(cfg: NodeConfig) -> None:
         raise ServiceError("home_empty", f"the default home {cfg.home} holds no store and no identity, and no node "
                                          f"answers on {cfg.socket_path}: the MCP client config most likely lacks "
                                          "--config /path/node.toml (or --home DIR)")
+    files.check(cfg.home, cfg.home_files(serving=False))
 
 
-async def run_stdio(cfg: NodeConfig) -> None:
-    """Serve MCP on this process's stdin/stdout until the client closes it."""
-    backend, session, close = await open_backend(cfg)
+async def run_stdio(cfg: NodeConfig, *, embedded: bool = False) -> None:
+    """Serve MCP on this process's stdin/stdout until the client closes it (``embedded``: see ``open_backend``)."""
+    backend, session, close = await open_backend(cfg, embedded=embedded)
     try:
         server = build_server(backend, limits=cfg.limits, session=session, profile=cfg.mcp.profile)
         async with stdio_server() as (read_stream, write_stream):

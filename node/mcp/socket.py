@@ -213,6 +213,16 @@ class SocketClientBackend:
         await self._connect()
         return self
 
+    @classmethod
+    async def wait(cls, path: Path, *, limits: LimitsConfig, within_s: float,
+                   call_timeout_s: float = 30.0) -> SocketClientBackend:
+        """Connect to a node that may still be starting, trying for up to ``within_s`` seconds (the restart
+        schedule's delays); ServiceError node_unavailable when none answers by then."""
+        self = cls(path, limits=limits, call_timeout_s=call_timeout_s, reconnect_window_s=within_s)
+        await self._reconnect()
+        self.reconnects = 0
+        return self
+
     async def _connect(self) -> None:
         self._reader, self._writer = await asyncio.wait_for(
             asyncio.open_unix_connection(str(self.path), limit=MAX_FRAME_BYTES), CONNECT_TIMEOUT_S)
@@ -230,7 +240,8 @@ class SocketClientBackend:
         deadline = loop.time() + self.reconnect_window_s
         delay = RECONNECT_FIRST_DELAY_S
         last: BaseException | None = None
-        for _ in range(RECONNECT_ATTEMPTS):
+        # Enough tries to cover the window at the longest delay, and never unbounded.
+        for _ in range(RECONNECT_ATTEMPTS + int(self.reconnect_window_s / RECONNECT_MAX_DELAY_S)):
             try:
                 await self._connect()
                 self.reconnects += 1
