@@ -23,7 +23,7 @@ import pytest
 
 from mesh import ca, keys
 from node.config import NodeConfig
-from node.node import Node
+from node.node import Node, Signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,9 +150,9 @@ def node_home(home: Path, *, storage: str = "") -> Path:
 async def running_node(cfg: NodeConfig, *, ready_within_s: float = 30.0) -> AsyncIterator[Node]:
     """A node on ``cfg`` in this process until the block ends (then drained as SIGTERM would); it is up once it
     has written run/node.json (after its listeners and local socket) and its health port answers."""
-    node = await Node.open(cfg)
-    stop = asyncio.Event()
-    task = asyncio.create_task(node.run(stop), name="node")
+    node = await Node.open(cfg, lambda: cfg)
+    signals = Signals()
+    task = asyncio.create_task(node.run(signals), name="node")
     status = cfg.home / "run" / "node.json"
     try:
         deadline = time.monotonic() + ready_within_s
@@ -162,7 +162,7 @@ async def running_node(cfg: NodeConfig, *, ready_within_s: float = 30.0) -> Asyn
             await asyncio.sleep(0.05)
         yield node
     finally:
-        stop.set()
+        signals.stop_for("SIGTERM")
         await asyncio.wait_for(task, 60.0)
 
 
