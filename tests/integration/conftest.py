@@ -2,8 +2,10 @@
 
 - ``mesh_factory(n, **build_kwargs)`` lays out an n-node mesh under tmp_path (testbed.build) and returns a
   ``LocalMesh`` that is not started yet; every mesh made is stopped on teardown, whatever happened.
-- ``cli(node_spec, *args, json=True)`` runs ``python -m node.cli --config <node config> <args>`` as a
-  subprocess and returns ``(rc, parsed JSON or text, stderr)``.
+- ``cli(node_spec, *args, json=True)`` runs ``ai-memory --config <node config> <args>`` and returns
+  ``(rc, parsed JSON or text, stderr)``: the CLI's own ``main`` in this process (tests/node_access.py), as
+  ``run_cli``, ``ok`` and ``maybe`` do; ``spawn_cli`` runs ``python -m node.cli`` as a subprocess, for a test
+  that pins the CLI as a program.
 - ``wait_for(predicate, what, timeout_s)`` polls a condition with a bounded deadline (no timed assertions).
 - ``node_log(spec)`` reads a node's JSON-lines log (``<home>/node.log``); ``node_log.has(spec, event, **fields)``.
 """
@@ -23,17 +25,23 @@ import pytest
 
 from testbed.build import MeshLayout, NodeSpec, build_layout
 from testbed.local import LocalMesh
+from tests.node_access import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 60.0
 POLL_S = 0.1
 
 
-def run_cli(spec: NodeSpec, *args: str, json: bool = True, timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, Any, str]:
-    """``ai-memory --config <spec's config> <args> [--json]`` as a subprocess: (rc, parsed stdout, stderr).
+def run_cli(spec: NodeSpec, *args: str, json: bool = True) -> tuple[int, Any, str]:
+    """``ai-memory --config <spec's config> <args> [--json]`` in this process: (rc, parsed stdout, stderr).
 
     With ``json`` the flag ``--json`` is appended and stdout parsed (left as text when it does not parse).
     """
+    return cli_in_process(spec.config_path, spec.home, *args, json=json)
+
+
+def spawn_cli(spec: NodeSpec, *args: str, json: bool = True, timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, Any, str]:
+    """``run_cli`` as a ``python -m node.cli`` subprocess (its environment naming the node's home)."""
     env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
     env["AI_MEMORY_HOME"] = str(spec.home)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

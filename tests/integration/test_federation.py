@@ -16,7 +16,7 @@ from node import attest
 from node.attest import LinkPayload
 from testbed.build import MeshLayout, NodeSpec, build_layout
 from testbed.local import LocalMesh
-from tests.integration.conftest import maybe, ok, run_cli, wait_for
+from tests.integration.conftest import maybe, ok, run_cli, spawn_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +62,9 @@ def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None
     (c.home / "peers" / f"{a.agent_id}.pub").unlink()  # C does not trust A's key,
     trust_ca_alone(c)                                  # but takes A on the mesh CA's word
     m.start()
-    m1 = ok(a, "store", "first memory from A")
-    m2 = ok(a, "store", "second memory from A")
+    # Written by the CLI as a program of its own beside the running node: the node's poll sends them.
+    m1 = spawn_cli(a, "store", "first memory from A")[1]
+    m2 = spawn_cli(a, "store", "second memory from A")[1]
     for spec in (b, c):
         wait_for(lambda spec=spec: maybe(spec, "get", m2["id"]), f"memory on {spec.agent_id}")
     link = ok(a, "link", m1["id"], m2["id"], "related_to")
