@@ -50,10 +50,10 @@ def test_mesh_with_everything_on_has_the_files_and_every_node_reports_them_loade
             assert caps["hooks"]["hooks"][0]["counts"] == {"fired": 1, "allowed": 1}
 
 
-def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: Path) -> None:
+def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: Path, short_tmp: Path) -> None:
     out = tmp_path / "out"
     r = run_testbed("bench", "--quick", "--messages", "10", "--warmup", "2", "--everything-on", "--out", str(out),
-                    "--dir", str(tmp_path / "work"), "--no-plot")
+                    "--dir", str(short_tmp / "work"), "--no-plot")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "bench.json").read_text())
     assert report["mode"].startswith("everything on")
@@ -62,15 +62,15 @@ def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: P
     assert set(row["everything_on_loaded"]) == {f"ai:node-{i}@testbed" for i in (1, 2, 3)}
     assert all(v["rules"] == everything_on.RULES and v["signing"] for v in row["everything_on_loaded"].values())
     assert "Mode: everything on" in (out / "bench.md").read_text()
-    assert list((tmp_path / "work").iterdir()) == []
+    assert list((short_tmp / "work").iterdir()) == []
 
 
-def test_everything_on_is_refused_with_docker_and_default_mode_is_reported(tmp_path: Path) -> None:
+def test_everything_on_is_refused_with_docker_and_default_mode_is_reported(tmp_path: Path, short_tmp: Path) -> None:
     r = run_testbed("bench", "--backend", "docker", "--everything-on", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "--everything-on applies to the local backend only" in r.stderr
     out = tmp_path / "out"
     r = run_testbed("bench", "--nodes", "3", "--messages", "5", "--warmup", "1", "--out", str(out),
-                    "--dir", str(tmp_path / "work"), "--no-plot")
+                    "--dir", str(short_tmp / "work"), "--no-plot")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "bench.json").read_text())
     assert report["mode"].startswith("default") and report["results"][0]["everything_on_loaded"] is None

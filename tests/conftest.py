@@ -1,0 +1,25 @@
+"""Fixtures every test directory may use."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path (``/tmp/am-XXXXXXXX``), removed after the test.
+
+    For trees that hold Unix sockets, whose paths may not exceed 107 bytes: ``tmp_path`` under a parallel
+    run (``/tmp/pytest-of-USER/pytest-N/popen-gwN/<test name>0/``) leaves too little room for a testbed's
+    ``<dir>/<run>/node-3/run/node.sock``.
+    """
+    path = Path(tempfile.mkdtemp(prefix="am-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
