@@ -103,7 +103,9 @@ def test_forged_link_injected_on_the_wire_is_rejected_and_absent(mesh3) -> None:
 
 
 def test_node_down_through_whole_retry_schedule_catches_up(mesh3) -> None:
-    layout, m = mesh3(retry_delays_s=(0.2, 0.4), extra_config="[federation]\norphan_hold_s = 0.5\n")
+    # Each of the 3 attempts to a down peer waits up to ack_timeout_s for its link: kept short.
+    layout, m = mesh3(a2a={"retry_delays_s": (0.2, 0.4), "ack_timeout_s": 0.5},
+                      extra_config="[federation]\norphan_hold_s = 0.5\n")
     a, b, c = layout.nodes
     m.start()
     m.stop(3)

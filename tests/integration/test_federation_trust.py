@@ -46,6 +46,8 @@ pytestmark = pytest.mark.integration
 MAX_VERSION_STEP = 1_000_000  # the spec's default [federation] max_version_step
 SECRET = "secret"   # on node 1: restricted to node 3
 SHARED = "shared"   # on node 1: shared with nodes 2 and 3, node 2 may write versions of others' memories
+# What is sent live to a stopped node dead-letters soon: 3 attempts, each waiting up to ack_timeout_s for the link.
+SHORT_SCHEDULE = {"retry_delays_s": (0.2, 0.4), "ack_timeout_s": 0.5}
 
 
 @dataclass
@@ -755,7 +757,7 @@ def test_forged_versions_lose_to_the_origins_next_version_everywhere(mesh_factor
 
 
 def test_a_link_to_an_unshared_memory_does_not_stall_catch_up(mesh_factory) -> None:
-    mesh = mesh_factory(3, mcp_http=False, retry_delays_s=(0.2, 0.4))
+    mesh = mesh_factory(3, mcp_http=False, a2a=SHORT_SCHEDULE)
     n1, n2, n3 = mesh.layout.nodes
     add_config(n1, f'federation.namespaces."{SECRET}"', peers=[n3.agent_id])
     # Small pages on the puller: an item it cannot apply would hold the cursor before everything later.
@@ -782,7 +784,7 @@ def test_a_link_to_an_unshared_memory_does_not_stall_catch_up(mesh_factory) -> N
 
 
 def test_an_item_the_puller_cannot_apply_is_parked_and_the_cursor_moves_on(mesh_factory) -> None:
-    mesh = mesh_factory(2, mcp_http=False, retry_delays_s=(0.2, 0.4))
+    mesh = mesh_factory(2, mcp_http=False, a2a=SHORT_SCHEDULE)
     n1, n2 = mesh.layout.nodes
     # Node 2 keeps smaller memories than node 1: node 1's big memory never lands there, so the link to it
     # can never be applied on node 2 (unknown_memory, retryable) although node 2 may see both its ends.
