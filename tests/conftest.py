@@ -23,3 +23,12 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start processes (marked ``integration``) first, each group in its collected order.
+
+    They are the long ones: under parallel workers, starting them first leaves the short tests to fill the
+    workers at the end instead of one long test finishing alone.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)

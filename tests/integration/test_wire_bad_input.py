@@ -26,7 +26,8 @@ from mesh.link import MESSAGES_PATH, WS_PATH
 from testbed.build import agent_id_for, build_layout
 from testbed.local import LocalMesh, health
 
-pytestmark = pytest.mark.integration
+# One worker runs the whole module: its tests share one running mesh (the module fixture ``wire``).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wire-mesh")]
 
 MAX_BYTES = 1024 * 1024  # the default a2a.max_message_bytes
 TIMEOUT = aiohttp.ClientTimeout(total=15)
