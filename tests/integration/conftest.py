@@ -18,13 +18,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.build import MeshLayout, NodeSpec, build_layout
+from testbed.build import MeshLayout, NodeSpec
 from testbed.local import LocalMesh
+from tests.layouts import new_layout
 from tests.node_access import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,21 +136,32 @@ def mesh_factory(tmp_path: Path) -> Iterator[Callable[..., LocalMesh]]:
     meshes: list[LocalMesh] = []
 
     def make(n: int = 2, **build_kwargs: Any) -> LocalMesh:
-        layout: MeshLayout = build_layout(tmp_path / f"mesh-{len(meshes)}", n, **build_kwargs)
+        layout: MeshLayout = new_layout(tmp_path / f"mesh-{len(meshes)}", n, **build_kwargs)
         mesh = LocalMesh(layout)
         meshes.append(mesh)
         return mesh
 
     yield make
-    errors = []
-    for mesh in meshes:
-        for idx in list(mesh.procs):
-            try:
-                mesh.stop(idx)
-            except Exception as e:  # keep stopping the others; a stuck SIGTERM falls back to SIGKILL
-                errors.append(f"node-{idx}: {e}")
-                try:
-                    mesh.stop(idx, kill=True)
-                except Exception:
-                    pass
+    errors = stop_meshes(meshes)
     assert not errors, errors
+
+
+def stop_meshes(meshes: list[LocalMesh]) -> list[str]:
+    """Stop every running node of ``meshes`` at once (each stop waits for its own node to drain and exit);
+    returns what went wrong, one line per node. A node a SIGTERM did not stop is SIGKILLed."""
+    def stop(mesh: LocalMesh, idx: int) -> str | None:
+        try:
+            mesh.stop(idx)
+        except Exception as e:  # keep stopping the others; a stuck SIGTERM falls back to SIGKILL
+            try:
+                mesh.stop(idx, kill=True)
+            except Exception:
+                pass
+            return f"node-{idx}: {e}"
+        return None
+
+    jobs = [(mesh, idx) for mesh in meshes for idx in list(mesh.procs)]
+    if not jobs:
+        return []
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="stop") as pool:
+        return [e for e in pool.map(lambda job: stop(*job), jobs) if e]

@@ -14,9 +14,10 @@ from mesh import keys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
-from testbed.build import MeshLayout, NodeSpec, build_layout
+from testbed.build import MeshLayout, NodeSpec
 from testbed.local import LocalMesh
-from tests.integration.conftest import maybe, ok, run_cli, spawn_cli, wait_for
+from tests.integration.conftest import maybe, ok, run_cli, spawn_cli, stop_meshes, wait_for
+from tests.layouts import new_layout
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +46,13 @@ def mesh3(tmp_path: Path):
     layouts: list[LocalMesh] = []
 
     def make(**kwargs) -> tuple[MeshLayout, LocalMesh]:
-        layout = build_layout(tmp_path / f"mesh{len(layouts)}", 3, mcp_http=False, **kwargs)
+        layout = new_layout(tmp_path / f"mesh{len(layouts)}", 3, mcp_http=False, **kwargs)
         m = LocalMesh(layout)
         layouts.append(m)
         return layout, m
 
     yield make
-    for m in layouts:
-        m.stop_all()
+    assert not (errors := stop_meshes(layouts)), errors
 
 
 def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None:

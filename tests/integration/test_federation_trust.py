@@ -20,9 +20,9 @@ import pytest
 
 from node import attest
 from node.attest import LinkPayload
-from testbed.build import MeshLayout, NodeSpec, build_layout
+from testbed.build import MeshLayout, NodeSpec
 from testbed.local import LocalMesh, health
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import stop_meshes, wait_for
 from tests.integration.peer_play import (
     INT64_MAX,
     SECRET,
@@ -47,9 +47,9 @@ from tests.integration.peer_play import (
     poll,
     version_payload,
 )
+from tests.layouts import new_layout
 
-# One worker runs the whole module: most tests share one running mesh (the module fixture ``trust``).
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("trust-mesh")]
+pytestmark = pytest.mark.integration
 
 # What is sent live to a stopped node dead-letters soon: 3 attempts, each waiting up to ack_timeout_s for the link.
 SHORT_SCHEDULE = {"retry_delays_s": (0.2, 0.4), "ack_timeout_s": 0.5}
@@ -93,14 +93,14 @@ def start(mesh: LocalMesh, *indices: int) -> None:
 def trust(tmp_path_factory) -> Iterator[Trust]:
     """Nodes 1 and 3 running under ``configure_trust``'s policies; node 2 exists only as credentials,
     played by the test."""
-    layout = build_layout(tmp_path_factory.mktemp("trust") / "mesh", 3, mcp_http=False)
+    layout = new_layout(tmp_path_factory.mktemp("trust") / "mesh", 3, mcp_http=False)
     configure_trust(layout)
     mesh = LocalMesh(layout)
     try:
         start(mesh, 1, 3)
         yield Trust(layout, mesh, Member.of(layout, 2))
     finally:
-        mesh.stop_all()
+        assert not (errors := stop_meshes([mesh])), errors
 
 
 def settled(trust: Trust) -> None:

@@ -23,11 +23,12 @@ import pytest
 from a2a import Ack, Envelope, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.link import MESSAGES_PATH, WS_PATH
-from testbed.build import agent_id_for, build_layout
+from testbed.build import agent_id_for
 from testbed.local import LocalMesh, health
+from tests.integration.conftest import stop_meshes
+from tests.layouts import new_layout
 
-# One worker runs the whole module: its tests share one running mesh (the module fixture ``wire``).
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wire-mesh")]
+pytestmark = pytest.mark.integration
 
 MAX_BYTES = 1024 * 1024  # the default a2a.max_message_bytes
 TIMEOUT = aiohttp.ClientTimeout(total=15)
@@ -50,13 +51,13 @@ class Creds:
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory):
     """Nodes 1 and 2 running (node 3 only exists as credentials); the tests talk to node 2."""
-    layout = build_layout(tmp_path_factory.mktemp("wire") / "mesh", 3)
+    layout = new_layout(tmp_path_factory.mktemp("wire") / "mesh", 3)
     mesh = LocalMesh(layout)
     try:
         mesh.start([1, 2], want_links=False)
         yield mesh
     finally:
-        mesh.stop_all()
+        assert not (errors := stop_meshes([mesh])), errors
 
 
 def node_creds(mesh: LocalMesh, i: int) -> Creds:

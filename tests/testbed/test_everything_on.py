@@ -13,15 +13,15 @@ import pytest
 from node.config import load_config
 from node.live import ask_node
 from testbed import everything_on
-from testbed.build import build_layout
 from testbed.local import LocalMesh
+from tests.layouts import new_layout
 from tests.testbed.test_cli import run_testbed
 
 pytestmark = pytest.mark.integration
 
 
 def test_mesh_with_everything_on_has_the_files_and_every_node_reports_them_loaded(tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 3, mcp_http=False)
+    layout = new_layout(tmp_path / "m", 3, mcp_http=False)
     everything_on.apply(layout)
     for spec in layout.nodes:
         hooks = tomllib.loads((spec.home / "hooks.toml").read_text())["hooks"]
