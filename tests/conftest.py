@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The throwaway Postgres cluster (one per worker) and its per-test databases, for every directory.
+from tests.pg import age_dsn, pg_cluster, pg_dsn  # noqa: F401  (pytest finds fixtures by name)
+
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:

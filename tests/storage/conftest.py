@@ -11,7 +11,6 @@ import pytest
 
 from storage import Database
 from storage.backend import open_database
-from tests.pg import pg_cluster, pg_dsn  # noqa: F401  (pytest finds fixtures by name)
 
 BACKENDS = ("sqlite", "postgres")
 
