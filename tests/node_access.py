@@ -9,8 +9,8 @@ either is one line to fix for every test.
   imports a subprocess costs. The store is opened from this process, which is not the node's, exactly as
   the CLI's; what only the running node knows (``peers``, ``status``) the CLI itself asks over the node's
   local socket. Tests that pin the CLI as a program (its entry point, environment, stdin) spawn it instead.
-- ``ask(cfg, tool, args)``: one tool call on a running node's local socket (``<home>/run/node.sock``), or
-  None when no node answers there.
+- ``ask(config, home, tool, args)``: one tool call on a running node's local socket (``<home>/run/node.sock``),
+  or None when no node answers there: what a poll asks a running node, at a few milliseconds a call.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import sys
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from node.cli import main as cli_main
-from node.config import NodeConfig
+from node.config import NodeConfig, load_config
 from node.live import ask_node
 
 # stdout, stderr and stdin are process-wide: one in-process CLI call at a time, whatever thread asks.
@@ -83,9 +84,15 @@ def cli_in_process(config: Path, home: Path, *args: str, json: bool = True) -> t
     return rc, out, err
 
 
-def ask(cfg: NodeConfig, tool: str, args: dict[str, Any] | None = None) -> Any:
-    """The running node's answer to ``tool`` over its local socket, or None when no node answers there.
-    An error answer raises it (with the node's code)."""
+@cache
+def _config(config: Path, home: Path) -> NodeConfig:
+    return load_config(config, env={"AI_MEMORY_HOME": str(home)})
+
+
+def ask(config: Path, home: Path, tool: str, args: dict[str, Any] | None = None) -> Any:
+    """The answer of the node running from ``config`` to ``tool`` over its local socket, or None when no
+    node answers there. An error answer raises it (ServiceError with the node's code)."""
+    cfg = _config(config, home)
     if _in_running_loop():
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ask") as pool:
             return pool.submit(asyncio.run, ask_node(cfg, tool, args)).result()

@@ -35,8 +35,10 @@ from a2a import Ack, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.link import MESSAGES_PATH, WS_PATH
 from node.attest import LinkPayload
+from node.errors import ServiceError
 from testbed.build import MeshLayout, NodeSpec
 from tests.integration.conftest import maybe, ok
+from tests.node_access import ask
 
 SYNC_PATH = "/a2a/v1/sync"
 MAX_BYTES = 4 * 1024 * 1024
@@ -378,7 +380,15 @@ def change_log_seq(spec: NodeSpec) -> int:
 
 
 def memory_on(spec: NodeSpec, memory_id: str) -> dict[str, Any] | None:
-    return maybe(spec, "get", memory_id)
+    """The memory as the CLI's ``get`` shows it, or None. A running node is asked over its local socket (what
+    the polls call, many times a second); a stopped one's store is read by the CLI."""
+    try:
+        got = ask(spec.config_path, spec.home, "memory_get", {"id": memory_id})
+    except ServiceError as e:
+        if e.code == "not_found":
+            return None
+        raise
+    return got if got is not None else maybe(spec, "get", memory_id)
 
 
 def links_on(spec: NodeSpec) -> dict[str, dict[str, Any]]:
