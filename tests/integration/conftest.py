@@ -79,16 +79,22 @@ def maybe(spec: NodeSpec, *args: str) -> Any:
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0, poll_s: float = POLL_S) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``.
+
+    Between two polls it sleeps ``poll_s``, or as long as the poll took if longer: a predicate that opens a
+    store (the in-process CLI) then takes at most half a core from the nodes it waits for.
+    """
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while True:
+        started = time.monotonic()
         last = predicate()
         if last:
             return last
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last value: {last!r})")
-        time.sleep(poll_s)
+        time.sleep(max(poll_s, now - started))
 
 
 def node_log_events(spec: NodeSpec) -> list[dict[str, Any]]:
