@@ -6,9 +6,10 @@ either is one line to fix for every test.
 - ``cli_in_process(config, home, *args)``: the ``ai-memory`` CLI's own ``main`` run in this process with its
   stdout and stderr captured: the same argument parsing, store access, JSON output and exit codes as
   ``python -m node.cli`` (which only adds ``sys.exit``), without the 0.6-0.9 s of interpreter start and
-  imports a subprocess costs. The store is opened from this process, which is not the node's, exactly as
-  the CLI's; what only the running node knows (``peers``, ``status``) the CLI itself asks over the node's
-  local socket. Tests that pin the CLI as a program (its entry point, environment, stdin) spawn it instead.
+  imports a subprocess costs (and builds the CLI's parser once, not per call). The store is opened from this
+  process, which is not the node's, exactly as the CLI's; what only the running node knows (``peers``,
+  ``status``) the CLI itself asks over the node's local socket. Tests that pin the CLI as a program (its
+  entry point, environment, stdin) spawn it instead.
 - ``ask(config, home, tool, args)``: one tool call on a running node's local socket (``<home>/run/node.sock``),
   or None when no node answers there: what a poll asks a running node, at a few milliseconds a call.
 """
@@ -27,9 +28,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import node.cli
 from node.cli import main as cli_main
 from node.config import NodeConfig, load_config
 from node.live import ask_node
+
+# main() builds the whole argument parser on every call, two thirds of an in-process call (40 ms of
+# argparse); a process that calls it hundreds of times builds it once. A parser parses any number of argv.
+node.cli.build_parser = cache(node.cli.build_parser)
 
 # stdout, stderr and stdin are process-wide: one in-process CLI call at a time, whatever thread asks.
 _CLI_LOCK = threading.Lock()
