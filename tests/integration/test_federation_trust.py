@@ -45,6 +45,7 @@ from tests.integration.peer_play import (
     now_ms,
     ok,
     poll,
+    queued_for,
     version_payload,
 )
 from tests.layouts import new_layout
@@ -203,6 +204,24 @@ def test_sync_skip_omits_the_items_of_the_named_writers(trust: Trust) -> None:
     # skip is a comma-separated list of writers the puller is linked to directly.
     skipped = item_ids(trust.attacker.sync_all(trust.n3, skip=f"{trust.id(1)},ai:someone-else@testbed"))
     assert own["id"] in skipped and from_n1["id"] not in skipped
+
+
+def test_a_restriction_travels_with_the_memory_and_binds_a_node_without_the_policy(trust: Trust) -> None:
+    """Node 3 has no namespace policy: it knows node 1's restriction only from the memory that reached it
+    over the wire, and neither serves that memory to node 2 nor sends node 2 its link to it (the cases one by
+    one: tests/node/test_trust_on_apply.py)."""
+    secret = ok(trust.n1, "store", "restricted to node 3, sent to node 3", "--namespace", SECRET)
+    stored_on(trust.n3, secret["id"])
+    own = ok(trust.n3, "store", "node 3's own, linked to the restricted one")
+    link = ok(trust.n3, "link", own["id"], secret["id"], "refers_to")
+    items = trust.attacker.sync_all(trust.n3)
+    assert own["id"] in item_ids(items) and secret["id"] not in item_ids(items)
+    assert link["link_id"] not in link_ids(items)
+    # Node 2 is down, so what node 3 sends it live waits in node 3's queue (or its dead letters).
+    live = wait_for(lambda: (q := queued_for(trust.n3, trust.id(2))) and own["id"] in item_ids(q) and q,
+                    "node 3's own memory queued for node 2")
+    assert secret["id"] not in item_ids(live)
+    assert link["link_id"] not in link_ids([p for p in live if p["kind"] == "link.put"])
 
 
 def test_forgeries_served_by_a_peers_change_log_are_refused_like_pushed_ones(trust: Trust) -> None:
