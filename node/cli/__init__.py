@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import cache
 from pathlib import Path
 
 from node import files
@@ -53,8 +54,15 @@ def _global_options_anywhere(parser: CommandParser) -> None:
         _global_options_anywhere(sub)
 
 
+@cache
+def _parser() -> CommandParser:
+    """The parser, built once a process (a test runs ``main`` hundreds of times; a parser parses any number of
+    argument lists)."""
+    return build_parser()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     handler: Handler = args.handler
     home: Path | None = None
     try:

@@ -7,21 +7,18 @@ from typing import Any
 
 import pytest
 
-from mesh import keys
 from node import assemble
 from node.config import NodeConfig
 from node.service import Service
 from tests.hooks.scripts import write_hooks_toml, write_scripts
-from tests.node.conftest import AGENT, make_config
+from tests.node.conftest import config_on
 
 
 @pytest.fixture
-def cfg(tmp_path: Path) -> NodeConfig:
+def cfg(request: pytest.FixtureRequest) -> NodeConfig:
     # Reload checks on every fire, quick daemon restarts: the tests wait on behaviour, never on a clock.
-    c = make_config(tmp_path / "home", hooks={"reload_check_s": 0.01, "daemon_restart_min_s": 0.05,
-                                              "daemon_restart_max_s": 0.2, "daemon_stop_grace_s": 2.0})
-    keys.generate_identity(c.keys_dir, AGENT)
-    return c
+    return config_on(request, "sqlite", hooks={"reload_check_s": 0.01, "daemon_restart_min_s": 0.05,
+                                               "daemon_restart_max_s": 0.2, "daemon_stop_grace_s": 2.0})
 
 
 @pytest.fixture

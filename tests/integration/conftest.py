@@ -1,9 +1,11 @@
 """Shared fixtures for the multi-process integration tests: real node subprocesses on 127.0.0.1.
 
-- ``mesh_factory(n, **build_kwargs)`` lays out an n-node mesh under tmp_path (testbed.build) and returns a
+- ``mesh_factory(n, **build_kwargs)`` lays out an n-node mesh under tmp_path (testbed.mesh) and returns a
   ``LocalMesh`` that is not started yet; every mesh made is stopped on teardown, whatever happened.
-- ``cli(node_spec, *args, json=True)`` runs ``python -m node.cli --config <node config> <args>`` as a
-  subprocess and returns ``(rc, parsed JSON or text, stderr)``.
+- ``cli(node_spec, *args, json=True)`` runs ``ai-memory --config <node config> <args>`` and returns
+  ``(rc, parsed JSON or text, stderr)``: the CLI's own ``main`` in this process (tests/node_access.py), as
+  ``run_cli``, ``ok`` and ``maybe`` do; ``spawn_cli`` runs ``python -m node.cli`` as a subprocess, for a test
+  that pins the CLI as a program.
 - ``wait_for(predicate, what, timeout_s)`` polls a condition with a bounded deadline (no timed assertions).
 - ``node_log(spec)`` reads a node's JSON-lines log (``<home>/node.log``); ``node_log.has(spec, event, **fields)``.
 """
@@ -16,23 +18,31 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testbed.mesh import LocalMesh, MeshLayout, NodeSpec, build_layout
+from testbed.mesh import LocalMesh, MeshLayout, NodeSpec
+from tests.layouts import new_layout
+from tests.node_access import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 60.0
 POLL_S = 0.1
 
 
-def run_cli(spec: NodeSpec, *args: str, json: bool = True, timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, Any, str]:
-    """``ai-memory --config <spec's config> <args> [--json]`` as a subprocess: (rc, parsed stdout, stderr).
+def run_cli(spec: NodeSpec, *args: str, json: bool = True) -> tuple[int, Any, str]:
+    """``ai-memory --config <spec's config> <args> [--json]`` in this process: (rc, parsed stdout, stderr).
 
     With ``json`` the flag ``--json`` is appended and stdout parsed (left as text when it does not parse).
     """
+    return cli_in_process(spec.config_path, spec.home, *args, json=json)
+
+
+def spawn_cli(spec: NodeSpec, *args: str, json: bool = True, timeout_s: float = CLI_TIMEOUT_S) -> tuple[int, Any, str]:
+    """``run_cli`` as a ``python -m node.cli`` subprocess (its environment naming the node's home)."""
     env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
     env["AI_MEMORY_HOME"] = str(spec.home)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -68,16 +78,22 @@ def maybe(spec: NodeSpec, *args: str) -> Any:
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0, poll_s: float = POLL_S) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``.
+
+    Between two polls it sleeps ``poll_s``, or as long as the poll took if longer: a predicate that opens a
+    store (the in-process CLI) then takes at most half a core from the nodes it waits for.
+    """
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while True:
+        started = time.monotonic()
         last = predicate()
         if last:
             return last
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last value: {last!r})")
-        time.sleep(poll_s)
+        time.sleep(max(poll_s, now - started))
 
 
 def node_log_events(spec: NodeSpec) -> list[dict[str, Any]]:
@@ -119,27 +135,38 @@ def node_log_fixture() -> Callable[..., list[dict[str, Any]]]:
 def mesh_factory(tmp_path: Path) -> Iterator[Callable[..., LocalMesh]]:
     """``mesh_factory(n, **build_kwargs)`` -> an unstarted LocalMesh of n nodes under tmp_path.
 
-    build_kwargs go to testbed.build.build_layout (retry_delays_s=..., extra_config=..., mcp_http=...).
+    build_kwargs go to testbed.mesh.build_layout (retry_delays_s=..., extra_config=..., mcp_http=...).
     Every mesh (and so every node process it started) is stopped on teardown.
     """
     meshes: list[LocalMesh] = []
 
     def make(n: int = 2, **build_kwargs: Any) -> LocalMesh:
-        layout: MeshLayout = build_layout(tmp_path / f"mesh-{len(meshes)}", n, **build_kwargs)
+        layout: MeshLayout = new_layout(tmp_path / f"mesh-{len(meshes)}", n, **build_kwargs)
         mesh = LocalMesh(layout)
         meshes.append(mesh)
         return mesh
 
     yield make
-    errors = []
-    for mesh in meshes:
-        for idx in list(mesh.procs):
-            try:
-                mesh.stop(idx)
-            except Exception as e:  # keep stopping the others; a stuck SIGTERM falls back to SIGKILL
-                errors.append(f"node-{idx}: {e}")
-                try:
-                    mesh.stop(idx, kill=True)
-                except Exception:
-                    pass
+    errors = stop_meshes(meshes)
     assert not errors, errors
+
+
+def stop_meshes(meshes: list[LocalMesh]) -> list[str]:
+    """Stop every running node of ``meshes`` at once (each stop waits for its own node to drain and exit);
+    returns what went wrong, one line per node. A node a SIGTERM did not stop is SIGKILLed."""
+    def stop(mesh: LocalMesh, idx: int) -> str | None:
+        try:
+            mesh.stop(idx)
+        except Exception as e:  # keep stopping the others; a stuck SIGTERM falls back to SIGKILL
+            try:
+                mesh.stop(idx, kill=True)
+            except Exception:
+                pass
+            return f"node-{idx}: {e}"
+        return None
+
+    jobs = [(mesh, idx) for mesh in meshes for idx in list(mesh.procs)]
+    if not jobs:
+        return []
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="stop") as pool:
+        return [e for e in pool.map(lambda job: stop(*job), jobs) if e]

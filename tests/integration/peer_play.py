@@ -10,6 +10,7 @@ runs one short event loop), so tests mix it freely with ``run_cli`` and ``wait_f
 - ``new_memory`` / ``next_version`` / ``memory_put``: the issue 10 wire shape of memory.put, signed over
   the canonical ``memory.version`` payload of the spec (``version_payload``).
 - ``db_rows(spec)``: the node's memories, links and change log read from its SQLite file (read-only).
+- ``configure_trust(layout)``: the namespace policies the trust tests run under (``SECRET``, ``SHARED``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from a2a import Ack, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.routes import MESSAGES_PATH, SYNC_PATH, WS_PATH
+from node.attest import LinkPayload
+from node.errors import ServiceError
 from testbed.mesh import MeshLayout, NodeSpec
 from tests.integration.conftest import maybe, ok
+from tests.node_access import ask
 
 MAX_BYTES = 4 * 1024 * 1024
 TIMEOUT = aiohttp.ClientTimeout(total=20)
@@ -375,7 +379,15 @@ def change_log_seq(spec: NodeSpec) -> int:
 
 
 def memory_on(spec: NodeSpec, memory_id: str) -> dict[str, Any] | None:
-    return maybe(spec, "get", memory_id)
+    """The memory as the CLI's ``get`` shows it, or None. A running node is asked over its local socket (what
+    the polls call, many times a second); a stopped one's store is read by the CLI."""
+    try:
+        got = ask(spec.config_path, spec.home, "memory_get", {"id": memory_id})
+    except ServiceError as e:
+        if e.code == "not_found":
+            return None
+        raise
+    return got if got is not None else maybe(spec, "get", memory_id)
 
 
 def links_on(spec: NodeSpec) -> dict[str, dict[str, Any]]:
@@ -409,3 +421,47 @@ def _toml(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     raise TypeError(f"no TOML literal for {v!r}")
+
+
+# ---------------------------------------------------------------- the issue 10 trust mesh
+
+MAX_VERSION_STEP = 1_000_000  # the spec's default [federation] max_version_step
+SECRET = "secret"   # on node 1: restricted to node 3
+SHARED = "shared"   # on node 1: shared with nodes 2 and 3, node 2 may write versions of others' memories
+
+
+def configure_trust(layout: MeshLayout) -> None:
+    """Node 1 restricts ``SECRET`` to node 3 and lets node 2 write versions in ``SHARED``; node 3 has no
+    namespace policy at all (it only learns a restriction from the data, ``share_with``). Both hold an
+    orphan link 0.2 s."""
+    n2, n3 = (layout.node(i).agent_id for i in (2, 3))
+    add_config(layout.node(1), "federation", orphan_hold_s=0.2)
+    add_config(layout.node(1), f'federation.namespaces."{SECRET}"', peers=[n3])
+    add_config(layout.node(1), f'federation.namespaces."{SHARED}"', peers=[n2, n3], writers=[n2])
+    add_config(layout.node(3), "federation", orphan_hold_s=0.2)
+
+
+def diff(before: dict[str, list[tuple]], after: dict[str, list[tuple]]) -> dict[str, dict[str, list]]:
+    """What ``db_rows`` gained and lost between two readings, per table (tables that did not change left out)."""
+    out = {}
+    for table in before:
+        added = [r for r in after[table] if r not in before[table]]
+        removed = [r for r in before[table] if r not in after[table]]
+        if added or removed:
+            out[table] = {"added": added, "removed": removed}
+    return out
+
+
+def item_ids(items: list[dict[str, Any]]) -> set[str]:
+    """Every memory id and link end named by sync items (or queued payloads)."""
+    out = set()
+    for item in items:
+        if item["kind"] == "memory.put":
+            out.add(item["memory"]["id"])
+        else:
+            out |= {item["link"]["src_id"], item["link"]["dst_id"]}
+    return out
+
+
+def link_ids(items: list[dict[str, Any]]) -> set[str]:
+    return {LinkPayload.from_mapping(i["link"]).link_id for i in items if i["kind"] == "link.put"}

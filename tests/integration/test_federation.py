@@ -14,8 +14,9 @@ from mesh import keys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
-from testbed.mesh import LocalMesh, MeshLayout, NodeSpec, build_layout
-from tests.integration.conftest import maybe, ok, run_cli, wait_for
+from testbed.mesh import LocalMesh, MeshLayout, NodeSpec
+from tests.integration.conftest import maybe, ok, run_cli, spawn_cli, stop_meshes, wait_for
+from tests.layouts import new_layout
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +45,13 @@ def mesh3(tmp_path: Path):
     layouts: list[LocalMesh] = []
 
     def make(**kwargs) -> tuple[MeshLayout, LocalMesh]:
-        layout = build_layout(tmp_path / f"mesh{len(layouts)}", 3, mcp_http=False, **kwargs)
+        layout = new_layout(tmp_path / f"mesh{len(layouts)}", 3, mcp_http=False, **kwargs)
         m = LocalMesh(layout)
         layouts.append(m)
         return layout, m
 
     yield make
-    for m in layouts:
-        m.stop_all()
+    assert not (errors := stop_meshes(layouts)), errors
 
 
 def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None:
@@ -61,8 +61,9 @@ def test_store_replicates_and_link_is_peer_attested_on_every_peer(mesh3) -> None
     (c.home / "peers" / f"{a.agent_id}.pub").unlink()  # C does not trust A's key,
     trust_ca_alone(c)                                  # but takes A on the mesh CA's word
     m.start()
-    m1 = ok(a, "store", "first memory from A")
-    m2 = ok(a, "store", "second memory from A")
+    # Written by the CLI as a program of its own beside the running node: the node's poll sends them.
+    m1 = spawn_cli(a, "store", "first memory from A")[1]
+    m2 = spawn_cli(a, "store", "second memory from A")[1]
     for spec in (b, c):
         wait_for(lambda spec=spec: maybe(spec, "get", m2["id"]), f"memory on {spec.agent_id}")
     link = ok(a, "link", m1["id"], m2["id"], "related_to")
@@ -101,7 +102,9 @@ def test_forged_link_injected_on_the_wire_is_rejected_and_absent(mesh3) -> None:
 
 
 def test_node_down_through_whole_retry_schedule_catches_up(mesh3) -> None:
-    layout, m = mesh3(retry_delays_s=(0.2, 0.4), extra_config="[federation]\norphan_hold_s = 0.5\n")
+    # Each of the 3 attempts to a down peer waits up to ack_timeout_s for its link: kept short.
+    layout, m = mesh3(a2a={"retry_delays_s": (0.2, 0.4), "ack_timeout_s": 0.5},
+                      extra_config="[federation]\norphan_hold_s = 0.5\n")
     a, b, c = layout.nodes
     m.start()
     m.stop(3)

@@ -16,10 +16,11 @@ from mesh import keys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
-from testbed.mesh import LocalMesh, build_layout
+from testbed.mesh import LocalMesh
 from tests.integration.conftest import maybe, wait_for
 from tests.integration.conftest import ok as cli_ok
 from tests.integration.test_mcp_mesh import poll, url
+from tests.layouts import new_layout
 from tests.mcp.conftest import http_session, ok
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ LINKS = 30
 
 async def test_memory_link_many_goes_packed_to_peers_that_read_links_put_and_each_link_is_attested(
         tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 3)
+    layout = new_layout(tmp_path / "m", 3)
     a, b, c = layout.nodes
     with LocalMesh(layout):
         async with http_session(url(a.mcp_http_port)) as sa, http_session(url(b.mcp_http_port)) as sb, \
@@ -58,7 +59,7 @@ async def test_memory_link_many_goes_packed_to_peers_that_read_links_put_and_eac
 
 
 def test_a_forged_link_among_many_is_refused_alone_and_the_others_are_stored(tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 3, mcp_http=False)
+    layout = new_layout(tmp_path / "m", 3, mcp_http=False)
     a, b, c = layout.nodes
     with LocalMesh(layout):
         m1 = cli_ok(a, "store", "x")

@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from testbed.mesh import LocalMesh, build_layout
+from testbed.mesh import LocalMesh
 from tests.hooks.scripts import hook, write_hooks_toml, write_scripts
 from tests.integration.test_mcp_mesh import alive, url
+from tests.layouts import new_layout
 from tests.mcp.conftest import err, http_session, ok
 
 pytestmark = pytest.mark.integration
 
 
 async def test_node_runs_a_daemon_hook_and_stop_reaps_it(tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 2)
+    layout = new_layout(tmp_path / "m", 2)
     a = layout.nodes[0]
     _, daemon = write_scripts(tmp_path / "hooks")
     write_hooks_toml(a.home / "hooks.toml", [hook("dlp", ["post_recall"], daemon)])

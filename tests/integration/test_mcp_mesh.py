@@ -11,8 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from testbed.mesh import LocalMesh, build_layout
+from testbed.mesh import LocalMesh
 from tests.integration.conftest import run_cli
+from tests.layouts import new_layout
 from tests.mcp.conftest import http_session, ok
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,7 @@ async def poll(session, tool: str, args: dict, check, what: str) -> dict:
 
 
 async def test_link_made_through_node_a_mcp_is_peer_attested_through_node_b_mcp(tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 2)
+    layout = new_layout(tmp_path / "m", 2)
     a, b = layout.nodes
     with LocalMesh(layout):
         async with http_session(url(a.mcp_http_port)) as sa, http_session(url(b.mcp_http_port)) as sb:
@@ -97,7 +98,7 @@ async def test_testbed_up_three_nodes_mcp_recall_and_attestation_then_down_leave
 
 async def test_memory_link_many_through_the_sdk_makes_each_link_as_memory_link_and_b_attests_them(
         tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 2)
+    layout = new_layout(tmp_path / "m", 2)
     a, b = layout.nodes
     with LocalMesh(layout):
         async with http_session(url(a.mcp_http_port)) as sa, http_session(url(b.mcp_http_port)) as sb:

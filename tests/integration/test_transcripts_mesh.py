@@ -68,7 +68,9 @@ def test_transcripts_replicate_only_when_opted_in_and_only_to_peers_that_see_the
 
 
 def test_a_peer_that_was_down_gets_the_transcript_by_catch_up_sync(mesh_factory, tmp_path: Path) -> None:
-    mesh = mesh_factory(2, mcp_http=False, retry_delays_s=(0.2, 0.4), extra_config=CONFIG)
+    # Each of the 3 attempts to the down node waits up to ack_timeout_s for its link: kept short.
+    mesh = mesh_factory(2, mcp_http=False, a2a={"retry_delays_s": (0.2, 0.4), "ack_timeout_s": 0.5},
+                        extra_config=CONFIG)
     a, b = mesh.layout.nodes
     mesh.start()
     mesh.stop(2)

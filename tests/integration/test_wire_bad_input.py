@@ -23,7 +23,9 @@ import pytest
 from a2a import Ack, Envelope, decode_frame, new_envelope
 from mesh import ca, keys, tls
 from mesh.routes import MESSAGES_PATH, WS_PATH
-from testbed.mesh import LocalMesh, agent_id_for, build_layout, health
+from testbed.mesh import LocalMesh, agent_id_for, health
+from tests.integration.conftest import stop_meshes
+from tests.layouts import new_layout
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +50,13 @@ class Creds:
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory):
     """Nodes 1 and 2 running (node 3 only exists as credentials); the tests talk to node 2."""
-    layout = build_layout(tmp_path_factory.mktemp("wire") / "mesh", 3)
+    layout = new_layout(tmp_path_factory.mktemp("wire") / "mesh", 3)
     mesh = LocalMesh(layout)
     try:
         mesh.start([1, 2], want_links=False)
         yield mesh
     finally:
-        mesh.stop_all()
+        assert not (errors := stop_meshes([mesh])), errors
 
 
 def node_creds(mesh: LocalMesh, i: int) -> Creds:

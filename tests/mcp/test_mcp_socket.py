@@ -93,7 +93,8 @@ async def test_joined_client_reports_a_stopped_node_then_rejoins_a_restarted_one
     path = home.cfg.socket_path
     handle = await start_local_socket(ServiceBackend(service), path)
     with anyio.fail_after(TEST_TIMEOUT_S):
-        client = await SocketClientBackend.connect(path, limits=home.cfg.limits)
+        # A short reconnect window: a stopped node is reported after it, not after the default 15 s.
+        client = await SocketClientBackend.connect(path, limits=home.cfg.limits, reconnect_window_s=0.2)
         try:
             await client.call("memory_list", {})
             await handle.stop()

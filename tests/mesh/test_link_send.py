@@ -12,7 +12,7 @@ import pytest
 from a2a import Ack, Envelope, new_envelope
 from mesh.errors import MeshError
 from mesh.link import LinkState, PeerLink
-from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair, until
+from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, pair, until
 
 
 def _live() -> Envelope:
@@ -30,11 +30,6 @@ def _acks_once(released: asyncio.Event) -> Callable[[Envelope, str], Awaitable[A
         await released.wait()
         return Ack.ok(env.correlation_id, SERVER_ID)
     return apply
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 async def test_a_fan_of_send_wire_calls_is_acked_and_leaves_no_pending_state(pki) -> None:

@@ -7,11 +7,10 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 
 from a2a import Ack, Envelope, decode_frame, new_envelope
 from mesh import server
-from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair, until
+from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, pair, until
 
 
 def _live(kind: str = "ping") -> Envelope:
@@ -21,11 +20,6 @@ def _live(kind: str = "ping") -> Envelope:
 
 async def _ok(env: Envelope, sender: str) -> Ack:
     return Ack.ok(env.correlation_id, SERVER_ID)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 async def _ack(ws: aiohttp.ClientWebSocketResponse) -> Ack:

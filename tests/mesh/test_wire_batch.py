@@ -28,7 +28,7 @@ from a2a import (
 )
 from mesh.errors import MeshError
 from mesh.receive import Received, Receiver
-from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, make_pki, pair, until
+from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, pair, until
 
 NOW = 1_000_000
 
@@ -194,11 +194,6 @@ async def test_a_pings_apply_runs_inside_the_awaiting_task_too() -> None:
 
 
 # ---------------------------------------------------------------- real sockets
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 async def test_send_many_coalesces_into_batch_frames_and_acks_each(pki) -> None:

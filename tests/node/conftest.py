@@ -6,7 +6,6 @@ import pytest
 from mesh import keys
 from node.assemble import open_service
 from node.config import NodeConfig, from_dict
-from tests.pg import pg_cluster  # noqa: F401  (pytest finds fixtures by name)
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -35,18 +34,23 @@ def make_config(home: Path, **sections) -> NodeConfig:
     return from_dict({"agent_id": AGENT, "home": str(home), **sections}, env={})
 
 
-@pytest.fixture(params=BACKENDS)
-def cfg(tmp_path: Path, request: pytest.FixtureRequest) -> NodeConfig:
-    """A node config with an identity, on each storage backend in turn (Postgres: a fresh database)."""
-    sections = {}
-    if request.param == "postgres":
+def config_on(request: pytest.FixtureRequest, backend: str, **sections) -> NodeConfig:
+    """The test's node config (``<tmp_path>/home``, ``sections`` as given) with an identity, on ``backend``:
+    on Postgres a fresh database of the worker's cluster, dropped after the test. Each directory's ``cfg``."""
+    if backend == "postgres":
         cluster = request.getfixturevalue("pg_cluster")
         name = cluster.create_db()
         request.addfinalizer(lambda: cluster.drop_db(name))
-        sections = {"storage": {"backend": "postgres", "dsn": cluster.dsn(name)}}
-    c = make_config(tmp_path / "home", **sections)
+        sections = {**sections, "storage": {"backend": "postgres", "dsn": cluster.dsn(name)}}
+    c = make_config(request.getfixturevalue("tmp_path") / "home", **sections)
     keys.generate_identity(c.keys_dir, AGENT)
     return c
+
+
+@pytest.fixture(params=BACKENDS)
+def cfg(request: pytest.FixtureRequest) -> NodeConfig:
+    """A node config with an identity, on each storage backend in turn (Postgres: a fresh database)."""
+    return config_on(request, request.param)
 
 
 @pytest.fixture

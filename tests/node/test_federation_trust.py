@@ -5,6 +5,7 @@ Each refusal leaves the database as it was; the ACK code is the stable one from 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -233,19 +234,25 @@ async def test_sync_skips_what_the_puller_wrote_or_gets_from_the_writer(svc: Ser
     assert [i["memory"]["id"] for i in items] == [mine["id"]]
 
 
-async def test_an_item_that_never_applies_is_parked_and_the_cursor_moves_on(svc: Service) -> None:
-    fed = svc.replicator
-    orphan = {"seq": 7, **_link_put(None, str(uuid.uuid4()), str(uuid.uuid4()))}
-    later = {"seq": 8, **_mput(_memory())}
-    outcome = await fed.apply_sync_items(PEER, [orphan, later])
-    assert outcome["pending"] == 1 and outcome["applied"] == 1
-    for _ in range(svc.cfg.federation.sync_park_after - 1):
-        outcome = await fed.retry_pending(PEER)
-    assert outcome["parked"] == 1
-    [parked] = await svc.db.read(changelog.parked, PEER)
-    assert (parked.seq, parked.code) == (7, "unknown_memory")
-    assert (await capabilities(svc, None))["sync_parked"] == 1
-    assert (await fed.retry_pending(PEER)) == {}  # parked items are not retried
+async def test_an_item_that_never_applies_is_parked_and_the_cursor_moves_on(cfg) -> None:
+    # Each round holds the orphan link orphan_hold_s for its memories: short, the rounds are what counts.
+    cfg = dataclasses.replace(cfg, federation=dataclasses.replace(cfg.federation, orphan_hold_s=0.05))
+    svc = await open_service(cfg, require_identity=True)
+    try:
+        fed = svc.replicator
+        orphan = {"seq": 7, **_link_put(None, str(uuid.uuid4()), str(uuid.uuid4()))}
+        later = {"seq": 8, **_mput(_memory())}
+        outcome = await fed.apply_sync_items(PEER, [orphan, later])
+        assert outcome["pending"] == 1 and outcome["applied"] == 1
+        for _ in range(svc.cfg.federation.sync_park_after - 1):
+            outcome = await fed.retry_pending(PEER)
+        assert outcome["parked"] == 1
+        [parked] = await svc.db.read(changelog.parked, PEER)
+        assert (parked.seq, parked.code) == (7, "unknown_memory")
+        assert (await capabilities(svc, None))["sync_parked"] == 1
+        assert (await fed.retry_pending(PEER)) == {}  # parked items are not retried
+    finally:
+        await svc.close()
 
 
 async def test_no_ops_are_not_counted_as_applied(svc: Service, peer_keys) -> None:

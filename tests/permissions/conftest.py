@@ -2,17 +2,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mesh import keys
 from node import assemble
 from node.config import NodeConfig
 from node.service import Service
-from tests.node.conftest import AGENT, BACKENDS, make_config
-from tests.pg import pg_cluster  # noqa: F401  (pytest finds fixtures by name)
+from tests.node.conftest import BACKENDS, config_on
 
 
 def write_rules(cfg: NodeConfig, text: str) -> None:
@@ -31,18 +28,10 @@ def rows(cfg: NodeConfig, sql: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture(params=BACKENDS)
-def cfg(tmp_path: Path, request: pytest.FixtureRequest) -> NodeConfig:
+def cfg(request: pytest.FixtureRequest) -> NodeConfig:
     """On each storage backend in turn. The gate looks at the rules file on every call: tests change it
     and never wait on a clock."""
-    sections: dict[str, Any] = {}
-    if request.param == "postgres":
-        cluster = request.getfixturevalue("pg_cluster")
-        name = cluster.create_db()
-        request.addfinalizer(lambda: cluster.drop_db(name))
-        sections = {"storage": {"backend": "postgres", "dsn": cluster.dsn(name)}}
-    c = make_config(tmp_path / "home", permissions={"reload_check_s": 1e-9}, **sections)
-    keys.generate_identity(c.keys_dir, AGENT)
-    return c
+    return config_on(request, request.param, permissions={"reload_check_s": 1e-9})
 
 
 @pytest.fixture

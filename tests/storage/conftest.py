@@ -13,7 +13,6 @@ import pytest
 
 from storage import Database
 from storage.backend import open_database
-from tests.pg import pg_cluster, pg_dsn  # noqa: F401  (pytest finds fixtures by name)
 from tests.storage.storage_helpers import fill_store
 
 BACKENDS = ("sqlite", "postgres")

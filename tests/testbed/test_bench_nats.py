@@ -22,14 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CMD_TIMEOUT_S = 180
 
 
-def bench(tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def bench(root: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The bench writes under ``root``: a short path (``short_tmp``), as its nodes' Unix sockets live there."""
     return subprocess.run([sys.executable, "-m", "testbed.cli", "bench", "--nodes", "3", "--messages", "20",
-                           "--out", str(tmp_path / "out"), "--dir", str(tmp_path / "w"), "--no-plot"],
+                           "--out", str(root / "out"), "--dir", str(root / "w"), "--no-plot"],
                           capture_output=True, text=True, timeout=CMD_TIMEOUT_S, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
-def leftover_procs(tmp_path: Path) -> list[str]:
+def leftover_procs(root: Path) -> list[str]:
     """Processes whose command line still names the bench work dir (nodes, receivers, nats-server, responders)."""
     found = []
     for d in Path("/proc").iterdir():
@@ -39,17 +40,17 @@ def leftover_procs(tmp_path: Path) -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(tmp_path) in cmd:
+        if str(root) in cmd:
             found.append(f"{d.name}: {cmd}")
     return found
 
 
-def test_bench_reports_nats_figures(tmp_path: Path) -> None:
+def test_bench_reports_nats_figures(short_tmp: Path) -> None:
     if reason := nats_peer.unavailable():
         pytest.skip(f"NATS peer not measurable here: {reason}")
-    r = bench(tmp_path)
+    r = bench(short_tmp)
     assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    report = json.loads((short_tmp / "out" / "bench.json").read_text())
     assert report["nats"]["available"] is True and report["nats"]["omitted_reason"] is None
     [row] = report["results"]
     n = row["nats"]
@@ -59,22 +60,22 @@ def test_bench_reports_nats_figures(tmp_path: Path) -> None:
     assert n["cpu_ms_per_msg_server"] >= 0
     assert row["ratio_p95_nats"] == pytest.approx(row["ours"]["p95_ms"] / n["p95_ms"])
     assert row["p95_le_nats"] == (row["ours"]["p95_ms"] <= n["p95_ms"])
-    assert len(json.loads((tmp_path / "out" / "samples.json").read_text())["3"]["nats"]) == 20
-    assert "p95 ours/NATS" in (tmp_path / "out" / "bench.md").read_text()
-    assert leftover_procs(tmp_path) == []
+    assert len(json.loads((short_tmp / "out" / "samples.json").read_text())["3"]["nats"]) == 20
+    assert "p95 ours/NATS" in (short_tmp / "out" / "bench.md").read_text()
+    assert leftover_procs(short_tmp) == []
 
 
-def test_bench_without_nats_server_says_so_and_omits_nats(tmp_path: Path) -> None:
+def test_bench_without_nats_server_says_so_and_omits_nats(short_tmp: Path) -> None:
     # Hide nats-server: keep only PATH entries without it (the bench runs under sys.executable's full path).
     path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
                            if d and not (Path(d) / "nats-server").exists())
-    r = bench(tmp_path, {"PATH": path})
+    r = bench(short_tmp, {"PATH": path})
     assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    report = json.loads((short_tmp / "out" / "bench.json").read_text())
     assert report["nats"]["available"] is False
     assert "nats-server not installed" in report["nats"]["omitted_reason"]
     [row] = report["results"]
     assert row["nats"] is None and row["ratio_p95_nats"] is None
     assert row["ours"]["samples"] == 20 and row["floor"]["samples"] == 20
-    assert "NATS peer omitted: nats-server not installed" in (tmp_path / "out" / "bench.md").read_text()
-    assert leftover_procs(tmp_path) == []
+    assert "NATS peer omitted: nats-server not installed" in (short_tmp / "out" / "bench.md").read_text()
+    assert leftover_procs(short_tmp) == []

@@ -120,10 +120,10 @@ def test_status_and_down_without_a_testbed_explain(tb_dir: Path) -> None:
         assert r.returncode != 0 and "no testbed" in r.stderr
 
 
-def test_bench_smoke_writes_percentiles_for_ours_and_floor(tmp_path: Path) -> None:
+def test_bench_smoke_writes_percentiles_for_ours_and_floor(tmp_path: Path, short_tmp: Path) -> None:
     out = tmp_path / "out"
-    r = run_testbed("bench", "--nodes", "3", "--messages", "20", "--out", str(out), "--dir", str(tmp_path / "work"),
-                "--no-plot")
+    r = run_testbed("bench", "--nodes", "3", "--messages", "20", "--out", str(out), "--dir", str(short_tmp / "work"),
+                    "--no-plot")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "bench.json").read_text())
     (row,) = report["results"]
@@ -132,4 +132,4 @@ def test_bench_smoke_writes_percentiles_for_ours_and_floor(tmp_path: Path) -> No
         assert {"p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_msg_s"} <= row[side].keys()
         assert row[side]["samples"] == 20
     assert "| 3 |" in r.stdout
-    assert list((tmp_path / "work").iterdir()) == []
+    assert list((short_tmp / "work").iterdir()) == []

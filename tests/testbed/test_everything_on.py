@@ -13,14 +13,15 @@ import pytest
 from node.config import load_config
 from node.mcp.socket import ask_node
 from testbed.bench import everything_on
-from testbed.mesh import LocalMesh, build_layout
+from testbed.mesh import LocalMesh
+from tests.layouts import new_layout
 from tests.testbed.test_cli import run_testbed
 
 pytestmark = pytest.mark.integration
 
 
 def test_mesh_with_everything_on_has_the_files_and_every_node_reports_them_loaded(tmp_path: Path) -> None:
-    layout = build_layout(tmp_path / "m", 3, mcp_http=False)
+    layout = new_layout(tmp_path / "m", 3, mcp_http=False)
     everything_on.apply(layout)
     for spec in layout.nodes:
         hooks = tomllib.loads((spec.home / "hooks.toml").read_text())["hooks"]
@@ -49,10 +50,10 @@ def test_mesh_with_everything_on_has_the_files_and_every_node_reports_them_loade
             assert caps["hooks"]["hooks"][0]["counts"] == {"fired": 1, "allowed": 1}
 
 
-def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: Path) -> None:
+def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: Path, short_tmp: Path) -> None:
     out = tmp_path / "out"
     r = run_testbed("bench", "--quick", "--messages", "10", "--warmup", "2", "--everything-on", "--out", str(out),
-                    "--dir", str(tmp_path / "work"), "--no-plot")
+                    "--dir", str(short_tmp / "work"), "--no-plot")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "bench.json").read_text())
     assert report["mode"].startswith("everything on")
@@ -61,15 +62,15 @@ def test_bench_everything_on_quick_completes_and_says_which_mode_ran(tmp_path: P
     assert set(row["everything_on_loaded"]) == {f"ai:node-{i}@testbed" for i in (1, 2, 3)}
     assert all(v["rules"] == everything_on.RULES and v["signing"] for v in row["everything_on_loaded"].values())
     assert "Mode: everything on" in (out / "bench.md").read_text()
-    assert list((tmp_path / "work").iterdir()) == []
+    assert list((short_tmp / "work").iterdir()) == []
 
 
-def test_everything_on_is_refused_with_docker_and_default_mode_is_reported(tmp_path: Path) -> None:
+def test_everything_on_is_refused_with_docker_and_default_mode_is_reported(tmp_path: Path, short_tmp: Path) -> None:
     r = run_testbed("bench", "--backend", "docker", "--everything-on", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "--everything-on applies to the local backend only" in r.stderr
     out = tmp_path / "out"
     r = run_testbed("bench", "--nodes", "3", "--messages", "5", "--warmup", "1", "--out", str(out),
-                    "--dir", str(tmp_path / "work"), "--no-plot")
+                    "--dir", str(short_tmp / "work"), "--no-plot")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "bench.json").read_text())
     assert report["mode"].startswith("default") and report["results"][0]["everything_on_loaded"] is None
