@@ -75,7 +75,12 @@ def refusal(raw: str | bytes) -> Refusal | None:
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     # loc[0] names the union member (JSONRPCRequest, ...); the rest is the path into the message.
     where = [p for p in tuple(first.get("loc", ()))[1:] if isinstance(p, (str, int))]
-    return _diagnose(text, str(first.get("type")), where, str(first.get("msg")))
+    try:
+        return _diagnose(text, str(first.get("type")), where, str(first.get("msg")))
+    except Exception:  # a bug here must not cost the client its answer, nor the door its session
+        log.exception("mcp edge check failed")
+        return _refused(None, None, "Internal error: the message could not be checked", False,
+                        code=types.INTERNAL_ERROR)
 
 
 def _diagnose(text: str, kind: str, where: list[str | int], why: str) -> Refusal:
@@ -126,7 +131,7 @@ def _request_id(doc: Any) -> str | int | None:
     if not isinstance(doc, dict):
         return None
     value = doc.get("id")
-    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+    if (isinstance(value, str) and _is_text(value)) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     return None
 

@@ -160,7 +160,6 @@ class ApprovalApi:
     runner: web.AppRunner
     port: int
     streams: set[Any]
-    feed: ApprovalFeed
     _follower: asyncio.Task[None]
     _unsubscribe: Callable[[], None]
 
@@ -319,4 +318,4 @@ async def start_approval_api(service: Any, cfg: NodeConfig, port: int | None = N
     bound = runner.addresses[0][1]
     unsubscribe = approvals.subscribe(h.wake)
     follower = asyncio.get_running_loop().create_task(h.follow(), name="approval-feed")
-    return ApprovalApi(runner, bound, h.streams, h.feed, follower, unsubscribe)
+    return ApprovalApi(runner, bound, h.streams, follower, unsubscribe)

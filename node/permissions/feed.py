@@ -17,6 +17,7 @@ decisions take the same path (they wake the poll at once), so the stream has one
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,8 @@ LOOKBACK_MIN_MS = 60_000
 
 Event = tuple[str, dict[str, Any]]
 
+log = logging.getLogger("node.approvals.feed")
+
 
 class ApprovalFeed:
     """The approval events of every process, read from the store; ``rebase`` when it starts being followed (what
@@ -49,8 +52,7 @@ class ApprovalFeed:
         # Announced actions -> their expiry (forgotten once the range no longer reaches them).
         self._requested: dict[str, int] = {}
         self._decided: dict[str, int] = {}
-        self.polls = 0
-        self.truncated = 0
+        self._flooded = False
 
     async def rebase(self) -> None:
         """Take everything in the store now as announced."""
@@ -63,9 +65,10 @@ class ApprovalFeed:
         now = self.clock()
         since = now - self.lookback_ms
         marks = await self.db.read(rows.recent, since, FEED_ROWS_MAX)
-        self.polls += 1
-        if len(marks) >= FEED_ROWS_MAX:
-            self.truncated += 1
+        flooded = len(marks) >= FEED_ROWS_MAX
+        if flooded and not self._flooded:  # once per flood: the actions expiring first are left out of the read
+            log.warning("approval_feed_flooded", extra={"ev": {"rows": FEED_ROWS_MAX, "window_ms": self.lookback_ms}})
+        self._flooded = flooded
         asked = [m for m in marks if m.id not in self._requested]
         decided = [m for m in marks if m.status != "pending" and m.id not in self._decided and _settled(m, now)]
         ids = sorted({m.id for m in asked} | {m.id for m in decided})

@@ -43,6 +43,7 @@ BAD_LINES = [
     (call("raw-5", '{"\\udc00": "a"}'), types.INVALID_PARAMS, "raw-5"),           # lone low surrogate, in a key
     (call("raw-6", '{"content": "a\\ud800\\u0041"}'), types.INVALID_PARAMS, "raw-6"),  # high then not low
     (call("raw-7", "[" * 5000 + "]" * 5000), types.INVALID_PARAMS, "raw-7"),     # past the stdlib parser too
+    ('{"jsonrpc": "2.0", "id": "\\ud800", "method": "ping"}', types.INVALID_REQUEST, None),  # an id that is no text
     ('{"id": "raw-8", "params": {}}', types.INVALID_REQUEST, "raw-8"),             # JSON, not JSON-RPC
     ('{"jsonrpc": "2.0", "id": "raw-9", "method": 5}', types.INVALID_REQUEST, "raw-9"),
 ]
