@@ -4,8 +4,10 @@ in that command every time (before it exits), and reaches the running node's SSE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +107,12 @@ def test_each_cli_park_and_decision_fires_its_hook_once_before_the_command_exits
                                                                                        strict=False)]
 
 
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
 class Stream:
     """The node's approval event stream (signed GET), read in a task of its own: its events in order."""
 
@@ -146,7 +154,8 @@ async def test_cli_parks_and_decisions_reach_the_running_nodes_stream_exactly_on
     port = _free_port()
     add_config(spec, "approval", http_port=port)
     mesh.start([1], want_links=False)
-    wait_for(lambda: (spec.home / "keys" / "approval.hmac").exists(), "the approval API's key")
+    # /healthz answers before the approval API is up: wait for it (bounded).
+    wait_for(lambda: _listening(port), "the approval API")
     key = bytes.fromhex((spec.home / "keys" / "approval.hmac").read_text().strip())
     stream = Stream(f"http://127.0.0.1:{port}", key)
     reader = asyncio.create_task(stream.read())
