@@ -12,6 +12,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+# Ids per IN list in get_many (SQLite's default bound on parameters is far above it).
+GET_MANY_CHUNK = 500
 _COLUMNS = ("id, agent, operation, namespace, call, prompt, options, default_choice, asked_by, status, "
             "created_at, expires_at, decided_at, decided_by, result")
 
@@ -89,3 +91,35 @@ def expire_due(conn: sqlite3.Connection, now_ms: int) -> list[ActionRow]:
     conn.execute("UPDATE pending_actions SET status = 'expired', decided_at = ?, decided_by = 'sweeper' "
                  "WHERE status = 'pending' AND expires_at <= ?", (now_ms, now_ms))
     return due
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """What the approval feed needs to know of an action to tell whether it has news (node/permissions/feed.py)."""
+
+    id: str
+    status: str
+    expires_at: int
+    decided_at: int | None
+    has_result: bool
+
+
+def recent(conn: sqlite3.Connection, since_ms: int, limit: int) -> list[Mark]:
+    """The actions whose expiry is at or after ``since_ms``, latest expiry first: every pending one not yet swept,
+    and every one decided since then (a decision comes before the expiry; the sweeper's within its interval
+    after it). A range on the (status, expires_at) index: its cost follows recent activity, not the table."""
+    rows = conn.execute("SELECT id, status, expires_at, decided_at, CASE WHEN result IS NULL THEN 0 ELSE 1 END "
+                        "FROM pending_actions WHERE status IN ('pending','applied','denied','expired','failed') "
+                        "AND expires_at >= ? ORDER BY expires_at DESC LIMIT ?", (since_ms, limit))
+    return [Mark(id=r[0], status=r[1], expires_at=r[2], decided_at=r[3], has_result=bool(r[4])) for r in rows]
+
+
+def get_many(conn: sqlite3.Connection, ids: list[str]) -> list[ActionRow]:
+    """The actions named (those that exist), read in chunks of GET_MANY_CHUNK ids."""
+    out: list[ActionRow] = []
+    for i in range(0, len(ids), GET_MANY_CHUNK):
+        chunk = ids[i:i + GET_MANY_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        sql = f"SELECT {_COLUMNS} FROM pending_actions WHERE id IN ({marks})"
+        out.extend(_row(r) for r in conn.execute(sql, chunk))
+    return out

@@ -207,11 +207,17 @@ class HookPipeline:
         }
 
     async def close(self) -> None:
-        """Stop every runner (daemons get their grace, then SIGKILL) and wait for retired ones."""
+        """Let the notifications in flight finish (a CLI command's ``on_approval_*`` hooks run before it exits;
+        each is bounded by its class deadline), then stop every runner (daemons get their grace, then SIGKILL)
+        and wait for retired ones; all within CLOSE_TIMEOUT_S."""
         self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_TIMEOUT_S
+        if self._background:  # stopping a runner first would kill the hook a notification is waiting on
+            await asyncio.wait(list(self._background), timeout=CLOSE_TIMEOUT_S)
         for runner in self._runners.values():
             self._own(runner.close(), f"hooks:close:{runner.spec.name}")
         if self._background:
-            _, pending = await asyncio.wait(list(self._background), timeout=CLOSE_TIMEOUT_S)
+            _, pending = await asyncio.wait(list(self._background), timeout=max(0.0, deadline - loop.time()))
             for task in pending:
                 task.cancel()

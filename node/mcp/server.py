@@ -22,20 +22,25 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import anyio
 import mcp_types as types
 import orjson
 import uvicorn
+from anyio.streams.memory import MemoryObjectReceiveStream
 from cachetools import LRUCache
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp.shared.message import SessionMessage
 
 from node import files
 from node.config import DEFAULT_HOME, LimitsConfig, MeshConfig, NodeConfig
 from node.errors import ServiceCode, ServiceError, describe
 from node.mcp.backend import ServiceBackend, ToolBackend
+from node.mcp.edge import AnsweredBodies, CheckedLines, private_stdin
 from node.mcp.profiles import Family, parse_family
 from node.mcp.registry import JSON, Args, Door, ToolSpec, instructions, listed, loader_specs, tool_specs
 from node.mcp.socket import SocketClientBackend
@@ -50,6 +55,8 @@ HTTP_PATH = "/mcp"
 HTTP_START_TIMEOUT_S = 5.0
 HTTP_GRACEFUL_S = 2
 HTTP_STOP_TIMEOUT_S = 5.0
+# Refused stdio lines whose answers may wait for stdout at once; past it the reader waits (backpressure).
+ANSWERS_MAX = 64
 
 Run = Callable[[str, Args], Awaitable[JSON]]
 
@@ -259,11 +266,33 @@ async def run_stdio(cfg: NodeConfig, *, embedded: bool = False) -> None:
     """Serve MCP on this process's stdin/stdout until the client closes it (``embedded``: see ``open_backend``)."""
     backend, session, close = await open_backend(cfg, embedded=embedded)
     try:
-        server = build_server(backend, limits=cfg.limits, session=session, profile=cfg.mcp.profile)
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        await serve_stdio(build_server(backend, limits=cfg.limits, session=session, profile=cfg.mcp.profile))
     finally:
         await close()
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    """Run ``server`` on the SDK's stdio transport, reading stdin through ``CheckedLines``: a line the SDK
+    cannot take is answered with its JSON-RPC error (docs/mcp.md, "Errors") rather than dropped."""
+    answers, to_answer = anyio.create_memory_object_stream[types.JSONRPCError](ANSWERS_MAX)
+    with private_stdin() as stdin:
+        lines = CheckedLines(stdin, answers)
+        # The transport only iterates its stdin (``async for line in stdin``), which CheckedLines does.
+        async with stdio_server(stdin=cast("anyio.AsyncFile[str]", lines)) as (read_stream, write_stream):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_send_answers, to_answer, write_stream)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+                tg.cancel_scope.cancel()
+
+
+async def _send_answers(to_answer: MemoryObjectReceiveStream[types.JSONRPCError], write_stream: Any) -> None:
+    """The errors CheckedLines refused lines with, written as the server's own messages are."""
+    async with to_answer:
+        async for error in to_answer:
+            try:
+                await write_stream.send(SessionMessage(error))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return  # the session is over: nobody is left to answer
 
 
 # ---- streamable HTTP ------------------------------------------------------------------------
@@ -331,11 +360,23 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _rebinding_guard(host: str) -> TransportSecurityMiddleware:
+    """The SDK's DNS-rebinding guard as the SDK builds it for ``host`` (on for the loopback names it knows), given
+    to the SDK app and to AnsweredBodies, which answers only what the guard lets through."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        return TransportSecurityMiddleware(TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    return TransportSecurityMiddleware(TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]))
+
+
 async def start_http(backend: ToolBackend, host: str, port: int, profile: str = Family.CORE) -> HttpHandle:
     """Serve streamable HTTP MCP at http://host:port/mcp; port 0 picks a free port (see handle.port)."""
     check_loopback(host)
     server = build_server(backend, limits=backend.limits, session={"transport": "streamable_http"}, profile=profile)
-    app = server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
+    guard = _rebinding_guard(host)
+    app = AnsweredBodies(server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host,
+                                                    transport_security=guard.settings), HTTP_PATH, guard)
     sock = _listen(host, port)
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
                             timeout_graceful_shutdown=HTTP_GRACEFUL_S)

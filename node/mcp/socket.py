@@ -56,8 +56,17 @@ def encode_frame(obj: Any) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
+class BadBody(ServiceError):
+    """A whole frame whose body is not a JSON document this node takes (not JSON, nested past the parser's
+    1024 levels, a lone surrogate escape): the framing is intact, so the connection can go on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("bad_frame", message)
+
+
 async def read_frame(reader: asyncio.StreamReader) -> Any | None:
-    """One framed JSON document, or None at a clean EOF; ServiceError('bad_frame') on garbage."""
+    """One framed JSON document, or None at a clean EOF; ServiceError('bad_frame') on garbage: BadBody when the
+    frame was read whole (the next frame can be read), another when the framing is lost."""
     try:
         header = await reader.readexactly(_HEADER.size)
     except asyncio.IncompleteReadError as e:
@@ -74,7 +83,7 @@ async def read_frame(reader: asyncio.StreamReader) -> Any | None:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise ServiceError("bad_frame", f"frame is not JSON: {e}") from None
+        raise BadBody(f"frame is not a JSON document this node takes: {e}") from None
 
 
 def error_reply(exc: BaseException) -> dict[str, Any]:
@@ -152,31 +161,50 @@ async def start_local_socket(backend: ToolBackend, path: Path) -> SocketHandle:
 
 async def _serve_connection(backend: ToolBackend, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
+    """Answer each frame in order. A frame that is not a request is answered with its error and the connection
+    goes on; one whose framing is lost (cut short, over the cap) is answered, then the connection is closed."""
     while True:
         try:
             request = await read_frame(reader)
-        except Exception as exc:  # a garbled frame: say why, then drop the connection (framing is lost)
-            writer.write(encode_frame(error_reply(exc)))
-            await writer.drain()
+        except BadBody as exc:
+            reply: dict[str, Any] = error_reply(exc)
+        except Exception as exc:  # framing is lost: say why, then drop the connection
+            await _answer(writer, error_reply(exc))
             return
-        if request is None:
-            return
-        if (not isinstance(request, dict) or not isinstance(request.get("tool"), str)
-                or not isinstance(request.get("args", {}), dict)):
-            reply: dict[str, Any] = {"error": {"code": "bad_request",
-                                               "message": "request must be an object {tool: string, args: object}"}}
         else:
-            try:
-                reply = {"ok": await backend.call(request["tool"], request.get("args") or {})}
-            except Exception as exc:  # reported to the caller; the connection keeps serving
-                reply = error_reply(exc)
-                if reply["error"]["code"] == "internal":
-                    log.exception("local-socket call %s failed unexpectedly", request["tool"])
-        try:
-            writer.write(encode_frame(reply))
-            await writer.drain()
-        except OSError:
+            if request is None:
+                return
+            reply = await _call(backend, request)
+        if not await _answer(writer, reply):
             return
+
+
+async def _call(backend: ToolBackend, request: Any) -> dict[str, Any]:
+    if (not isinstance(request, dict) or not isinstance(request.get("tool"), str)
+            or not isinstance(request.get("args", {}), dict)):
+        return {"error": {"code": "bad_request", "message": "request must be an object {tool: string, args: object}"}}
+    try:
+        return {"ok": await backend.call(request["tool"], request.get("args") or {})}
+    except Exception as exc:  # reported to the caller; the connection keeps serving
+        reply = error_reply(exc)
+        if reply["error"]["code"] == "internal":
+            log.exception("local-socket call %s failed unexpectedly", request["tool"])
+        return reply
+
+
+async def _answer(writer: asyncio.StreamWriter, reply: dict[str, Any]) -> bool:
+    """Write one answer; False when the peer is gone. An answer that cannot be encoded is answered ``internal``."""
+    try:
+        frame = encode_frame(reply)
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError: nesting past 255, a lone surrogate
+        log.warning("local-socket answer not encodable: %s", exc)
+        frame = encode_frame({"error": {"code": "internal", "message": f"the answer could not be encoded: {exc}"}})
+    try:
+        writer.write(frame)
+        await writer.drain()
+    except OSError:
+        return False
+    return True
 
 
 # ---- the client's side ----------------------------------------------------------------------

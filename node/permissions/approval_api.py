@@ -5,7 +5,8 @@ Routes (JSON; errors ``{"error": {"code", "message"}}``):
 - ``GET  /v1/approvals?status=pending&limit=100``  list
 - ``POST /v1/approvals/{id}/approve``  body ``{"decided_by": str, "remember": "once" | "forever"}``
 - ``POST /v1/approvals/{id}/deny``     body ``{"decided_by": str}``
-- ``GET  /v1/approvals/stream``  Server-Sent Events: ``approval.requested`` / ``approval.decided``
+- ``GET  /v1/approvals/stream``  Server-Sent Events: ``approval.requested`` / ``approval.decided``, of every
+  process that shares the store (``node.permissions.feed``: read from the store while a stream is open)
 
 Signing: headers ``X-Approval-Timestamp`` (unix ms), ``X-Approval-Nonce`` (16..128 of [A-Za-z0-9_-]) and
 ``X-Approval-Signature``: hex HMAC-SHA256 under the key in ``<home>/keys/approval.hmac`` over
@@ -36,6 +37,7 @@ from cachetools import TTLCache
 
 from node.config import NodeConfig
 from node.errors import ServiceError, describe
+from node.permissions.feed import FEED_POLL_S, ApprovalFeed
 
 log = logging.getLogger("node.approvals.api")
 
@@ -158,8 +160,14 @@ class ApprovalApi:
     runner: web.AppRunner
     port: int
     streams: set[Any]
+    _follower: asyncio.Task[None]
+    _unsubscribe: Callable[[], None]
 
     async def stop(self) -> None:
+        self._unsubscribe()
+        self._follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(self._follower, STOP_TIMEOUT_S)
         for q in list(self.streams):
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(None)
@@ -171,17 +179,53 @@ Stream = asyncio.Queue[tuple[str, dict[str, Any]] | None]
 
 
 class _Handlers:
-    """The routes of one approval API over one service."""
+    """The routes of one approval API over one service; its event streams hear ``feed``."""
 
-    def __init__(self, service: Any, cfg: NodeConfig) -> None:
+    def __init__(self, service: Any, cfg: NodeConfig, feed: ApprovalFeed) -> None:
         self.service = service
         self.verifier = Verifier(cfg)
+        self.feed = feed
         self.streams: set[Stream] = set()
+        self._wake = asyncio.Event()
+        # A poll and a first stream's rebase never interleave: what the rebase takes as old news was never sent.
+        self._lock = asyncio.Lock()
 
     def publish(self, event: str, data: dict[str, Any]) -> None:
         for q in list(self.streams):
             with contextlib.suppress(asyncio.QueueFull):  # a reader that does not keep up loses events
                 q.put_nowait((event, data))
+
+    def wake(self, event: str, data: dict[str, Any]) -> None:
+        """This process parked or decided an action: read the store now rather than at the next poll."""
+        self._wake.set()
+
+    async def follow(self) -> None:
+        """While a stream is open, read the feed every FEED_POLL_S (or when woken) and publish what is new. A
+        store that fails is logged once per outage; the loop goes on."""
+        failing = False
+        while True:
+            self._wake.clear()
+            if self.streams:
+                try:
+                    async with self._lock:
+                        for event, data in await self.feed.poll():
+                            self.publish(event, data)
+                except Exception as e:  # the store is away or damaged: the stream waits for it
+                    if not failing:
+                        log.warning("approval_feed_failed", extra={"ev": {"error": describe(e).message}})
+                    failing = True
+                else:
+                    if failing:
+                        log.info("approval_feed_recovered")
+                    failing = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), FEED_POLL_S)
+
+    async def _listen(self, q: Stream) -> None:
+        async with self._lock:
+            if not self.streams:
+                await self.feed.rebase()  # the first stream: what is in the store now is old news
+            self.streams.add(q)
 
     @web.middleware
     async def signed(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -231,8 +275,13 @@ class _Handlers:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         q: Stream = asyncio.Queue(SSE_QUEUE_MAX)
-        self.streams.add(q)
         try:
+            try:
+                await self._listen(q)
+            except Exception as e:  # the store is away: end this stream (the client reconnects) with the reason
+                log.warning("approval_stream_refused", extra={"ev": {"error": describe(e).message}})
+                await resp.write(f": {describe(e).code}\n\n".encode())
+                return resp
             await resp.write(b": connected\n\n")
             while (item := await self._next(q)) is not None:
                 await resp.write(item)
@@ -257,8 +306,8 @@ class _Handlers:
 async def start_approval_api(service: Any, cfg: NodeConfig, port: int | None = None) -> ApprovalApi:
     """Serve the approval API on ``approval.http_host``:``port`` (default ``approval.http_port``; 0 = any)."""
     load_or_create_key(cfg)
-    h = _Handlers(service, cfg)
-    service.approvals.subscribe(h.publish)
+    approvals = service.approvals
+    h = _Handlers(service, cfg, ApprovalFeed(approvals.db, approvals.clock, cfg.approval.sweep_interval_s))
     app = web.Application(middlewares=[h.signed], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/v1/approvals", h.list_), web.get("/v1/approvals/stream", h.stream),
                     web.post(r"/v1/approvals/{id}/{choice:approve|deny}", h.decide)])
@@ -267,4 +316,6 @@ async def start_approval_api(service: Any, cfg: NodeConfig, port: int | None = N
     site = web.TCPSite(runner, cfg.approval.http_host, cfg.approval.http_port if port is None else port)
     await site.start()
     bound = runner.addresses[0][1]
-    return ApprovalApi(runner, bound, h.streams)
+    unsubscribe = approvals.subscribe(h.wake)
+    follower = asyncio.get_running_loop().create_task(h.follow(), name="approval-feed")
+    return ApprovalApi(runner, bound, h.streams, follower, unsubscribe)

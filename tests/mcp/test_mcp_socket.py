@@ -83,7 +83,12 @@ async def test_socket_rpc_errors_and_garbage(home: Home, service) -> None:
             w.write(b"\x00\x00\x00\x03{{{")
             await w.drain()
             assert (await read_frame(r))["error"]["code"] == "bad_frame"
-            assert await read_frame(r) is None  # framing lost: the node hangs up
+            w.write(encode_frame({"tool": "memory_list", "args": {}}))  # a whole frame: the framing is intact
+            assert isinstance((await read_frame(r))["ok"], list)
+            w.write(b"\x00\x00\x00\x09{{{")
+            w.write_eof()
+            assert (await read_frame(r))["error"]["code"] == "bad_frame"
+            assert await read_frame(r) is None  # cut inside a frame: framing lost, the node hangs up
             w.close()
     finally:
         await handle.stop()
