@@ -58,6 +58,7 @@ def add_parsers(sub: Commands) -> None:
                    help="write <agent_id>.keyhistory.json instead: the current and retired keys, each with when "
                         "it was current, signed by the current key (a node that joins after a rotation needs it "
                         "to verify what the retired keys signed)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON (with --with-retired)")
     e.set_defaults(handler=_export)
 
 

@@ -21,7 +21,7 @@ class TranscriptApply:
     def __init__(self, ctx: ApplyContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, body: dict[str, Any], sender: str) -> Applied:
+    async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         ctx = self.ctx
         payload = parsed(TranscriptPayload.from_mapping, body["transcript"])
         policy = ctx.cfg.transcripts.policy(payload.namespace)
@@ -30,7 +30,8 @@ class TranscriptApply:
             return Applied(code)
         if await ctx.db.read(transcripts.get, payload.id) is not None:
             return OK_UNCHANGED
-        level = await ctx.attester.attest(payload, body["signature"], payload.agent, sender, what=payload.id)
+        level = await ctx.attester.attest(payload, body["signature"], payload.agent, sender, what=payload.id,
+                                          pulled=pulled)
         if not isinstance(level, AttestLevel):
             return Applied(level)
         row = await asyncio.to_thread(inbound_row, payload, body["body"], policy, signature=body["signature"],
