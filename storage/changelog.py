@@ -130,20 +130,30 @@ class PendingItem:
     parked: bool
 
 
-def park(conn: sqlite3.Connection, peer: str, seq: int, kind: str, ref_id: str, code: str, item: bytes,
-         now_ms: int, cap: int) -> bool:
-    """Park a sync item at once with ``code`` (e.g. ``unknown_key``: it waits for a key, not for more rounds).
-    False, and nothing written, when it is not kept yet and ``peer`` already has ``cap`` items parked with
-    ``code``."""
-    kept = conn.execute("SELECT 1 FROM sync_pending WHERE peer = ? AND seq = ?", (peer, seq)).fetchone()
-    if kept is None and parked_count(conn, peer, code=code) >= cap:
-        return False
-    conn.execute(
-        "INSERT INTO sync_pending (peer, seq, kind, ref_id, code, rounds, item, parked, updated_at) "
-        "VALUES (?,?,?,?,?,1,?,1,?) ON CONFLICT (peer, seq) DO UPDATE SET parked = 1, code = excluded.code, "
-        "updated_at = excluded.updated_at",
-        (peer, seq, kind, ref_id, code, item, now_ms))
-    return True
+# One sync item to park: its seq, kind, what it names, its CBOR bytes.
+ParkItem = tuple[int, str, str, bytes]
+
+
+def park_many(conn: sqlite3.Connection, peer: str, items: Sequence[ParkItem], code: str, now_ms: int,
+              cap: int) -> list[bool]:
+    """Park sync items from ``peer`` at once with ``code`` (e.g. ``unknown_key``: they wait for a key, not for more
+    rounds), in order; each answer False, and nothing written for it, when it is not kept yet and ``peer``
+    already has ``cap`` items parked with ``code``."""
+    count = parked_count(conn, peer, code=code)
+    out = []
+    for seq, kind, ref_id, item in items:
+        kept = conn.execute("SELECT 1 FROM sync_pending WHERE peer = ? AND seq = ?", (peer, seq)).fetchone()
+        if kept is None and count >= cap:
+            out.append(False)
+            continue
+        conn.execute(
+            "INSERT INTO sync_pending (peer, seq, kind, ref_id, code, rounds, item, parked, updated_at) "
+            "VALUES (?,?,?,?,?,1,?,1,?) ON CONFLICT (peer, seq) DO UPDATE SET parked = 1, code = excluded.code, "
+            "updated_at = excluded.updated_at",
+            (peer, seq, kind, ref_id, code, item, now_ms))
+        count += kept is None
+        out.append(True)
+    return out
 
 
 def unpark(conn: sqlite3.Connection, peer: str, seq: int, code: str, now_ms: int) -> None:
@@ -184,6 +194,11 @@ def parked(conn: sqlite3.Connection, peer: str | None = None, limit: int = 100, 
 
 def drop_pending(conn: sqlite3.Connection, peer: str, seq: int) -> None:
     conn.execute("DELETE FROM sync_pending WHERE peer = ? AND seq = ?", (peer, seq))
+
+
+def drop_pending_many(conn: sqlite3.Connection, peer: str, seqs: Sequence[int]) -> None:
+    """``drop_pending`` for each seq, in one statement (a pulled page's items that are done)."""
+    conn.executemany("DELETE FROM sync_pending WHERE peer = ? AND seq = ?", [(peer, seq) for seq in seqs])
 
 
 def parked_count(conn: sqlite3.Connection, peer: str | None = None, *, code: str | None = None) -> int:

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from node import attest, priority
 from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, Signable
 from node.federation.codes import RejectCode
-from node.trust import Keyring, SignerHistory
+from node.trust import UNKNOWN_SIGNER, Keyring, SignerHistory
 from storage import changelog
 from storage.db import Database
 
@@ -247,10 +247,13 @@ class Attester:
             verified = again is not None and await self.verifier.verify((again, payload, signature))
         keyring = self.keys.keyring
         me = keyring.identity.agent_id if keyring.identity is not None else None
+        # What decides an unknown key is read only where it can matter (not on the hot path of verified links).
+        weighed = pulled and not verified
         verdict = decide(SignatureCheck(
             verified=verified, signed=signature is not None, known=bool(keys), signer_is_sender=signer == sender,
-            signer_is_self=signer == me, pulled=pulled, history=keyring.history(signer, reload=False),
-            claimed_at=claimed_at(payload)))
+            signer_is_self=signer == me, pulled=pulled,
+            history=keyring.history(signer, reload=False) if weighed else UNKNOWN_SIGNER,
+            claimed_at=claimed_at(payload) if weighed else 0))
         if verdict is RejectCode.BAD_SIGNATURE:
             self.counters["bad_signature"] += 1
             log.warning("bad_signature", extra={"ev": {"peer": sender, "id": what, "claimed_signer": signer}})
