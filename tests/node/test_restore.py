@@ -16,10 +16,11 @@ from node.assemble import open_service
 from node.config import NamespacePolicy, NodeConfig
 from node.errors import ServiceError
 from node.federation.restore import SEQ_PER_MS, RestoreProgress, marker_path, prepare
+from node.federation.sync import PeerSync, PullSettings
 from node.service import Service, now_ms
 from storage import changelog
 from tests.node.conftest import AGENT, make_config
-from tests.node.test_peer_sync import PageLink, _peer_sync
+from tests.node.test_peer_sync import PageLink
 
 PEER = "ai:peer-a@lab"
 OTHER = "ai:peer-c@lab"
@@ -154,8 +155,9 @@ async def test_a_restoring_pull_asks_for_its_own_writes_until_the_peers_log_was_
     link = PageLink({"items": [], "next": 5, "more": True, "head": 9, "mine": True},
                     {"items": [], "next": 9, "more": False, "head": 9, "mine": True},
                     {"items": [], "next": 9, "more": False})
-    sync = _peer_sync(svc, link)
-    sync.restore = progress
+    fed = svc.replicator
+    sync = PeerSync(PEER, {PEER: link}, fed.pulled, fed.accepts, svc.db,  # type: ignore[union-attr]
+                    PullSettings(page_limit=100, interval_s=60.0, fetch_timeout_s=5.0), progress)
     await sync.pull()
     await sync.pull()
     assert [p.get("mine") for _, p in link.asked] == [1, 1, None]
