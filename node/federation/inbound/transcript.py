@@ -9,7 +9,7 @@ from node.attest import AttestLevel, TranscriptPayload
 from node.federation.codes import RejectCode
 from node.federation.inbound.common import OK_CHANGED, OK_UNCHANGED, Applied, ApplyContext, parsed
 from node.permissions.rules import Operation
-from node.transcripts import inbound_row, spans_of
+from node.transcripts import inbound_row, spans_of, zstd_bound
 from storage import changelog, events, transcripts
 
 
@@ -28,6 +28,10 @@ class TranscriptApply:
         code = self._not_allowed(payload, body["signed_by"], sender)
         if code is not None:
             return Applied(code)
+        if payload.raw_bytes > policy.max_bytes or len(body["body"]) > zstd_bound(policy.max_bytes) \
+                or len(payload.spans) > policy.max_spans:
+            # Bounded before its signature is weighed: an item parked for a key is within the limits too.
+            return Applied("too_large")
         if await ctx.db.read(transcripts.get, payload.id) is not None:
             return OK_UNCHANGED
         level = await ctx.attester.attest(payload, body["signature"], payload.agent, sender, what=payload.id,
