@@ -22,6 +22,9 @@ class MeshCode(StrEnum):
     NO_IDENTITY = "no_identity"
     AMBIGUOUS_IDENTITY = "ambiguous_identity"
     PEER_KEY_CONFLICT = "peer_key_conflict"
+    # Key history bundles (mesh/keyhistory.py).
+    KEY_BUNDLE_INVALID = "key_bundle_invalid"
+    KEY_HISTORY_CONFLICT = "key_history_conflict"
     # The mesh CA and certificates (mesh/ca.py, mesh/tls.py).
     CA_EXISTS = "ca_exists"
     CA_MISSING = "ca_missing"

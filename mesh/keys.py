@@ -522,22 +522,28 @@ def import_peer(
     agent_id: str | None = None,
     force: bool = False,
 ) -> PeerKey:
-    """Trust the Ed25519 public key in ``pub_file`` as ``agent_id``.
+    """Trust the Ed25519 public key in ``pub_file`` as ``agent_id`` (:func:`trust_peer_key`).
 
     ``agent_id`` defaults to the file name without ``.pub``
-    (``ai:node-2@lab.pub`` → ``ai:node-2@lab``). Importing the same key again
-    is a no-op. A different key for a known peer means the peer rotated: the
-    key trusted so far moves to ``peers_dir/retired/<agent_id>.<fp>.pub`` (so
-    what it signed keeps verifying) and the result names it in
-    ``retired_fingerprint``/``retired_path``. A trusted file that cannot be
-    read cannot be kept: replacing it needs ``force`` (``peer_key_conflict``).
-    Stored as ``peers_dir/<agent_id>.pub``, mode 0644, in canonical SPKI PEM.
+    (``ai:node-2@lab.pub`` → ``ai:node-2@lab``).
     """
     pub_file = Path(pub_file)
     if agent_id is None:
         agent_id = _agent_id_from_name(pub_file.name, PUB_SUFFIX)
     validate_agent_id(agent_id)
-    public_key = load_public_key(pub_file)
+    return trust_peer_key(peers_dir, agent_id, load_public_key(pub_file), force=force)
+
+
+def trust_peer_key(peers_dir: Path, agent_id: str, public_key: Ed25519PublicKey, *, force: bool = False) -> PeerKey:
+    """Trust ``public_key`` as ``agent_id``'s current key.
+
+    Trusting the same key again is a no-op. A different key for a known peer means the peer rotated: the
+    key trusted so far moves to ``peers_dir/retired/<agent_id>.<fp>.pub`` (so what it signed keeps
+    verifying) and the result names it in ``retired_fingerprint``/``retired_path``. A trusted file that
+    cannot be read cannot be kept: replacing it needs ``force`` (``peer_key_conflict``). Stored as
+    ``peers_dir/<agent_id>.pub``, mode 0644, in canonical SPKI PEM.
+    """
+    validate_agent_id(agent_id)
     peers_dir = Path(peers_dir)
     dest = peers_dir / f"{agent_id}{PUB_SUFFIX}"
     fp = fingerprint(public_key)
@@ -558,13 +564,19 @@ def import_peer(
     retired_path = None
     if current is not None:
         # Keyring first: if writing the new key fails, the old one is still trusted where it was.
-        retired_path = _write_retired(peers_dir / RETIRED_DIR, agent_id, current, PEERS_DIR_MODE)
+        retired_path = keep_retired(peers_dir, agent_id, current)
     write_file_atomic(dest, public_pem(public_key), PUB_MODE, replace=True)
     # A key brought back from the keyring is current again, not also retired.
     (peers_dir / RETIRED_DIR / retired_file_name(agent_id, fp)).unlink(missing_ok=True)
     return PeerKey(agent_id, public_key, dest, fp,
                    retired_fingerprint=fingerprint(current) if current is not None else None,
                    retired_path=retired_path)
+
+
+def keep_retired(peers_dir: Path, agent_id: str, key: Ed25519PublicKey) -> Path:
+    """Keep ``key`` in ``agent_id``'s keyring, ``peers_dir/retired/<agent_id>.<fp>.pub``: it verifies what it
+    signed, never pins a TLS peer. Returns the file."""
+    return _write_retired(Path(peers_dir) / RETIRED_DIR, agent_id, key, PEERS_DIR_MODE)
 
 
 def retired_file_name(agent_id: str, fp: str) -> str:

@@ -54,7 +54,8 @@ ACK_SEND_TIMEOUT_S = 10.0
 # Bound on reading one POSTed message body (a peer trickling bytes holds no handler for ever). Seconds.
 BODY_READ_TIMEOUT_S = 10.0
 
-SyncHandler = Callable[[str, int, int, list[str]], Awaitable[Mapping[str, Any]]]
+# (peer, since, limit, skip, mine: the peer's own writes too) -> the page.
+SyncHandler = Callable[[str, int, int, list[str], bool], Awaitable[Mapping[str, Any]]]
 MemberCheck = Callable[[str], bool]
 # Bounds of GET /a2a/v1/sync parameters (since is a change-log seq, a signed 64-bit integer).
 SYNC_SINCE_MAX = 2**63 - 1
@@ -495,11 +496,11 @@ def _sync(hooks: ServerHooks) -> Handler:
         if hooks.sync is None:
             return json_error("not_found", "this node does not serve a change log")
         try:
-            since, limit, skip = _sync_params(request.query)
+            since, limit, skip, mine = _sync_params(request.query)
         except ValueError as e:
             return json_error("bad_input", str(e))
         try:
-            page = await hooks.sync(request[PEER_KEY], since, limit, skip)
+            page = await hooks.sync(request[PEER_KEY], since, limit, skip, mine)
         except Exception as e:
             log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
             d = describe(e)
@@ -508,8 +509,9 @@ def _sync(hooks: ServerHooks) -> Handler:
     return handler
 
 
-def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
-    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX) and skip (comma-separated agent ids); ValueError says why."""
+def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str], bool]:
+    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX), skip (comma-separated agent ids) and mine (0 or 1: the
+    puller's own writes too, for its restore); ValueError says why."""
     raw_since, raw_limit = query.get("since", "0"), query.get("limit", "100")
     if not (_is_decimal(raw_since) and _is_decimal(raw_limit)):
         raise ValueError("since and limit must be non-negative decimal integers")
@@ -521,7 +523,10 @@ def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
     skip = [a for a in query.get("skip", "").split(",") if a]
     if len(skip) > SYNC_SKIP_MAX or any(len(a) > SYNC_SKIP_ID_MAX for a in skip):
         raise ValueError(f"skip names at most {SYNC_SKIP_MAX} agent ids of at most {SYNC_SKIP_ID_MAX} chars")
-    return since, limit, skip
+    mine = query.get("mine", "0")
+    if mine not in ("0", "1"):
+        raise ValueError("mine must be 0 or 1")
+    return since, limit, skip, mine == "1"
 
 
 def _is_decimal(text: str) -> bool:

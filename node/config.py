@@ -217,6 +217,9 @@ class FederationConfig:
     max_version_step: int = 1_000_000
     # A sync item that cannot be applied for this many pull rounds is parked and the cursor moves on.
     sync_park_after: int = 3
+    # Most sync items from one peer parked as unknown_key (waiting for a key of their signer); past it that peer's
+    # change log is not read further until there is room (never skipped past).
+    sync_park_max: int = 10_000
     # Envelope bytes in flight to one peer at once, and most links packed into one links.put envelope: what a
     # peer takes in at one time. Smaller keeps a flooded peer quicker to answer everything else (its ping tail),
     # at some cost in links/s (docs/perf-history.md, "Issue 16, eighth round").
@@ -633,7 +636,7 @@ _POSITIVE_MESH_FEDERATION = ("mesh.reconnect_min_s", "mesh.reconnect_max_s", "me
                              "mesh.ready_writer_stuck_s",
                              "federation.quorum_timeout_s", "federation.sync_page_limit")
 _POSITIVE_SYNC = ("federation.sync_interval_s", "federation.max_clock_skew_s", "federation.max_version_step",
-                  "federation.sync_park_after")
+                  "federation.sync_park_after", "federation.sync_park_max")
 # Below this a links.put of a dozen links (~260 bytes a link) fills the window alone: each such envelope would wait
 # for the previous one's ACK.
 MIN_SEND_WINDOW_BYTES = 4096

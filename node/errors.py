@@ -56,6 +56,9 @@ class ServiceCode(StrEnum):
     FILE_UNWRITABLE = "file_unwritable"
     KEY_INVALID = "key_invalid"
     KEY_FILE_MODE = "key_file_mode"
+    # A restore from the mesh (node/federation/restore.py).
+    STORE_NOT_EMPTY = "store_not_empty"
+    RESTORE_MARKER_INVALID = "restore_marker_invalid"
 
 
 class ServiceError(ProjectError):

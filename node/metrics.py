@@ -26,6 +26,8 @@ class PeerScrape:
     dead_letters: int
     last_sync_seq: int
     parked: int
+    # Of the parked items, those waiting for a key of their signer (unknown_key).
+    parked_unknown_key: int
     # Seconds since the last completed pull of the peer's change log; None before the first one.
     sync_age_s: float | None
 
@@ -75,6 +77,8 @@ class _Collector(Collector):
         lag = GaugeMetricFamily(f"{PREFIX}_sync_lag_seconds", "Seconds since the last completed pull of the peer's "
                                 "change log", labels=["peer"])
         parked = GaugeMetricFamily(f"{PREFIX}_sync_parked", "Sync items from the peer given up on", labels=["peer"])
+        unknown_key = GaugeMetricFamily(f"{PREFIX}_sync_parked_unknown_key", "Sync items from the peer parked until "
+                                        "a key of their signer verifies them", labels=["peer"])
         for peer, p in sorted(s.peers.items()):
             depth.add_metric([peer], p.outbox_depth)
             dead.add_metric([peer], p.dead_letters)
@@ -83,9 +87,10 @@ class _Collector(Collector):
                 state.add_metric([peer, st], 1.0 if p.state == st else 0.0)
             cursor.add_metric([peer], p.last_sync_seq)
             parked.add_metric([peer], p.parked)
+            unknown_key.add_metric([peer], p.parked_unknown_key)
             if p.sync_age_s is not None:
                 lag.add_metric([peer], p.sync_age_s)
-        yield from (depth, dead, up, state, cursor, lag, parked)
+        yield from (depth, dead, up, state, cursor, lag, parked, unknown_key)
         rejections = CounterMetricFamily(f"{PREFIX}_rejections", "Inbound messages refused, by code", labels=["code"])
         for code, n in sorted(s.rejections.items()):
             rejections.add_metric([code], n)

@@ -41,6 +41,7 @@ from node import files, reload
 from node.assemble import Store, assemble, open_store
 from node.config import NodeConfig, PeerConfig
 from node.federation.outbound import AckSignal, DeliveryFeedback, PeerAccepts
+from node.federation.restore import RestoreProgress, prepare
 from node.federation.sender import OutboxSender
 from node.federation.sync import PeerSync, PullSettings
 from node.hooks import HookEvent
@@ -107,8 +108,11 @@ class Node:
     the service with the sender as their delivery (``node.assemble``), and runs them under one lifecycle.
     ``load`` reads the configuration again on SIGHUP."""
 
-    def __init__(self, cfg: NodeConfig, store: Store, contexts: TlsContexts, load: Load) -> None:
+    def __init__(self, cfg: NodeConfig, store: Store, contexts: TlsContexts, load: Load,
+                 restore: RestoreProgress | None = None) -> None:
         self.cfg = cfg
+        # A restore from the mesh in progress (`serve --restore`, or resumed): its pulls, /readyz and status.
+        self.restore = restore
         self.started_at = time.time()
         ident = store.identity
         assert ident is not None
@@ -159,7 +163,8 @@ class Node:
                         member=self.is_member)
 
     def _sync(self, peer: str) -> PeerSync:
-        return PeerSync(peer, self.links, self.fed.pulled, self.accepts, self.db, PullSettings.of(self.cfg))
+        return PeerSync(peer, self.links, self.fed.pulled, self.accepts, self.db, PullSettings.of(self.cfg),
+                        self.restore)
 
     def is_member(self, agent_id: str) -> bool:
         """May ``agent_id`` (from a valid mesh certificate) talk to this node at all?"""
@@ -181,15 +186,17 @@ class Node:
         return {**self.keyring.peer_keys, ident.agent_id: ident.public_key}
 
     @classmethod
-    async def open(cls, cfg: NodeConfig, load: Load) -> Node:
+    async def open(cls, cfg: NodeConfig, load: Load, *, restore: bool = False) -> Node:
         """Check the home's files, the key, certificates and rules file, then open the store: a home this node
-        cannot run on is refused before any file is created in it."""
+        cannot run on is refused before any file is created in it. ``restore``: a restore from the mesh (refused
+        unless the store is empty), also resumed when one was in progress."""
         files.check(cfg.home, cfg.home_files(serving=True))
         contexts = TlsContexts.of(cfg)
         load_rules_file(cfg.permissions_path)  # the gate reads it after the store opens; refuse a bad one first
         store = await open_store(cfg, require_identity=True)
         try:
-            node = cls(cfg, store, contexts, load)
+            progress = await prepare(cfg, store.db, requested=restore, now_ms=now_ms())
+            node = cls(cfg, store, contexts, load, progress)
             # Before anything is served: a damaged file is not ready from the first /readyz on.
             await node.watch.check()
         except BaseException:
@@ -381,6 +388,9 @@ class Node:
                                                                "is up"})
         for condition in self.svc.db.health.conditions():
             reasons.append({"code": str(condition.code), "message": condition.message})
+        restoring = self.restore.reason() if self.restore is not None else None
+        if restoring is not None:
+            reasons.append(restoring)
         busy = self.svc.db.writer_busy_s()
         if busy >= self.cfg.mesh.ready_writer_stuck_s:
             reasons.append({"code": "writer_stuck", "message": f"the storage writer has been in one batch for "
@@ -395,7 +405,8 @@ class Node:
         now = time.monotonic()
         peers = {r["agent_id"]: PeerScrape(
             state=r["link_state"], outbox_depth=r["outbox_depth"], dead_letters=r["dead_letters"],
-            last_sync_seq=r["last_sync_seq"], parked=r["parked"], sync_age_s=self._sync_age_s(r["agent_id"], now))
+            last_sync_seq=r["last_sync_seq"], parked=r["parked"], parked_unknown_key=r["parked_unknown_key"],
+            sync_age_s=self._sync_age_s(r["agent_id"], now))
             for r in rows if r["agent_id"] in self.links}
         rejections: Counter[str] = Counter()
         for counters in (self.receiver.counters, self.fed.counters):
@@ -430,6 +441,10 @@ class Node:
         if self.cfg.mcp.http_port:
             out.append(f"mcp:http:http://{self.cfg.mcp.http_host}:{self.cfg.mcp.http_port}/mcp")
         return out
+
+    def restore_progress(self) -> dict[str, Any] | None:
+        """The restore from the mesh this node runs (or ran since it started), or None."""
+        return self.restore.snapshot() if self.restore is not None else None
 
     def a2a_stats(self) -> dict[str, Any]:
         synced: Counter[str] = Counter()
@@ -479,7 +494,7 @@ def _remove_created(paths: list[Path]) -> None:
                 p.unlink(missing_ok=True)
 
 
-async def serve(cfg: NodeConfig, load: Load) -> int:
+async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     """Run the node until SIGTERM/SIGINT; 0 after a clean stop, 1 after a crash (logged ``node_crashed``).
     A start that fails raises (the CLI's one line) and leaves none of the files it created."""
     signals = Signals()
@@ -487,7 +502,7 @@ async def serve(cfg: NodeConfig, load: Load) -> int:
     created = _created_by_start(cfg)
     node: Node | None = None
     try:
-        node = await Node.open(cfg, load)
+        node = await Node.open(cfg, load, restore=restore)
         await node.run(signals)
     except Exception as e:
         exc = _explained(e, cfg.home)
@@ -502,9 +517,9 @@ async def serve(cfg: NodeConfig, load: Load) -> int:
     return 0
 
 
-def run_serve(cfg: NodeConfig, load: Load) -> int:
+def run_serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     """Run the node until a stop signal, under uvloop when it is installed; ``load`` reads the configuration
-    again on SIGHUP."""
+    again on SIGHUP; ``restore``: ``serve --restore``."""
     # The event loop hands work to the storage writer, the readers and the verifier thread; with the
     # default 5 ms GIL switch interval each hand-off can wait that long. bench/storage_bench.py
     # --switch-interval shows the effect (group-commit inserts/s roughly 1.7x at 0.5 ms here).
@@ -513,5 +528,5 @@ def run_serve(cfg: NodeConfig, load: Load) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(cfg, load))
-    return uvloop.run(serve(cfg, load))
+        return asyncio.run(serve(cfg, load, restore=restore))
+    return uvloop.run(serve(cfg, load, restore=restore))

@@ -97,7 +97,7 @@ def inbound_row(payload: TranscriptPayload, body: bytes, policy: TranscriptPolic
         return "too_large"
     if len(payload.spans) > policy.max_spans:
         return "too_large"
-    attested = level is AttestLevel.PEER_ATTESTED
+    attested = level is not AttestLevel.UNSIGNED  # verified here (a peer's key, or ours on a restore)
     row = TranscriptRow(id=payload.id, namespace=payload.namespace, agent=payload.agent,
                         created_at=payload.created_at, body=body, raw_bytes=payload.raw_bytes,
                         stored_bytes=len(body), content_hash=payload.content_hash,

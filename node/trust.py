@@ -8,12 +8,28 @@ One ``Keyring`` is shared by the service (local writes, ``memory_verify``) and t
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from mesh import keyhistory
 from mesh import keys as mesh_keys
 from mesh.errors import MeshError
 from node.config import NodeConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SignerHistory:
+    """What this node knows of a signer's keys beyond the keys themselves: ``complete`` when it holds the
+    signer's whole key history (this node itself; a peer whose key history bundle, signed by the key trusted
+    now, was imported), and ``since_ms``, when this node began trusting the signer's current key (unix ms; None
+    when not known)."""
+
+    complete: bool
+    since_ms: int | None
+
+
+UNKNOWN_SIGNER = SignerHistory(complete=False, since_ms=None)
 
 
 class Keyring:
@@ -23,6 +39,7 @@ class Keyring:
         self._peer_keys: dict[str, Ed25519PublicKey] = {}
         self._peer_rings: dict[str, tuple[Ed25519PublicKey, ...]] = {}
         self._own_retired: tuple[Ed25519PublicKey, ...] = ()
+        self._histories: dict[str, SignerHistory] = {}
         self._stamp_seen: tuple[object, ...] | None = None
         # Bumped on every reload: a caller that caches an answer (the WebSocket membership check) asks
         # again only when this moved.
@@ -53,6 +70,20 @@ class Keyring:
             return (self.identity.public_key, *self._own_retired)
         return self._peer_rings.get(agent_id, ())
 
+    def history(self, agent_id: str, *, reload: bool = True) -> SignerHistory:
+        """What this node knows of ``agent_id``'s key history (``SignerHistory``); as of the last reload when
+        ``reload`` is False."""
+        if reload:
+            self._reload_if_changed()
+        if self.identity is not None and agent_id == self.identity.agent_id:
+            return SignerHistory(complete=True, since_ms=None)
+        return self._histories.get(agent_id, UNKNOWN_SIGNER)
+
+    def refresh(self) -> int:
+        """Read the key directories again if they changed (two stats); returns ``generation``."""
+        self._reload_if_changed()
+        return self.generation
+
     def is_member(self, agent_id: str) -> bool:
         """A peer with a trusted .pub (membership under ``mesh.trust = "pinned"``)."""
         return agent_id in self.peer_keys
@@ -71,6 +102,12 @@ class Keyring:
         self.generation += 1
         self._peer_rings = mesh_keys.load_peer_keyrings(self.cfg.peers_dir)
         self._peer_keys = {agent: ring[0] for agent, ring in self._peer_rings.items()}
+        records = keyhistory.peer_histories(self.cfg.peers_dir)
+        self._histories = {
+            agent: SignerHistory(
+                complete=agent in records and records[agent].complete_for(mesh_keys.fingerprint(ring[0])),
+                since_ms=keyhistory.trusted_since_ms(self.cfg.peers_dir, agent))
+            for agent, ring in self._peer_rings.items()}
         self._own_retired = (mesh_keys.retired_public_keys(self.cfg.keys_dir, self.identity.agent_id)
                              if self.identity is not None else ())
 

@@ -1,4 +1,5 @@
-"""change_log (the pageable feed a returning peer syncs from), peer_state and counters."""
+"""change_log (the pageable feed a returning peer syncs from), peer_state, counters, and the sync items a pull
+could not apply yet (pending, then parked)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,29 @@ def last_seq(conn: sqlite3.Connection) -> int:
     return scalar_int(conn, "SELECT coalesce(max(seq), 0) FROM change_log")
 
 
+def start_seq_after(conn: sqlite3.Connection, seq: int) -> None:
+    """The next change appended gets a seq above ``seq`` (a restored node's change log starts past every cursor
+    its peers kept on the log it lost). Only moves the sequence forward."""
+    if seq <= last_seq(conn):
+        return
+    if getattr(conn, "dialect", "sqlite") == "postgres":
+        conn.execute("SELECT setval(pg_get_serial_sequence('change_log', 'seq'), ?)", (seq,))
+        return
+    # AUTOINCREMENT keeps its high-water mark in sqlite_sequence, one row per table once it has inserted.
+    if conn.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'change_log'", (seq,)).rowcount == 0:
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('change_log', ?)", (seq,))
+
+
+# What a store holds, by table: a restore starts only from a store where each is 0.
+HELD_TABLES = ("memories", "memory_links", "link_invalidations", "memory_transcripts", "signed_events", "change_log")
+
+
+def held(conn: sqlite3.Connection) -> dict[str, int]:
+    """Rows in each of ``HELD_TABLES`` (counted up to 1,000,000 each: a restore only asks whether any)."""
+    return {t: scalar_int(conn, f"SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT 1000000) AS x")
+            for t in HELD_TABLES}
+
+
 def get_peer_state(conn: sqlite3.Connection, peer: str) -> PeerState | None:
     r = conn.execute("SELECT peer, last_sync_seq, last_ack_at FROM peer_state WHERE peer = ?", (peer,)).fetchone()
     return PeerState(peer=r[0], last_sync_seq=r[1], last_ack_at=r[2]) if r else None
@@ -106,6 +130,38 @@ class PendingItem:
     parked: bool
 
 
+# One sync item to park: its seq, kind, what it names, its CBOR bytes.
+ParkItem = tuple[int, str, str, bytes]
+
+
+def park_many(conn: sqlite3.Connection, peer: str, items: Sequence[ParkItem], code: str, now_ms: int,
+              cap: int) -> list[bool]:
+    """Park sync items from ``peer`` at once with ``code`` (e.g. ``unknown_key``: they wait for a key, not for more
+    rounds), in order; each answer False, and nothing written for it, when it is not kept yet and ``peer``
+    already has ``cap`` items parked with ``code``."""
+    count = parked_count(conn, peer, code=code)
+    out = []
+    for seq, kind, ref_id, item in items:
+        kept = conn.execute("SELECT 1 FROM sync_pending WHERE peer = ? AND seq = ?", (peer, seq)).fetchone()
+        if kept is None and count >= cap:
+            out.append(False)
+            continue
+        conn.execute(
+            "INSERT INTO sync_pending (peer, seq, kind, ref_id, code, rounds, item, parked, updated_at) "
+            "VALUES (?,?,?,?,?,1,?,1,?) ON CONFLICT (peer, seq) DO UPDATE SET parked = 1, code = excluded.code, "
+            "updated_at = excluded.updated_at",
+            (peer, seq, kind, ref_id, code, item, now_ms))
+        count += kept is None
+        out.append(True)
+    return out
+
+
+def unpark(conn: sqlite3.Connection, peer: str, seq: int, code: str, now_ms: int) -> None:
+    """Put a parked item back among those retried each round, from its first round, now waiting on ``code``."""
+    conn.execute("UPDATE sync_pending SET parked = 0, rounds = 0, code = ?, updated_at = ? WHERE peer = ? AND seq = ?",
+                 (code, now_ms, peer, seq))
+
+
 def note_pending(conn: sqlite3.Connection, peer: str, seq: int, kind: str, ref_id: str, code: str, item: bytes,
                  park_after: int, now_ms: int) -> PendingItem:
     """Count one more failed round for a sync item; it is parked once it failed ``park_after`` rounds."""
@@ -125,22 +181,34 @@ def pending(conn: sqlite3.Connection, peer: str, limit: int) -> list[PendingItem
     return _pending(conn, "WHERE peer = ? AND parked = 0 ORDER BY seq LIMIT ?", (peer, limit))
 
 
-def parked(conn: sqlite3.Connection, peer: str | None = None, limit: int = 100) -> list[PendingItem]:
+def parked(conn: sqlite3.Connection, peer: str | None = None, limit: int = 100, *, code: str | None = None,
+           after_seq: int = 0) -> list[PendingItem]:
+    """Parked items (``peer``'s, those parked with ``code``), oldest first, past ``after_seq`` when a peer is
+    given (to walk them in pages)."""
+    by_code, args = ("AND code = ? ", (code,)) if code is not None else ("", ())
     if peer is None:
-        return _pending(conn, "WHERE parked = 1 ORDER BY peer, seq LIMIT ?", (limit,))
-    return _pending(conn, "WHERE peer = ? AND parked = 1 ORDER BY seq LIMIT ?", (peer, limit))
+        return _pending(conn, f"WHERE parked = 1 {by_code}ORDER BY peer, seq LIMIT ?", (*args, limit))
+    return _pending(conn, f"WHERE peer = ? AND parked = 1 AND seq > ? {by_code}ORDER BY seq LIMIT ?",
+                    (peer, after_seq, *args, limit))
 
 
 def drop_pending(conn: sqlite3.Connection, peer: str, seq: int) -> None:
     conn.execute("DELETE FROM sync_pending WHERE peer = ? AND seq = ?", (peer, seq))
 
 
-def parked_count(conn: sqlite3.Connection, peer: str | None = None) -> int:
-    if peer is None:
-        n = conn.execute("SELECT count(*) FROM sync_pending WHERE parked = 1").fetchone()[0]
-    else:
-        n = conn.execute("SELECT count(*) FROM sync_pending WHERE parked = 1 AND peer = ?", (peer,)).fetchone()[0]
-    return int(n)
+def drop_pending_many(conn: sqlite3.Connection, peer: str, seqs: Sequence[int]) -> None:
+    """``drop_pending`` for each seq, in one statement (a pulled page's items that are done)."""
+    conn.executemany("DELETE FROM sync_pending WHERE peer = ? AND seq = ?", [(peer, seq) for seq in seqs])
+
+
+def parked_count(conn: sqlite3.Connection, peer: str | None = None, *, code: str | None = None) -> int:
+    """Parked items (``peer``'s; those parked with ``code``)."""
+    where, args = ["parked = 1"], []
+    for column, value in (("peer", peer), ("code", code)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    return scalar_int(conn, f"SELECT count(*) FROM sync_pending WHERE {' AND '.join(where)}", args)
 
 
 def _pending(conn: sqlite3.Connection, where: str, args: tuple[object, ...]) -> list[PendingItem]:

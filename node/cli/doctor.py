@@ -82,12 +82,12 @@ def _peers(args: argparse.Namespace, cfg: NodeConfig) -> int:
         if not rows:
             return "no peers configured or trusted"
         lines = [f"{'agent_id':<28} {'fingerprint':<16} {'link':<13} {'last_ack':>9} {'outbox':>6} "
-                 f"{'dead':>5} {'sync_seq':>8} {'parked':>6}"]
+                 f"{'dead':>5} {'sync_seq':>8} {'unknown_key':>11} {'parked':>6}"]
         for r in rows:
             age = "-" if r["last_ack_age_s"] is None else f"{r['last_ack_age_s']:.0f}s"
             lines.append(f"{r['agent_id']:<28} {r['fingerprint'] or 'untrusted':<16} {r['link_state']:<13} "
                          f"{age:>9} {r['outbox_depth']:>6} {r['dead_letters']:>5} {r['last_sync_seq']:>8} "
-                         f"{r['parked']:>6}")
+                         f"{r.get('parked_unknown_key', 0):>11} {r['parked']:>6}")
         return "\n".join(lines)
 
     emit(args, rows, human)
@@ -109,7 +109,15 @@ def _status_lines(d: dict[str, Any]) -> str:
              f"  key          {d['key_fingerprint'] or 'none (writes are unsigned)'}",
              f"  memories     {d['memories']}   links {sum(d['links_by_attest_level'].values())}   "
              f"change_log_seq {d['change_log_seq']}",
-             f"  outbox       {d['outbox_depth']}   dead letters {d['dead_letters']}   sync parked {d['sync_parked']}"]
+             f"  outbox       {d['outbox_depth']}   dead letters {d['dead_letters']}   sync parked {d['sync_parked']}"
+             + (f" ({d['sync_parked_unknown_key']} unknown_key: import the signers' key history)"
+                if d.get("sync_parked_unknown_key") else "")]
+    restore = d.get("sync", {}).get("restore")
+    if restore:
+        pct = "-" if restore.get("percent") is None else f"{restore['percent']:g}%"
+        peers = restore.get("peers", {})
+        lines.append(f"  restore      {restore['state']}   items {restore.get('items') or 0}   {pct} of the peers' "
+                     f"logs   peers read to the end {sum(1 for p in peers.values() if p['done'])} of {len(peers)}")
     for t in d.get("transports", []):
         lines.append(f"  transport    {t}")
     for p in d["peers"]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +40,13 @@ def add_parsers(sub: Commands) -> None:
     rot.add_argument("--json", action="store_true", help="print the result as JSON")
     rot.set_defaults(handler=_rotate)
     i = isub.add_parser("import", help="trust a peer: copy its .pub into <home>/peers/ (a new key for a known "
-                                       "peer retires the old one to <home>/peers/retired/)")
-    i.add_argument("file", type=Path, help="the peer's <agent_id>.pub")
+                                       "peer retires the old one to <home>/peers/retired/), or take its key "
+                                       "history (<agent_id>.keyhistory.json: its current and retired keys)")
+    i.add_argument("file", type=Path, help="the peer's <agent_id>.pub, or its <agent_id>.keyhistory.json")
     i.add_argument("--agent-id", help="peer agent id (default: the file name without .pub)")
     i.add_argument("--force", action="store_true",
-                   help="replace a trusted key file that cannot be read (it cannot be kept in the keyring)")
+                   help="replace a trusted key file that cannot be read (it cannot be kept in the keyring); take a "
+                        "key history that does not list the key trusted now")
     i.set_defaults(handler=_import)
     ls = isub.add_parser("list", help="this node's identity and trusted peers, with fingerprints; retired keys "
                                       "marked")
@@ -50,6 +54,11 @@ def add_parsers(sub: Commands) -> None:
     ls.set_defaults(handler=_list)
     e = isub.add_parser("export-pub", help="copy this node's .pub to a directory to hand to other operators")
     e.add_argument("--out", type=Path, default=Path("."), help="destination directory (default: .)")
+    e.add_argument("--with-retired", action="store_true",
+                   help="write <agent_id>.keyhistory.json instead: the current and retired keys, each with when "
+                        "it was current, signed by the current key (a node that joins after a rotation needs it "
+                        "to verify what the retired keys signed)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON (with --with-retired)")
     e.set_defaults(handler=_export)
 
 
@@ -76,7 +85,8 @@ def _rotate(args: argparse.Namespace, cfg: NodeConfig) -> int:
         ca.load_ca(ca_dir)  # a CA that cannot issue is refused before anything changes
         # The reissued certificate answers the same addresses as the old one.
         ips, dns = ca.extra_sans(cfg.cert_path)
-    ident, retired = keys.rotate_identity(cfg.keys_dir, agent_id)
+    from mesh import keyhistory
+    ident, retired = keyhistory.rotate(cfg.keys_dir, agent_id, _now_ms())
     out: dict[str, Any] = {"agent_id": agent_id, "fingerprint": ident.fingerprint, "retired_fingerprint": retired,
                            "retired_path": str(cfg.keys_dir / keys.RETIRED_DIR
                                                / keys.retired_file_name(agent_id, retired)),
@@ -121,7 +131,9 @@ def _rotation_steps(d: dict[str, Any], cfg: NodeConfig) -> str:
 
 
 def _import(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from mesh import keys
+    from mesh import keyhistory, keys
+    if keyhistory.is_bundle(args.file):
+        return _import_history(args, cfg)
     peer = keys.import_peer(cfg.peers_dir, args.file, agent_id=args.agent_id, force=args.force)
     print(f"trusted peer {peer.agent_id}  fingerprint {peer.fingerprint}  ({peer.path})")
     if peer.retired_fingerprint is not None:
@@ -130,26 +142,90 @@ def _import(args: argparse.Namespace, cfg: NodeConfig) -> int:
     return EXIT_OK
 
 
+def _import_history(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from mesh import keyhistory
+    bundle = keyhistory.read_bundle(args.file)
+    done = keyhistory.import_bundle(cfg.peers_dir, bundle, _now_ms(), agent_id=args.agent_id, force=args.force)
+    peer = done.current
+    print(f"trusted peer {peer.agent_id}  fingerprint {peer.fingerprint}  ({peer.path}), with its key history "
+          f"of {len(bundle.periods)} key(s)")
+    for p in bundle.periods[1:]:
+        print(f"  retired key {p.fingerprint}  current {_when(p.valid_from)} .. {_when(p.valid_until)}"
+              + ("  (added: what it signed now verifies here)" if p.fingerprint in done.kept else ""))
+    if peer.retired_fingerprint is not None:
+        print(f"  {peer.agent_id} rotated: its previous key {peer.retired_fingerprint} is kept in {peer.retired_path}")
+    for fp in done.unlisted:
+        print(f"  note: this node also keeps retired key {fp} for {peer.agent_id}, which its history does not "
+              "list (its owner removed it): delete it from peers/retired/ if it was compromised")
+    print("  a running node verifies the sync items parked as unknown_key again within seconds")
+    return EXIT_OK
+
+
 def _list(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from mesh import keys
     infos = keys.list_keys(cfg.keys_dir, cfg.peers_dir)
+    validity = _validity(cfg)
     rows = [{"agent_id": k.agent_id, "fingerprint": k.fingerprint, "trust": k.trust, "retired": k.retired,
-             "path": str(k.path)} for k in infos]
+             "path": str(k.path), **dict(zip(("valid_from", "valid_until"),
+                                             validity.get((k.agent_id, k.fingerprint), (None, None)), strict=True))}
+            for k in infos]
 
     def human(rows: list[dict[str, Any]]) -> str:
         if not rows:
             return f"no identity or peers under {cfg.home}"
         width = max(len(r["agent_id"]) for r in rows)
         return "\n".join(f"{r['agent_id']:<{width}}  {r['fingerprint']}  {r['trust']}"
-                         + ("  retired (verifies old signatures only)" if r["retired"] else "") for r in rows)
+                         + ("  retired (verifies old signatures only)" if r["retired"] else "")
+                         + (f"  current {_when(r['valid_from'])} .. {_when(r['valid_until'])}"
+                            if r["retired"] and (r["valid_from"] or r["valid_until"]) else "") for r in rows)
 
     emit(args, rows, human)
     return EXIT_OK
 
 
+def _validity(cfg: NodeConfig) -> dict[tuple[str, str], tuple[int | None, int | None]]:
+    """(agent_id, fingerprint) -> (valid_from, valid_until) for the keys whose validity this node knows: its own,
+    and those of the key histories it imported."""
+    from mesh import keyhistory, keys
+    from mesh.errors import MeshError
+    out: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+    try:
+        ident = keys.load_identity(cfg.keys_dir, cfg.agent_id or None)
+        out.update({(ident.agent_id, p.fingerprint): (p.valid_from, p.valid_until)
+                    for p in keyhistory.own_periods(cfg.keys_dir, ident.agent_id)})
+    except (MeshError, OSError):
+        pass  # no identity here (or not readable): `list` shows what it can
+    for agent, history in keyhistory.peer_histories(cfg.peers_dir).items():
+        out.update({(agent, fp): period for fp, period in history.periods.items()})
+    return out
+
+
 def _export(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from mesh import keys
+    from mesh import keyhistory, keys
     ident = keys.load_identity(cfg.keys_dir, cfg.agent_id or None)
+    if args.with_retired:
+        out = keyhistory.export_bundle(cfg.keys_dir, ident, args.out, _now_ms())
+        periods = keyhistory.own_periods(cfg.keys_dir, ident.agent_id)
+        emit(args, {"path": str(out), "agent_id": ident.agent_id, "keys": [p.to_json() for p in periods]},
+             _bundle_lines)
+        return EXIT_OK
     out = keys.export_pub(cfg.keys_dir, ident.agent_id, args.out)
     print(out)
     return EXIT_OK
+
+
+def _bundle_lines(d: dict[str, Any]) -> str:
+    keys = [f"  {k['fingerprint']}  current {_when(k['valid_from'])} .. {_when(k['valid_until'], 'now')}"
+            for k in d["keys"]]
+    return "\n".join([d["path"], *keys])
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _when(ms: int | None, none: str = "?") -> str:
+    """A unix-ms time as ISO 8601 UTC to the second; ``none`` when there is none (not known, or still current)."""
+    if ms is None:
+        return none
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

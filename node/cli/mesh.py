@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 def add_parsers(sub: Commands) -> None:
     """serve, mesh (ca init, cert issue), a2a (send, dead-letters)."""
     sv = sub.add_parser("serve", help="run the node: mTLS mesh server, peer links, outbox sender, local MCP")
+    sv.add_argument("--restore", action="store_true",
+                    help="restore from the mesh: start from an empty store (refused otherwise) and pull what every "
+                         "peer holds, this node's own writes included; progress in the log and `status`")
     sv.set_defaults(json=False, handler=_serve)
 
     m = sub.add_parser("mesh", help="the mesh CA and node TLS certificates")
@@ -74,7 +77,8 @@ def _serve(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node import log
     from node.node import run_serve
     log.setup(cfg.agent_id or "?", cfg.log.level, cfg.log.format)
-    return run_serve(cfg, lambda: resolve_config(args))  # SIGHUP reads the same file again
+    # SIGHUP reads the same file again.
+    return run_serve(cfg, lambda: resolve_config(args), restore=args.restore)
 
 
 def _ca_init(args: argparse.Namespace, cfg: NodeConfig) -> int:

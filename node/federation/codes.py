@@ -13,6 +13,7 @@ from enum import StrEnum
 class RejectCode(StrEnum):
     BAD_PAYLOAD = "bad_payload"                    # the payload's signed part does not parse
     BAD_SIGNATURE = "bad_signature"                # signed, and the signature does not verify
+    UNKNOWN_KEY = "unknown_key"                    # pulled history a key of its signer not known here may have signed
     UNVERIFIED_RELAY = "unverified_relay"          # relayed by another than its signer, without a signature
     SIGNER_MISMATCH = "signer_mismatch"            # signed by another agent than the one it names
     NAMESPACE_NOT_ALLOWED = "namespace_not_allowed"  # this node does not share the namespace with the sender

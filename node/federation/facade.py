@@ -63,7 +63,8 @@ class Federation:
                            arrivals=Arrivals(db, self.policy, cfg.federation.orphan_hold_s))
         self.inbound = Inbound(ctx, self.agent_id, peer_rate)
         self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters)
-        self.pulled = PulledPages(self.inbound, db, clock, cfg.federation.sync_park_after)
+        self.pulled = PulledPages(self.inbound, db, clock, cfg.federation.sync_park_after, keyring,
+                                  cfg.federation.sync_park_max)
 
     def close(self) -> None:
         self.verifier.close()
@@ -95,13 +96,14 @@ class Federation:
     def apply_now(self, env: Envelope, sender: str) -> Ack | None:
         return self.inbound.apply_now(env, sender)
 
-    async def apply_payload(self, payload: Any, sender: str) -> Applied:
-        return await self.inbound.apply_payload(payload, sender)
+    async def apply_payload(self, payload: Any, sender: str, *, pulled: bool = False) -> Applied:
+        return await self.inbound.apply_payload(payload, sender, pulled=pulled)
 
     # ---- catch-up ---------------------------------------------------------------------------
 
-    async def sync_page(self, peer: str, since: int, limit: int, skip: Sequence[str] = ()) -> dict[str, Any]:
-        return await self.pages.page(peer, since, limit, skip)
+    async def sync_page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
+                        mine: bool = False) -> dict[str, Any]:
+        return await self.pages.page(peer, since, limit, skip, mine)
 
     async def apply_sync_items(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
         return await self.pulled.apply(peer, items)

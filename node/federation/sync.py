@@ -1,7 +1,13 @@
 """Catch-up in one place: serving this node's change log as pages (GET /a2a/v1/sync), applying the pages pulled
 from a peer with the items that cannot be applied yet kept pending (then parked), and one ``PeerSync`` per peer
 that owns its pull loop, its cursor, its stats and its "sync wanted" event (as Synapse keeps one
-PerDestinationQueue per destination)."""
+PerDestinationQueue per destination).
+
+An item whose signature may be by a key of its signer this node was never given (``unknown_key``,
+node/federation/verify.py) is parked at once, never skipped: it is verified again whenever the keyring changes
+(an imported key history applies it), and a peer whose parked ``unknown_key`` items reach
+``federation.sync_park_max`` is not read past the item that did not fit until there is room. A restore from
+the mesh (node/federation/restore.py) reads each peer's log from its start, with this node's own writes."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import groupby
 from typing import Any, Protocol
 
 import cbor2
@@ -29,9 +36,12 @@ from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, Clock
 from node.federation.outbound import ACCEPTS, PeerAccepts
 from node.federation.policy import Policy
+from node.federation.restore import RestoreProgress
+from node.federation.verify import KEYRING_RECHECK_S
 from node.kg import invalidation_wire
 from node.ratelimit import RateLimiter
 from node.transcripts import scope_of, transcript_wire
+from node.trust import Keyring
 from node.wire import link_wire, memory_put_body
 from storage import changelog, graph, links, memories, outbox, transcripts
 from storage.db import Database
@@ -47,6 +57,9 @@ SYNCED_KINDS = ("memory.put", "link.put", "links.put", "link.invalidate", "trans
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
 # Pending sync items retried per peer per pull round.
 PENDING_RETRY_MAX = 1000
+# Pulled items of one kind applied at once: their writes share the storage writer's group commits (one at a time,
+# each item waited for its own commit: a restore ran at the disk's fsync rate).
+APPLY_TOGETHER = 64
 # Pages pulled per catch-up run; a longer backlog continues on the next reconnect or poll.
 SYNC_MAX_PAGES = 10_000
 # A sync page refused 429 (the peer's request budget for us): wait this long and ask again, at most this long a round.
@@ -58,7 +71,13 @@ SYNC_FETCH_MIN_S = 10.0
 
 class SyncOutcome(Counter[str]):
     """How a pulled page's items went, by code: ``applied`` changed something, ``unchanged`` did not,
-    ``pending`` will be retried next round, ``parked`` gave up after ``sync_park_after`` rounds."""
+    ``pending`` will be retried next round, ``parked`` gave up after ``sync_park_after`` rounds, ``unknown_key``
+    parked until a key verifies it, ``stalled`` could not be parked (the peer's parking is full: the cursor must
+    not move past the page). ``codes``: each item's own code (None: accepted), in the order given."""
+
+    def __init__(self, counts: Mapping[str, int] | None = None) -> None:
+        super().__init__(counts or {})
+        self.codes: list[str | None] = []
 
 
 class SyncPages:
@@ -74,11 +93,15 @@ class SyncPages:
         self.peer_rate = peer_rate
         self.counters = counters
 
-    async def page(self, peer: str, since: int, limit: int, skip: Sequence[str] = ()) -> dict[str, Any]:
-        """One page of this node's change log after ``since`` (served at GET /a2a/v1/sync).
+    async def page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
+                   mine: bool = False) -> dict[str, Any]:
+        """One page of this node's change log after ``since`` (served at GET /a2a/v1/sync), with ``head``, the
+        log's last seq.
 
-        Only what ``peer`` may see (a link only where it may see both ends), and nothing written by
-        ``peer`` itself or by the agents in ``skip`` (the puller gets those from their writers).
+        Only what ``peer`` may see (a link only where it may see both ends), and nothing written by the agents in
+        ``skip`` (the puller gets those from their writers) nor, unless ``mine`` (a restore), by ``peer`` itself;
+        with ``mine`` what ``peer`` wrote is served whatever the namespace policy (it wrote it) and the page says
+        ``mine: true``.
         """
         limit = self._granted(peer, min(limit, self.cfg.federation.sync_page_limit))
         read_rows = 0
@@ -87,7 +110,9 @@ class SyncPages:
             nonlocal read_rows
             rows = changelog.page(conn, since, limit)
             read_rows = len(rows)
-            return self._page_of(conn, peer, {peer, *skip}, since, rows, limit)
+            omit = {*skip} - {peer} if mine else {peer, *skip}
+            return {**self._page_of(conn, peer, omit, since, rows, limit, mine), "head": changelog.last_seq(conn),
+                    **({"mine": True} if mine else {})}
 
         read_at = self.clock()
         try:
@@ -119,11 +144,11 @@ class SyncPages:
         return limit
 
     def _page_of(self, conn: Any, peer: str, omit: set[str], since: int, rows: list[changelog.ChangeRow],
-                 limit: int) -> dict[str, Any]:
+                 limit: int, mine: bool) -> dict[str, Any]:
         items: list[dict[str, Any]] = []
         budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
         for r in rows:
-            item = self._item(conn, peer, omit, r)
+            item = self._item(conn, peer, omit, r, peer if mine else None)
             last = r.seq
             if item is not None:
                 items.append(item)
@@ -133,30 +158,37 @@ class SyncPages:
         return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq),
                 "accepts": list(ACCEPTS)}
 
-    def _item(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow) -> dict[str, Any] | None:
+    def _item(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow,
+              own: str | None) -> dict[str, Any] | None:
+        """The item serving change ``r`` to ``peer``, or None; ``own``: the puller asking for what it wrote."""
         if r.kind == "memory":
             m = memories.get(conn, r.ref_id)
-            if m is None or m.author in omit or not self.policy.visible_to(peer, m):
+            if m is None or m.author in omit or (m.author != own and not self.policy.visible_to(peer, m)):
                 return None
             return {"seq": r.seq, "kind": "memory.put", **memory_put_body(m)}
         inv = graph.get_invalidation(conn, r.ref_id)
         # A 'link' change is a link or an invalidation of one; either goes where the link may go.
         link = links.get(conn, inv.link_id if inv is not None else r.ref_id)
         if link is None and inv is None:
-            return self._transcript(conn, peer, omit, r)
+            return self._transcript(conn, peer, omit, r, own)
         author = inv.observed_by if inv is not None else link.observed_by if link is not None else None
-        if link is None or author in omit or not self.policy.link_visible(conn, peer, link):
+        if link is None or author in omit or (author != own and not self.policy.link_visible(conn, peer, link)):
             return None
         if inv is not None:
             return {"seq": r.seq, "kind": "link.invalidate", **invalidation_wire(inv)}
         return {"seq": r.seq, "kind": "link.put", **link_wire(link)}
 
-    def _transcript(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow) -> dict[str, Any] | None:
+    def _transcript(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow,
+                    own: str | None) -> dict[str, Any] | None:
         """A 'link' change that is neither a link nor an invalidation is a replicated transcript: served where
-        its namespace still replicates and ``peer`` may see the namespace and every memory it cites."""
+        its namespace still replicates and ``peer`` may see the namespace and every memory it cites (or wrote
+        it, asking for its own)."""
         t = transcripts.get(conn, r.ref_id)
         if t is None or t.agent in omit or not self.cfg.transcripts.policy(t.namespace).replicate:
             return None
+        if t.agent == own:
+            return {"seq": r.seq, "kind": "transcript.put", **transcript_wire(t, transcripts.spans_of_transcript(
+                conn, t.id))}
         spans = transcripts.spans_of_transcript(conn, t.id)
         ids = {s.memory_id for s in spans}
         cited = memories.get_many(conn, ids)
@@ -170,58 +202,135 @@ class PulledPages:
     """Applies the pages pulled from peers (memories first, so links find their memories). An item that cannot
     be stored now (storage trouble, a link whose memory is not here yet) is kept in ``sync_pending`` and retried
     on the next rounds (``retry_pending``), parked after ``federation.sync_park_after`` rounds, so the cursor
-    moves on."""
+    moves on. An ``unknown_key`` item is parked at once, at most ``park_max`` a peer (past that the page is
+    ``stalled``), and verified again each time ``keyring`` changes (``recheck_keys``)."""
 
-    def __init__(self, inbound: Inbound, db: Database, clock: Clock, park_after: int) -> None:
+    def __init__(self, inbound: Inbound, db: Database, clock: Clock, park_after: int, keyring: Keyring,
+                 park_max: int) -> None:
         self.inbound = inbound
         self.db = db
         self.clock = clock
         self.park_after = park_after
+        self.keyring = keyring
+        self.park_max = park_max
+        # The keyring generation each peer's unknown_key items were last verified against.
+        self._checked: dict[str, int] = {}
 
     async def apply(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
         """Apply one pulled page's items."""
-        outcome = SyncOutcome()
         good = [i for i in items if isinstance(i, dict) and isinstance(i.get("seq"), int)]
-        for item in sorted(good, key=apply_order):
-            await self._apply_item(peer, item, outcome)
+        outcome = await self._settle(peer, good)
+        signers = Counter(signer_of(i) for i, code in zip(good, outcome.codes, strict=True)
+                          if code == RejectCode.UNKNOWN_KEY)
+        if signers:
+            log.warning("unknown_key_parked", extra={"ev": {
+                "peer": peer, "signers": dict(signers), "stalled": outcome["stalled"],
+                "fix": "import each signer's key history: its operator runs `ai-memory identity export-pub "
+                       "--with-retired`, you run `ai-memory identity import` on the file"}})
         return outcome
 
     async def retry_pending(self, peer: str) -> SyncOutcome:
         """Apply again the items from ``peer`` that could not be applied on earlier rounds."""
-        outcome = SyncOutcome()
         waiting = await self.db.read(changelog.pending, peer, PENDING_RETRY_MAX)
-        for p in sorted(waiting, key=lambda p: apply_order({"kind": p.kind})):
-            try:
-                item = cbor2.loads(p.item)
-            except (cbor2.CBORDecodeError, ValueError):
-                await self.db.write(changelog.drop_pending, peer, p.seq)
-                continue
-            await self._apply_item(peer, item, outcome)
+        items = [_item_of(p) for p in waiting]
+        unreadable = [p.seq for p, item in zip(waiting, items, strict=True) if item is None]
+        if unreadable:
+            await self.db.write(changelog.drop_pending_many, peer, unreadable)
+        return await self._settle(peer, [item for item in items if item is not None])
+
+    async def recheck_keys(self, peer: str) -> SyncOutcome | None:
+        """When the keyring changed since ``peer``'s parked ``unknown_key`` items were last verified (and once
+        after start), verify them again: applied when a key now verifies one, refused (dropped) when it is now
+        known to be forged, back among the pending items when it now waits for something else. None when the
+        keyring did not change."""
+        generation = self.keyring.refresh()
+        if self._checked.get(peer) == generation:
+            return None
+        outcome = SyncOutcome()
+        after = 0
+        for _ in range(max(1, -(-self.park_max // PENDING_RETRY_MAX))):
+            parked = await self.db.read(partial(changelog.parked, peer=peer, limit=PENDING_RETRY_MAX,
+                                                code=RejectCode.UNKNOWN_KEY, after_seq=after))
+            items = [_item_of(p) for p in parked]
+            answers = await self._applied_all(peer, [item for item in items if item is not None])
+            verdicts = iter(answers)
+            drops: list[int] = []
+            for p, item in zip(parked, items, strict=True):
+                applied, retryable = (Applied(RejectCode.BAD_PAYLOAD), False) if item is None else next(verdicts)
+                if applied.code == RejectCode.UNKNOWN_KEY:
+                    outcome["unknown_key"] += 1
+                elif applied.code is not None and retryable:
+                    await self.db.write(changelog.unpark, peer, p.seq, applied.code, self.clock())
+                    outcome["pending"] += 1
+                else:
+                    drops.append(p.seq)
+                    outcome[applied.code or ("applied" if applied.changed else "unchanged")] += 1
+            if drops:
+                await self.db.write(changelog.drop_pending_many, peer, drops)
+            if len(parked) < PENDING_RETRY_MAX:
+                break
+            after = parked[-1].seq
+        self._checked[peer] = generation  # only once done: a check cut short by the store is made again
+        if outcome:
+            log.info("unknown_key_rechecked", extra={"ev": {"peer": peer, **outcome}})
         return outcome
 
-    async def _apply_item(self, peer: str, item: dict[str, Any], outcome: SyncOutcome) -> None:
+    async def _settle(self, peer: str, items: list[dict[str, Any]]) -> SyncOutcome:
+        """Apply pulled items and keep the books: an ``unknown_key`` parked, a retryable refusal pending (then
+        parked), anything else done (no longer pending). ``outcome.codes``: each item's code, in order."""
+        outcome = SyncOutcome()
+        done: list[int] = []
+        unknown: list[changelog.ParkItem] = []
+        for item, (applied, retryable) in zip(items, await self._applied_all(peer, items), strict=True):
+            outcome.codes.append(applied.code)
+            if applied.code == RejectCode.UNKNOWN_KEY:
+                unknown.append((item["seq"], str(item.get("kind")), str(ref_of(item)), cbor2.dumps(item)))
+            elif applied.code is not None and retryable:
+                await self._note_pending(peer, item, applied.code, outcome)
+            else:
+                done.append(item["seq"])
+                outcome[applied.code or ("applied" if applied.changed else "unchanged")] += 1
+        if done:
+            await self.db.write(changelog.drop_pending_many, peer, done)
+        if unknown:
+            parked = await self.db.write(changelog.park_many, peer, unknown, RejectCode.UNKNOWN_KEY.value,
+                                         self.clock(), self.park_max)
+            for fits in parked:
+                outcome["unknown_key" if fits else "stalled"] += 1
+        return outcome
+
+    async def _applied_all(self, peer: str, items: list[dict[str, Any]]) -> list[tuple[Applied, bool]]:
+        """Each item applied (``_applied``), answers in the items' order: memories first, then links, then the
+        rest (each finds what it refers to), up to APPLY_TOGETHER of one kind at once, so that their writes share
+        the writer's commits and a link held for its memory does not hold up the others."""
+        answers: list[tuple[Applied, bool] | None] = [None] * len(items)
+        order = sorted(range(len(items)), key=lambda i: apply_order(items[i]))
+        for _, phase in groupby(order, key=lambda i: apply_order(items[i])):
+            idx = list(phase)
+            for start in range(0, len(idx), APPLY_TOGETHER):
+                chunk = idx[start:start + APPLY_TOGETHER]
+                got = await asyncio.gather(*(self._applied(peer, items[i]) for i in chunk), return_exceptions=True)
+                for i, answer in zip(chunk, got, strict=True):
+                    if isinstance(answer, BaseException):
+                        raise answer  # what no apply answers (a hook or the event sink failing): the round fails
+                    answers[i] = answer
+        return [a for a in answers if a is not None]
+
+    async def _applied(self, peer: str, item: dict[str, Any]) -> tuple[Applied, bool]:
+        """One pulled item applied, and whether a later round may cure its refusal (storage trouble, a retryable
+        code); a malformed one answers its protocol code."""
         payload = {k: v for k, v in item.items() if k != "seq"}
         try:
-            applied = await self.inbound.apply_payload(payload, peer)
+            applied = await self.inbound.apply_payload(payload, peer, pulled=True)
         except ProtocolError as e:
-            applied, retryable = Applied(e.code), False
+            return Applied(e.code), False
         except StorageError as e:
-            applied, retryable = Applied(e.code), True
-        else:
-            retryable = applied.code in RETRYABLE_REJECT_CODES
-        if applied.code is not None and retryable:
-            await self._note_pending(peer, item, applied.code, outcome)
-            return
-        await self.db.write(changelog.drop_pending, peer, item["seq"])
-        outcome[applied.code or ("applied" if applied.changed else "unchanged")] += 1
+            return Applied(e.code), True
+        return applied, applied.code in RETRYABLE_REJECT_CODES
 
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
-        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id"),
-               # An invalidation waits for the link it ends: that link names it.
-               "link.invalidate": item.get("invalidation", {}).get("link_id"),
-               }.get(kind, item.get("link", {}).get("src_id"))
-        pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref), code,
+        pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref_of(item)), code,
                                       cbor2.dumps(item), self.park_after, self.clock())
         if pending.parked:
             outcome["parked"] += 1
@@ -229,6 +338,31 @@ class PulledPages:
                                                           "code": code, "rounds": pending.rounds}})
         else:
             outcome["pending"] += 1
+
+
+def ref_of(item: dict[str, Any]) -> Any:
+    """What a pulled item names: its memory, transcript or link's first end (an invalidation: its link)."""
+    return {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id"),
+            # An invalidation waits for the link it ends: that link names it.
+            "link.invalidate": item.get("invalidation", {}).get("link_id"),
+            }.get(str(item.get("kind")), item.get("link", {}).get("src_id"))
+
+
+def signer_of(item: dict[str, Any]) -> str:
+    """Who signed a pulled item (its writer, observer or agent)."""
+    body = {"memory.put": ("memory", "writer"), "link.put": ("link", "observed_by"),
+            "link.invalidate": ("invalidation", "observed_by"), "transcript.put": ("transcript", "agent")}
+    part, field = body.get(str(item.get("kind")), ("", ""))
+    inner = item.get(part)
+    return str(inner.get(field)) if isinstance(inner, dict) else "?"
+
+
+def _item_of(p: changelog.PendingItem) -> dict[str, Any] | None:
+    try:
+        item = cbor2.loads(p.item)
+    except (cbor2.CBORDecodeError, ValueError):
+        return None
+    return item if isinstance(item, dict) else None
 
 
 def apply_order(item: dict[str, Any]) -> int:
@@ -250,7 +384,7 @@ class PullSettings:
     """How a peer's change log is pulled: ``page_limit`` changes a page (federation.sync_page_limit), a pull
     every ``interval_s`` besides each reconnect (federation.sync_interval_s), ``fetch_timeout_s`` per page's GET;
     a page refused 429 is asked again after ``rate_wait_s``, for at most ``rate_wait_max_s`` a round; at most
-    ``max_pages`` pages a round."""
+    ``max_pages`` pages a round; the keyring is looked at every ``key_check_s`` between pulls."""
 
     page_limit: int
     interval_s: float
@@ -258,6 +392,7 @@ class PullSettings:
     rate_wait_s: float = SYNC_RATE_WAIT_S
     rate_wait_max_s: float = SYNC_RATE_WAIT_MAX_S
     max_pages: int = SYNC_MAX_PAGES
+    key_check_s: float = KEYRING_RECHECK_S
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> PullSettings:
@@ -269,10 +404,12 @@ class PeerSync:
     """One peer's catch-up: pulls its change log after each (re)connect (``want``) and every ``interval_s``, from
     the last seq applied from it (its cursor, kept in peer_state); the interval heals a one-way outage that
     never drops our link to the peer. ``links``: every peer's link (writers linked to us directly are skipped:
-    we get their changes from them)."""
+    we get their changes from them). Every ``key_check_s`` it looks whether the keyring changed, to verify the
+    parked ``unknown_key`` items again. ``restore``: a restore from the mesh in progress (its pulls ask for this
+    node's own writes too, until this peer's log was read to its end once)."""
 
     def __init__(self, peer: str, links: Mapping[str, SyncLink], pulled: PulledPages, accepts: PeerAccepts,
-                 db: Database, settings: PullSettings) -> None:
+                 db: Database, settings: PullSettings, restore: RestoreProgress | None = None) -> None:
         self.peer = peer
         self.link = links[peer]
         self.links = links
@@ -280,12 +417,16 @@ class PeerSync:
         self.accepts = accepts
         self.db = db
         self.settings = settings
+        self.restore = restore
         self.wanted = asyncio.Event()
         # How this peer's pulled items went, and the rounds that failed (sync_failed).
         self.stats: Counter[str] = Counter()
         # time.monotonic() of the last completed pull; None before the first.
         self.synced_at: float | None = None
         self._stopping = False
+        # The peer's parking is full (a page stalled): logged once until a page goes through again.
+        self._stalled = False
+        self._recheck_failing = False
 
     def want(self) -> None:
         """Pull now (the link came up)."""
@@ -299,13 +440,20 @@ class PeerSync:
     async def run(self) -> None:
         """The pull loop, until ``stop``: whatever a peer or the disk does, a failed round is logged and counted,
         and the next round retries."""
+        next_pull = time.monotonic() + self.settings.interval_s
         while not self._stopping:
+            wait_s = min(self.settings.key_check_s, max(0.0, next_pull - time.monotonic()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wanted.wait(), self.settings.interval_s)
-            self.wanted.clear()
+                await asyncio.wait_for(self.wanted.wait(), wait_s)
             if self._stopping:
                 return
+            if not self.wanted.is_set() and time.monotonic() < next_pull:
+                await self._recheck_keys()
+                continue
+            self.wanted.clear()
+            next_pull = time.monotonic() + self.settings.interval_s
             if self.link.state is not LinkState.UP:
+                await self._recheck_keys()
                 continue
             try:
                 await self.pull()
@@ -314,43 +462,88 @@ class PeerSync:
                 pull_log.warning("sync_failed", extra={"ev": {"peer": self.peer,
                                                               "error": f"{type(e).__name__}: {e}"}})
 
-    async def pull(self) -> int:
-        """Retry what earlier rounds could not apply, then apply the peer's changes since our last sync seq.
+    async def _recheck_keys(self) -> None:
+        """Verify the parked ``unknown_key`` items again if the keyring changed; a failure is logged once until
+        a check goes through, and the next wake-up tries again."""
+        try:
+            checked = await self.pulled.recheck_keys(self.peer)
+        except Exception as e:  # the node keeps running; the next wake-up retries
+            if not self._recheck_failing:
+                pull_log.warning("unknown_key_recheck_failed", extra={"ev": {"peer": self.peer,
+                                                                             "error": f"{type(e).__name__}: {e}"}})
+            self._recheck_failing = True
+            return
+        self._recheck_failing = False
+        if checked:
+            self.stats.update(checked)
 
-        The cursor always moves on: an item that cannot be applied yet waits in ``sync_pending`` and is
-        parked after ``federation.sync_park_after`` rounds. Returns how many items changed something here.
+    async def pull(self) -> int:
+        """Verify the parked ``unknown_key`` items again if the keyring changed, retry what earlier rounds could
+        not apply, then apply the peer's changes since our last sync seq.
+
+        The cursor moves on past every page: an item that cannot be applied yet waits in ``sync_pending`` and is
+        parked after ``federation.sync_park_after`` rounds, one that may be signed by an unknown key is parked at
+        once; only a page with an ``unknown_key`` item this peer has no parking room left for holds the cursor
+        before it. Returns how many items changed something here.
         """
-        outcome = await self.pulled.retry_pending(self.peer)
+        outcome = SyncOutcome(await self.pulled.recheck_keys(self.peer) or {})
+        outcome.update(await self.pulled.retry_pending(self.peer))
         state = await self.db.read(changelog.get_peer_state, self.peer)
         since = state.last_sync_seq if state else 0
         skip = ",".join(sorted(p for p, other in self.links.items()
                                if p != self.peer and other.state is LinkState.UP))
-        waited_s = 0.0
+        restoring = self.restore is not None and self.restore.wants(self.peer)
+        waited_s, told = 0.0, 0  # told: the items applied this round the restore's progress counts already
         for _ in range(self.settings.max_pages):
-            page = await self._page(since, skip, waited_s)
+            page = await self._page(since, skip, waited_s, restoring)
             if page is None:  # refused for now: waited, ask again
                 waited_s += self.settings.rate_wait_s
                 continue
             self.accepts.note(self.peer, page.get("accepts"))
-            outcome.update(await self.pulled.apply(self.peer, page["items"]))
+            got = await self.pulled.apply(self.peer, page["items"])
+            outcome.update(got)
+            if self._held_at(since, got["stalled"]):
+                break
             if page["next"] > since:
                 since = page["next"]
                 await self.db.write(partial(changelog.set_peer_state, peer=self.peer, last_sync_seq=since))
+            if restoring and self.restore is not None:
+                # Read to its end with nothing from it still waiting to be applied (a link ahead of its memory).
+                self.restore.page(self.peer, since, page.get("head"), outcome["applied"] - told,
+                                  done=not page["more"] and not outcome["pending"], own=page.get("mine") is True)
+                told = outcome["applied"]
             if not page["more"]:
                 break
         self.stats.update(outcome)
         self.synced_at = time.monotonic()
-        level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] else logging.DEBUG
+        level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] \
+            or outcome["unknown_key"] or outcome["stalled"] else logging.DEBUG
         pull_log.log(level, "synced", extra={"ev": {"peer": self.peer, "last_sync_seq": since, **outcome}})
         return outcome["applied"]
 
-    async def _page(self, since: int, skip: str, waited_s: float) -> dict[str, Any] | None:
-        """One page after ``since``, or None after waiting ``rate_wait_s`` when the peer refused it for our
-        request budget (and ``rate_wait_max_s`` is not spent yet this round)."""
+    def _held_at(self, since: int, stalled: int) -> bool:
+        """True when the page's ``unknown_key`` items found no parking room: the cursor stays at ``since`` (the
+        page is read again next round); logged once per stall."""
+        if stalled and not self._stalled:
+            log.warning("sync_parking_full", extra={"ev": {
+                "peer": self.peer, "held_at_seq": since, "parked_unknown_key_max": self.pulled.park_max,
+                "effect": "this peer's change log is not read past this point until its parked unknown_key items "
+                          "are applied (import the signers' key history) or federation.sync_park_max is raised"}})
+        elif not stalled and self._stalled:
+            log.info("sync_parking_room", extra={"ev": {"peer": self.peer, "seq": since}})
+        self._stalled = bool(stalled)
+        return self._stalled
+
+    async def _page(self, since: int, skip: str, waited_s: float, mine: bool) -> dict[str, Any] | None:
+        """One page after ``since`` (``mine``: with this node's own writes, for a restore), or None after waiting
+        ``rate_wait_s`` when the peer refused it for our request budget (and ``rate_wait_max_s`` is not spent yet
+        this round)."""
         s = self.settings
+        params: dict[str, int | str] = {"since": since, "limit": s.page_limit, "skip": skip}
+        if mine:
+            params["mine"] = 1  # a node older than the restore ignores it (and serves no "mine": true)
         try:
-            body = await self.link.fetch(SYNC_PATH, {"since": since, "limit": s.page_limit, "skip": skip},
-                                         timeout_s=s.fetch_timeout_s)
+            body = await self.link.fetch(SYNC_PATH, params, timeout_s=s.fetch_timeout_s)
         except MeshError as e:
             # The peer charges the changes we read to our limits.peer_requests_per_second: wait for the
             # budget and go on from the cursor, up to rate_wait_max_s a round (then the next round).

@@ -3,7 +3,8 @@
 Ed25519 verify holds the GIL for each ~70 us call, but the loop gets the GIL back between calls, so checks run
 in batches on one worker thread (``VerifyBatcher``): a burst never stalls the loop for a whole batch. A
 signer's keys come from the keyring, re-read at most every KEYRING_RECHECK_S unless a check fails
-(``SignerKeys``); ``Attester`` turns a check's outcome into the level a change is stored at, or its rejection.
+(``SignerKeys``); ``Attester`` turns a check's outcome into the level a change is stored at, or its rejection,
+as ``decide`` (pure) says.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from node import attest, priority
-from node.attest import AttestLevel, Signable
+from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, Signable
 from node.federation.codes import RejectCode
-from node.trust import Keyring
+from node.trust import UNKNOWN_SIGNER, Keyring, SignerHistory
 from storage import changelog
 from storage.db import Database
 
@@ -159,10 +161,66 @@ class SignerKeys:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class SignatureCheck:
+    """One inbound signature once checked, as plain values: ``verified`` under one of the signer's keys here;
+    ``signed`` (it carries a signature); ``known`` (the signer has keys here); who signed and who sent it;
+    ``pulled``: read from a peer's change log (history that may be relayed and old), not sent live by the node
+    that wrote it; what this node knows of the signer's key history; ``claimed_at``, the time the signed payload
+    claims (unix ms: a version's updated_at, a link's valid_from, an invalidation's valid_until, a transcript's
+    created_at)."""
+
+    verified: bool
+    signed: bool
+    known: bool
+    signer_is_sender: bool
+    signer_is_self: bool
+    pulled: bool
+    history: SignerHistory
+    claimed_at: int
+
+
+def decide(check: SignatureCheck) -> AttestLevel | RejectCode:
+    """The level an inbound change is stored at, or why it is refused.
+
+    Verified: ``self_signed`` under this node's own keys, else ``peer_attested``. Signed by a known signer and
+    not verified: ``unknown_key`` (parked by the pull, never stored) only for pulled history that may carry a
+    key this node was never given (``may_be_unknown_key``), else ``bad_signature``. Unsigned, or a signer with no
+    key here: ``unsigned`` when the signer sent it itself, else ``unverified_relay``."""
+    if check.verified:
+        return AttestLevel.SELF_SIGNED if check.signer_is_self else AttestLevel.PEER_ATTESTED
+    if check.signed and check.known:
+        if check.pulled and may_be_unknown_key(check.history, check.claimed_at):
+            return RejectCode.UNKNOWN_KEY
+        return RejectCode.BAD_SIGNATURE
+    return AttestLevel.UNSIGNED if check.signer_is_sender else RejectCode.UNVERIFIED_RELAY
+
+
+def may_be_unknown_key(history: SignerHistory, claimed_at: int) -> bool:
+    """A signature none of a known signer's keys here verifies may be by a key this node was never given only
+    when this node does not hold the signer's whole key history (a bundle signed by the key it trusts now) and
+    the payload claims a time before this node began trusting the signer's current key: anything later must be
+    that key's, and with the whole history every key the signer ever had is here."""
+    return not history.complete and history.since_ms is not None and claimed_at < history.since_ms
+
+
+def claimed_at(payload: Signable) -> int:
+    """The time a signed payload claims for itself (unix ms)."""
+    if isinstance(payload, MemoryPayload):
+        updated_at = dict(payload.fields)["updated_at"]
+        return updated_at if isinstance(updated_at, int) else 0
+    if isinstance(payload, LinkPayload):
+        return payload.valid_from
+    if isinstance(payload, InvalidationPayload):
+        return payload.valid_until
+    return payload.created_at
+
+
 class Attester:
-    """The level an inbound change is stored at: PEER_ATTESTED when its signature verifies under its signer's
-    keyring; UNSIGNED when the signer is unknown here (or did not sign) and sent it itself; otherwise the
-    rejection (``bad_signature``, ``unverified_relay``)."""
+    """The level an inbound change is stored at (``decide``): PEER_ATTESTED when its signature verifies under its
+    signer's keyring (SELF_SIGNED under this node's own); UNSIGNED when the signer is unknown here (or did not
+    sign) and sent it itself; otherwise the rejection (``bad_signature``, ``unverified_relay``, and for pulled
+    history ``unknown_key``)."""
 
     def __init__(self, keys: SignerKeys, verifier: VerifyBatcher, db: Database, counters: Counter[str]) -> None:
         self.keys = keys
@@ -171,29 +229,36 @@ class Attester:
         self.counters = counters
 
     async def attest(self, payload: Signable, signature: bytes | None, signer: str,
-                     sender: str, *, what: str) -> AttestLevel | RejectCode:
+                     sender: str, *, what: str, pulled: bool = False) -> AttestLevel | RejectCode:
         """Check ``signature`` (this loop turn's checks share one hop) and decide."""
         keys, fresh = self.keys.of(signer)
         verified = signature is not None and bool(keys) and await self.verifier.verify((keys, payload, signature))
-        return await self.level(verified, keys, fresh, payload, signature, signer, sender, what=what)
+        return await self.level(verified, keys, fresh, payload, signature, signer, sender, what=what, pulled=pulled)
 
     async def level(self, verified: bool, keys: Keys, fresh: bool, payload: Signable,
-                    signature: bytes | None, signer: str, sender: str, *, what: str) -> AttestLevel | RejectCode:
+                    signature: bytes | None, signer: str, sender: str, *, what: str,
+                    pulled: bool = False) -> AttestLevel | RejectCode:
         """The decision once ``signature`` was checked against ``keys`` (``verified``; False when there was
-        nothing to check); ``fresh``: the keys were read from disk just now."""
-        if verified:
-            return AttestLevel.PEER_ATTESTED
-        if signature is not None and keys:
+        nothing to check); ``fresh``: the keys were read from disk just now; ``pulled``: the change came in a
+        pulled sync page."""
+        if not verified and signature is not None and keys and not fresh:
             # The key may have been rotated since the last read: look again before refusing.
-            again = None if fresh else self.keys.rotated(signer)
-            if again is not None and await self.verifier.verify((again, payload, signature)):
-                return AttestLevel.PEER_ATTESTED
+            again = self.keys.rotated(signer)
+            verified = again is not None and await self.verifier.verify((again, payload, signature))
+        keyring = self.keys.keyring
+        me = keyring.identity.agent_id if keyring.identity is not None else None
+        # What decides an unknown key is read only where it can matter (not on the hot path of verified links).
+        weighed = pulled and not verified
+        verdict = decide(SignatureCheck(
+            verified=verified, signed=signature is not None, known=bool(keys), signer_is_sender=signer == sender,
+            signer_is_self=signer == me, pulled=pulled,
+            history=keyring.history(signer, reload=False) if weighed else UNKNOWN_SIGNER,
+            claimed_at=claimed_at(payload) if weighed else 0))
+        if verdict is RejectCode.BAD_SIGNATURE:
             self.counters["bad_signature"] += 1
             log.warning("bad_signature", extra={"ev": {"peer": sender, "id": what, "claimed_signer": signer}})
             await self.db.write(changelog.incr, "rejected:bad_signature")
-            return RejectCode.BAD_SIGNATURE
-        if signer != sender:
+        elif verdict is RejectCode.UNVERIFIED_RELAY:
             # Relaying another node's change is only legitimate when its signature verifies here.
             log.warning("unverified_relay", extra={"ev": {"peer": sender, "id": what, "signer": signer}})
-            return RejectCode.UNVERIFIED_RELAY
-        return AttestLevel.UNSIGNED
+        return verdict

@@ -17,6 +17,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from node.errors import ServiceError
+from node.federation.codes import RejectCode
+from node.federation.restore import RestoreProgress, marker_path
 from node.mcp.peers import peers
 from node.mcp.profiles import ABOUT
 from node.mcp.registry import FAMILY_OF
@@ -44,6 +46,7 @@ async def capabilities(service: Service, runtime: Runtime | None, version: int =
         return {"links": links.counts_by_attest_level(conn), "memories": memories.count(conn),
                 "memories_by_attest_level": memories.counts_by_attest_level(conn),
                 "sync_parked": changelog.parked_count(conn),
+                "sync_parked_unknown_key": changelog.parked_count(conn, code=RejectCode.UNKNOWN_KEY),
                 "outbox_depth": outbox.depth(conn), "dead_letters": outbox.dead_letter_count(conn),
                 "change_log_seq": changelog.last_seq(conn), "counters": changelog.all_counters(conn)}
 
@@ -58,6 +61,8 @@ async def capabilities(service: Service, runtime: Runtime | None, version: int =
         "memories_by_attest_level": stored["memories_by_attest_level"],
         "links_by_attest_level": stored["links"],
         "sync_parked": stored["sync_parked"],
+        # Of those, the items waiting for a key of their signer this node does not know (import its key history).
+        "sync_parked_unknown_key": stored["sync_parked_unknown_key"],
         "mesh_trust": service.cfg.mesh.trust,
         "outbox_depth": stored["outbox_depth"],
         "dead_letters": stored["dead_letters"],
@@ -92,16 +97,31 @@ async def _trust(svc: Service, runtime: Runtime | None) -> dict[str, Any]:
 
 
 async def _sync(svc: Service, runtime: Runtime | None) -> dict[str, Any]:
-    """Catch-up sync: each peer's cursor and parked items, and the settings that drive it."""
+    """Catch-up sync: each peer's cursor and parked items, the settings that drive it, and a restore from the mesh
+    (``restore``)."""
 
     def read(conn: sqlite3.Connection) -> dict[str, Any]:
         return {"cursors": {s.peer: s.last_sync_seq for s in changelog.list_peer_states(conn)},
-                "parked": changelog.parked_count(conn)}
+                "parked": changelog.parked_count(conn),
+                "parked_unknown_key": changelog.parked_count(conn, code=RejectCode.UNKNOWN_KEY)}
 
     stored = await svc.db.read(read)
     fed = svc.cfg.federation
     return {**stored, "interval_s": fed.sync_interval_s, "park_after": fed.sync_park_after,
-            "page_limit": fed.sync_page_limit}
+            "page_limit": fed.sync_page_limit, "park_max": fed.sync_park_max,
+            "restore": await _restore(svc, runtime)}
+
+
+async def _restore(svc: Service, runtime: Runtime | None) -> dict[str, Any] | None:
+    """A restore from the mesh: the running node's progress (items, percent, each peer), else what its marker
+    says of one that was stopped before it ended (``state: interrupted``; the next start resumes it); None when
+    there is none."""
+    if runtime is not None:
+        return runtime.restore_progress()
+    stopped = RestoreProgress.read(marker_path(svc.cfg), [p.agent_id for p in svc.cfg.mesh.peers])
+    if stopped is None:
+        return None
+    return {**stopped.snapshot(), "state": "interrupted", "items": None, "percent": None}
 
 
 async def _profiles(svc: Service, runtime: Runtime | None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh.keys import fingerprint
+from node.federation.codes import RejectCode
 from storage import changelog, outbox
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ async def peer_rows(svc: Service, links: Mapping[str, PeerLink] | None = None,
         return {"states": {s.peer: s for s in changelog.list_peer_states(conn)},
                 "depth": {p: outbox.depth(conn, p) for p in names},
                 "dead": {p: outbox.dead_letter_count(conn, p) for p in names},
-                "parked": {p: changelog.parked_count(conn, p) for p in names}}
+                "parked": {p: changelog.parked_count(conn, p) for p in names},
+                "unknown_key": {p: changelog.parked_count(conn, p, code=RejectCode.UNKNOWN_KEY) for p in names}}
 
     data = await svc.db.read(read)
     now = time.time()
@@ -68,7 +70,8 @@ async def peer_rows(svc: Service, links: Mapping[str, PeerLink] | None = None,
             "last_ack_age_s": round(now - last_ack, 3) if last_ack else None,
             "outbox_depth": data["depth"][p], "in_flight": sender.inflight(p) if sender else 0,
             "dead_letters": data["dead"][p], "last_sync_seq": state.last_sync_seq if state else 0,
-            # Sync items from this peer given up on after federation.sync_park_after rounds.
-            "parked": data["parked"][p],
+            # Sync items from this peer parked: given up on after federation.sync_park_after rounds, or
+            # (parked_unknown_key, counted in both) waiting for a key of their signer this node does not know.
+            "parked": data["parked"][p], "parked_unknown_key": data["unknown_key"][p],
         })
     return out

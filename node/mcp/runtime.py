@@ -23,3 +23,7 @@ class Runtime(Protocol):
     def transports(self) -> list[str]:
         """The doors the node serves, e.g. ``mesh:mtls:HOST:PORT``, ``mcp:socket:PATH``."""
         ...
+
+    def restore_progress(self) -> dict[str, Any] | None:
+        """The restore from the mesh the node runs or ran since it started (items, percent, each peer), or None."""
+        ...

@@ -274,12 +274,13 @@ def test_forgeries_served_by_a_peers_change_log_are_refused_like_pushed_ones(tru
 def test_sync_bounds_are_400_with_a_json_error(trust: Trust) -> None:
     wrong = {}
     for query in ({"since": 2**63}, {"since": -1}, {"limit": 0}, {"limit": 10**9}, {"limit": 10_001},
-                  {"since": "abc"}, {"limit": "1.5"}, {"since": "1e3"}, {"since": ""}, {"limit": -5}):
+                  {"since": "abc"}, {"limit": "1.5"}, {"since": "1e3"}, {"since": ""}, {"limit": -5}, {"mine": 2},
+                  {"mine": "yes"}):
         answer = trust.attacker.sync(trust.n1, **query)
         if answer.status != 400 or answer.code != "bad_input" or not answer.error["error"].get("message"):
             wrong[repr(query)] = (answer.status, answer.error or answer.page)
     assert not wrong, wrong
-    for query in ({"since": INT64_MAX}, {"since": 0, "limit": 10_000}, {"since": 0, "limit": 1}):
+    for query in ({"since": INT64_MAX}, {"since": 0, "limit": 10_000}, {"since": 0, "limit": 1}, {"mine": 1}):
         answer = trust.attacker.sync(trust.n1, **query)
         assert answer.status == 200 and answer.page is not None, (query, answer)
     assert trust.attacker.sync(trust.n1, since=INT64_MAX).page["items"] == []

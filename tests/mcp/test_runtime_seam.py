@@ -30,6 +30,9 @@ class FakeRuntime:
     def transports(self) -> list[str]:
         return ["mcp:socket:/run/node.sock"]
 
+    def restore_progress(self) -> dict[str, Any] | None:
+        return None
+
 
 async def test_capabilities_read_the_runtime_when_a_node_runs_here(service) -> None:
     caps = await capabilities(service, FakeRuntime())

@@ -22,8 +22,8 @@ from node.federation.inbound.memory import MemoryApply
 from node.federation.inbound.transcript import TranscriptApply
 from node.ratelimit import RateLimiter
 
-# An apply of one payload kind: (the payload, its sender) -> how it went.
-Handler = Callable[[dict[str, Any], str], Awaitable[Applied]]
+# An apply of one payload kind: (the payload, its sender, pulled from its change log) -> how it went.
+Handler = Callable[[dict[str, Any], str, bool], Awaitable[Applied]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class Route:
     counts_rejections: bool = False
 
 
-async def _pong(body: dict[str, Any], sender: str) -> Applied:
+async def _pong(body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
     """A ping stores nothing: accepted as it is."""
     return OK_UNCHANGED
 
@@ -80,14 +80,15 @@ class Inbound:
         validate_payload(env.payload)
         return Ack.ok(env.correlation_id, self.agent_id)
 
-    async def apply_payload(self, payload: Any, sender: str) -> Applied:
-        """Validate and apply one payload from ``sender`` (live or pulled); ProtocolError when malformed."""
+    async def apply_payload(self, payload: Any, sender: str, *, pulled: bool = False) -> Applied:
+        """Validate and apply one payload from ``sender``, sent live or ``pulled`` from its change log (a known
+        signer's signature that does not verify may then be ``unknown_key``); ProtocolError when malformed."""
         validate_payload(payload)
         route = self.routes.get(payload["kind"])
         if route is None:  # validate_payload knows the kind but this node has no apply for it
             applied = Applied(RejectCode.UNSUPPORTED_KIND)
         else:
-            applied = await route.apply(payload, sender)
+            applied = await route.apply(payload, sender, pulled)
             if route.counts_rejections:
                 return applied
         if applied.code is not None:

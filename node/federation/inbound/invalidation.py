@@ -21,7 +21,7 @@ class InvalidationApply:
     def __init__(self, ctx: ApplyContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, body: dict[str, Any], sender: str) -> Applied:
+    async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         ctx = self.ctx
         payload = parsed(InvalidationPayload.from_mapping, body["invalidation"])
         inval_id = payload.inval_id
@@ -32,14 +32,15 @@ class InvalidationApply:
             log.warning("signer_mismatch", extra={"ev": {"peer": sender, "inval_id": inval_id,
                                                          "signed_by": signed_by, "observed_by": payload.observed_by}})
             return Applied(RejectCode.SIGNER_MISMATCH)
-        level = await ctx.attester.attest(payload, body["signature"], payload.observed_by, sender, what=inval_id)
+        level = await ctx.attester.attest(payload, body["signature"], payload.observed_by, sender, what=inval_id,
+                                          pulled=pulled)
         if not isinstance(level, AttestLevel):
             return Applied(level)
         code = await self._gate_code(payload.link_id, sender)
         if code is not None:
             return Applied(code)
         now = ctx.clock()
-        attested = level is AttestLevel.PEER_ATTESTED
+        attested = level is not AttestLevel.UNSIGNED  # verified here (a peer's key, or ours on a restore)
         row = InvalidationRow(inval_id=inval_id, link_id=payload.link_id, observed_by=payload.observed_by,
                               valid_until=payload.valid_until, signature=body["signature"] if attested else None,
                               attest_level=str(level), signed_by=signed_by if attested else None,

@@ -79,7 +79,7 @@ class InboundLink:
     def row(self, sender: str) -> LinkRow:
         """The row it is stored as, once attested."""
         signature, signed_by = self.body["signature"], self.body["signed_by"]
-        attested = self.level is AttestLevel.PEER_ATTESTED
+        attested = self.level is not AttestLevel.UNSIGNED  # verified here
         # confidence is outside the signature: taken only from the link's own observer, never from a relay.
         confidence = self.body["link"].get("confidence") if sender == self.payload.observed_by else None
         return LinkRow(link_id=self.link_id, **self.payload.to_dict(),
@@ -146,14 +146,14 @@ class LinkApply:
                                   one_at_a_time(self.writes))
         self.run_hops = LinkHops(self._lookup, verifier.verify_many, self._write)
 
-    async def one(self, body: dict[str, Any], sender: str) -> Applied:
+    async def one(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         """Verify and store one received link; stored only where the sender may see both its ends."""
-        [answer] = await self.run([body], sender, self.turn_hops)
+        [answer] = await self.run([body], sender, self.turn_hops, pulled=pulled)
         if isinstance(answer, BaseException):
             raise answer
         return answer
 
-    async def many(self, body: dict[str, Any], sender: str) -> Applied:
+    async def many(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         """Each link of a links.put applied on its own, exactly as a link.put of its own (its signature verified
         alone; the links share one lookup read, one verify hop and one write). A rejected link does not stop the
         others, and each rejection is counted. The one ACK: accepted when every link is stored (or was); else a
@@ -162,7 +162,7 @@ class LinkApply:
         envelope, so that each gets its own answer and only the refused ones are dead-lettered)."""
         counters = self.ctx.counters
         counters["links.put"] += 1
-        answers = await self.run(body["links"], sender, self.run_hops)
+        answers = await self.run(body["links"], sender, self.run_hops, pulled=pulled)
         codes: list[str] = []
         changed = False
         for answer in answers:
@@ -177,8 +177,10 @@ class LinkApply:
         code = next((c for c in codes if c in RETRYABLE_REJECT_CODES), codes[0] if codes else None)
         return Applied(code, changed)
 
-    async def run(self, bodies: Sequence[dict[str, Any]], sender: str, hops: LinkHops) -> list[Answer]:
-        """Apply received links (link.put bodies) as one run of stages; each link's answer in order. A failed
+    async def run(self, bodies: Sequence[dict[str, Any]], sender: str, hops: LinkHops, *,
+                  pulled: bool = False) -> list[Answer]:
+        """Apply received links (link.put bodies) as one run of stages (``pulled``: from a sync page); each link's
+        answer in order. A failed
         read or write is raised at once. A link whose ends are missing or hidden waits for them
         (``Arrivals.visible``) in a task of its own, without holding up the others."""
         answers: list[Answer | None] = [None] * len(bodies)
@@ -195,7 +197,7 @@ class LinkApply:
                 parsed_links.append((i, got))
         held: list[tuple[int, asyncio.Task[Applied]]] = []
         try:
-            await self._stages(parsed_links, sender, hops, answers, held)
+            await self._stages(parsed_links, sender, hops, answers, held, pulled)
         except BaseException:
             for _, task in held:
                 task.cancel()
@@ -207,11 +209,11 @@ class LinkApply:
         return [a if a is not None else OK_UNCHANGED for a in answers]
 
     async def _stages(self, parsed_links: Indexed, sender: str, hops: LinkHops, answers: list[Answer | None],
-                      held: list[tuple[int, asyncio.Task[Applied]]]) -> None:
+                      held: list[tuple[int, asyncio.Task[Applied]]], pulled: bool) -> None:
         """``run``'s stages after parsing: fills ``answers`` and ``held`` (the links waiting for their ends,
         each in its own task)."""
         checked = await self._looked_up(parsed_links, sender, hops, answers)
-        attested = await self._attested(checked, sender, hops, answers)
+        attested = await self._attested(checked, sender, hops, answers, pulled)
         fired = await each(lambda ix: self.ctx.hooks.fire(HookEvent.PRE_FEDERATED_LINK, ix[1].hook_payload),
                            attested, together=self.ctx.hooks.attached(HookEvent.PRE_FEDERATED_LINK))
         ready: Indexed = []
@@ -247,7 +249,7 @@ class LinkApply:
         return checked
 
     async def _attested(self, checked: list[tuple[int, InboundLink, Keys, bool]], sender: str, hops: LinkHops,
-                        answers: list[Answer | None]) -> Indexed:
+                        answers: list[Answer | None], pulled: bool) -> Indexed:
         """One verify hop for the run's signatures, then each link's attest level (or its rejection)."""
         # A check for each link that carries a signature and whose signer has keys here (None: nothing to check).
         items = [(keys, x.payload, x.signature) if x.signature is not None and keys else None
@@ -258,7 +260,7 @@ class LinkApply:
         async for (i, x, keys, fresh), item in sliced(zip(checked, items, strict=True)):
             verified = item is not None and next(verdicts)
             level = await self.ctx.attester.level(verified, keys, fresh, x.payload, x.signature,
-                                                  x.payload.observed_by, sender, what=x.link_id)
+                                                  x.payload.observed_by, sender, what=x.link_id, pulled=pulled)
             if isinstance(level, AttestLevel):
                 x.attested(level, sender)
                 attested.append((i, x))

@@ -28,14 +28,14 @@ class MemoryApply:
         self.ctx = ctx
         self.agent_id = agent_id
 
-    async def __call__(self, body: dict[str, Any], sender: str) -> Applied:
+    async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         """Bound, authorise, verify and store one memory version from ``sender``."""
         ctx, m = self.ctx, body["memory"]
         code = self._out_of_bounds(m) or self._not_allowed(body, sender)
         if code is not None:
             return self._refused(code, sender, m)
         level = await ctx.attester.attest(MemoryPayload.from_mapping(m), body["signature"], m["writer"], sender,
-                                          what=m["id"])
+                                          what=m["id"], pulled=pulled)
         if not isinstance(level, AttestLevel):
             return Applied(level)
         stored = await ctx.db.read(memories.get, m["id"])
@@ -163,7 +163,7 @@ def wire_fields(row: MemoryRow) -> dict[str, Any]:
 def memory_row(body: dict[str, Any], level: AttestLevel, sender: str) -> MemoryRow:
     """The row a received memory.put is stored as, at ``level``."""
     m = body["memory"]
-    attested = level is AttestLevel.PEER_ATTESTED
+    attested = level is not AttestLevel.UNSIGNED  # verified here (a peer's key, or ours on a restore)
     share = body.get("share_with")
     return MemoryRow(id=m["id"], namespace=m["namespace"], title=m["title"], content=m["content"],
                      tags=tuple(m["tags"]), priority=m["priority"], confidence=float(m["confidence"]),

@@ -9,7 +9,7 @@ from node.attest import AttestLevel, TranscriptPayload
 from node.federation.codes import RejectCode
 from node.federation.inbound.common import OK_CHANGED, OK_UNCHANGED, Applied, ApplyContext, parsed
 from node.permissions.rules import Operation
-from node.transcripts import inbound_row, spans_of
+from node.transcripts import inbound_row, spans_of, zstd_bound
 from storage import changelog, events, transcripts
 
 
@@ -21,16 +21,21 @@ class TranscriptApply:
     def __init__(self, ctx: ApplyContext) -> None:
         self.ctx = ctx
 
-    async def __call__(self, body: dict[str, Any], sender: str) -> Applied:
+    async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         ctx = self.ctx
         payload = parsed(TranscriptPayload.from_mapping, body["transcript"])
         policy = ctx.cfg.transcripts.policy(payload.namespace)
         code = self._not_allowed(payload, body["signed_by"], sender)
         if code is not None:
             return Applied(code)
+        if payload.raw_bytes > policy.max_bytes or len(body["body"]) > zstd_bound(policy.max_bytes) \
+                or len(payload.spans) > policy.max_spans:
+            # Bounded before its signature is weighed: an item parked for a key is within the limits too.
+            return Applied("too_large")
         if await ctx.db.read(transcripts.get, payload.id) is not None:
             return OK_UNCHANGED
-        level = await ctx.attester.attest(payload, body["signature"], payload.agent, sender, what=payload.id)
+        level = await ctx.attester.attest(payload, body["signature"], payload.agent, sender, what=payload.id,
+                                          pulled=pulled)
         if not isinstance(level, AttestLevel):
             return Applied(level)
         row = await asyncio.to_thread(inbound_row, payload, body["body"], policy, signature=body["signature"],
