@@ -54,13 +54,16 @@ ACK_SEND_TIMEOUT_S = 10.0
 # Bound on reading one POSTed message body (a peer trickling bytes holds no handler for ever). Seconds.
 BODY_READ_TIMEOUT_S = 10.0
 
-SyncHandler = Callable[[str, int, int, list[str]], Awaitable[Mapping[str, Any]]]
+# (peer, since, limit, skip, accepts: the payload kinds the puller says it reads beyond the common ones)
+SyncHandler = Callable[[str, int, int, list[str], list[str]], Awaitable[Mapping[str, Any]]]
 MemberCheck = Callable[[str], bool]
 # Bounds of GET /a2a/v1/sync parameters (since is a change-log seq, a signed 64-bit integer).
 SYNC_SINCE_MAX = 2**63 - 1
 SYNC_LIMIT_MAX = 10_000
 SYNC_SKIP_MAX = 64
 SYNC_SKIP_ID_MAX = 128
+SYNC_ACCEPTS_MAX = 16
+SYNC_ACCEPTS_KIND_MAX = 64
 HealthHandler = Callable[[], Mapping[str, Any]]
 # (ready, JSON body saying why): /readyz answers 200 when ready, 503 otherwise.
 ReadyHandler = Callable[[], tuple[bool, Mapping[str, Any]]]
@@ -495,11 +498,11 @@ def _sync(hooks: ServerHooks) -> Handler:
         if hooks.sync is None:
             return json_error("not_found", "this node does not serve a change log")
         try:
-            since, limit, skip = _sync_params(request.query)
+            since, limit, skip, accepts = _sync_params(request.query)
         except ValueError as e:
             return json_error("bad_input", str(e))
         try:
-            page = await hooks.sync(request[PEER_KEY], since, limit, skip)
+            page = await hooks.sync(request[PEER_KEY], since, limit, skip, accepts)
         except Exception as e:
             log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
             d = describe(e)
@@ -508,8 +511,9 @@ def _sync(hooks: ServerHooks) -> Handler:
     return handler
 
 
-def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
-    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX) and skip (comma-separated agent ids); ValueError says why."""
+def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str], list[str]]:
+    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX), skip (comma-separated agent ids) and accepts (comma-separated
+    payload kinds; absent from an older node); ValueError says why."""
     raw_since, raw_limit = query.get("since", "0"), query.get("limit", "100")
     if not (_is_decimal(raw_since) and _is_decimal(raw_limit)):
         raise ValueError("since and limit must be non-negative decimal integers")
@@ -521,7 +525,10 @@ def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str]]:
     skip = [a for a in query.get("skip", "").split(",") if a]
     if len(skip) > SYNC_SKIP_MAX or any(len(a) > SYNC_SKIP_ID_MAX for a in skip):
         raise ValueError(f"skip names at most {SYNC_SKIP_MAX} agent ids of at most {SYNC_SKIP_ID_MAX} chars")
-    return since, limit, skip
+    accepts = [k for k in query.get("accepts", "").split(",") if k]
+    if len(accepts) > SYNC_ACCEPTS_MAX or any(len(k) > SYNC_ACCEPTS_KIND_MAX for k in accepts):
+        raise ValueError(f"accepts names at most {SYNC_ACCEPTS_MAX} kinds of at most {SYNC_ACCEPTS_KIND_MAX} chars")
+    return since, limit, skip, accepts
 
 
 def _is_decimal(text: str) -> bool:

@@ -14,9 +14,10 @@ from typing import Any
 from a2a import Ack, Envelope
 from node.config import NodeConfig
 from node.events import EventSink, NoEvents
+from node.federation.forms import MemoryForms
 from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, ApplyContext, Arrivals, Clock, GateChecks
-from node.federation.outbound import AckSignal, Delivery, Outbound, PeerAccepts, Queued
+from node.federation.outbound import ACCEPTS, AckSignal, Delivery, Outbound, PeerAccepts, Queued
 from node.federation.policy import Policy
 from node.federation.sync import PulledPages, SyncOutcome, SyncPages
 from node.federation.verify import Attester, SignerKeys, VerifyBatcher, verify_thread
@@ -52,8 +53,10 @@ class Federation:
         self.peer_rate = peer_rate
         self.policy = Policy(cfg.federation, [p.agent_id for p in cfg.mesh.peers])
         self.accepts = accepts if accepts is not None else PeerAccepts()
+        # The form each peer gets a memory version in (withheld ones counted with the inbound outcomes).
+        self.forms = MemoryForms(keyring.identity, self.counters)
         self.outbound = Outbound(cfg, db, self.agent_id, self.policy, delivery, self.accepts,
-                                 acks if acks is not None else AckSignal())
+                                 acks if acks is not None else AckSignal(), self.forms)
         self.verifier = VerifyBatcher(verify_thread(cfg.federation.background_nice))
         ctx = ApplyContext(cfg=cfg, db=db, clock=clock, policy=self.policy,
                            attester=Attester(SignerKeys(keyring), self.verifier, db, self.counters),
@@ -62,7 +65,7 @@ class Federation:
                            events=events if events is not None else NoEvents(), counters=self.counters,
                            arrivals=Arrivals(db, self.policy, cfg.federation.orphan_hold_s))
         self.inbound = Inbound(ctx, self.agent_id, peer_rate)
-        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters)
+        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters, self.forms)
         self.pulled = PulledPages(self.inbound, db, clock, cfg.federation.sync_park_after)
 
     def close(self) -> None:
@@ -76,6 +79,9 @@ class Federation:
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         return self.outbound.enqueue(conn, payload, scope, ts)
+
+    def enqueue_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
+        return self.outbound.enqueue_memory(conn, row, ts)
 
     def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
                       ts: int) -> list[Queued]:
@@ -100,8 +106,11 @@ class Federation:
 
     # ---- catch-up ---------------------------------------------------------------------------
 
-    async def sync_page(self, peer: str, since: int, limit: int, skip: Sequence[str] = ()) -> dict[str, Any]:
-        return await self.pages.page(peer, since, limit, skip)
+    async def sync_page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
+                        reads: Sequence[str] = ACCEPTS) -> dict[str, Any]:
+        """One page for ``peer``; ``reads``: the kinds its request said it reads beyond the common ones (the mesh
+        route passes what the request listed: nothing from an older node)."""
+        return await self.pages.page(peer, since, limit, skip, reads)
 
     async def apply_sync_items(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
         return await self.pulled.apply(peer, items)

@@ -19,12 +19,14 @@ import cbor2
 
 from a2a import ProtocolError
 from a2a.envelope import RETRYABLE_REJECT_CODES
+from a2a.kinds import MEMORY_PUT_V2
 from mesh.errors import MeshError
 from mesh.link import LinkState
 from mesh.routes import SYNC_PATH
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
+from node.federation.forms import MemoryForms
 from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, Clock
 from node.federation.outbound import ACCEPTS, PeerAccepts
@@ -32,7 +34,7 @@ from node.federation.policy import Policy
 from node.kg import invalidation_wire
 from node.ratelimit import RateLimiter
 from node.transcripts import scope_of, transcript_wire
-from node.wire import link_wire, memory_put_body
+from node.wire import link_wire
 from storage import changelog, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
@@ -42,7 +44,7 @@ log = logging.getLogger("node.federation")
 pull_log = logging.getLogger("node")
 
 # Payload kinds the change log carries: a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", "link.put", "links.put", "link.invalidate", "transcript.put")
+SYNCED_KINDS = ("memory.put", MEMORY_PUT_V2, "link.put", "links.put", "link.invalidate", "transcript.put")
 # Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
 # Pending sync items retried per peer per pull round.
@@ -63,23 +65,28 @@ class SyncOutcome(Counter[str]):
 
 class SyncPages:
     """Serves this node's change log to its peers: what each may see, within its request budget (``peer_rate``:
-    a page's changes are messages' worth of work; None = no limit)."""
+    a page's changes are messages' worth of work; None = no limit), each memory version in the form the puller
+    reads (``forms``)."""
 
     def __init__(self, cfg: NodeConfig, db: Database, policy: Policy, clock: Clock, peer_rate: RateLimiter | None,
-                 counters: Counter[str]) -> None:
+                 counters: Counter[str], forms: MemoryForms) -> None:
         self.cfg = cfg
         self.db = db
         self.policy = policy
         self.clock = clock
         self.peer_rate = peer_rate
         self.counters = counters
+        self.forms = forms
 
-    async def page(self, peer: str, since: int, limit: int, skip: Sequence[str] = ()) -> dict[str, Any]:
+    async def page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
+                   reads: Sequence[str] = ACCEPTS) -> dict[str, Any]:
         """One page of this node's change log after ``since`` (served at GET /a2a/v1/sync).
 
         Only what ``peer`` may see (a link only where it may see both ends), and nothing written by
-        ``peer`` itself or by the agents in ``skip`` (the puller gets those from their writers).
+        ``peer`` itself or by the agents in ``skip`` (the puller gets those from their writers); memory
+        versions in the form ``reads`` (the kinds the request listed in ``accepts``) allows.
         """
+        reads_v2 = MEMORY_PUT_V2 in reads
         limit = self._granted(peer, min(limit, self.cfg.federation.sync_page_limit))
         read_rows = 0
 
@@ -87,7 +94,7 @@ class SyncPages:
             nonlocal read_rows
             rows = changelog.page(conn, since, limit)
             read_rows = len(rows)
-            return self._page_of(conn, peer, {peer, *skip}, since, rows, limit)
+            return self._page_of(conn, peer, {peer, *skip}, since, rows, limit, reads_v2)
 
         read_at = self.clock()
         try:
@@ -119,11 +126,11 @@ class SyncPages:
         return limit
 
     def _page_of(self, conn: Any, peer: str, omit: set[str], since: int, rows: list[changelog.ChangeRow],
-                 limit: int) -> dict[str, Any]:
+                 limit: int, reads_v2: bool) -> dict[str, Any]:
         items: list[dict[str, Any]] = []
         budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
         for r in rows:
-            item = self._item(conn, peer, omit, r)
+            item = self._item(conn, peer, omit, r, reads_v2)
             last = r.seq
             if item is not None:
                 items.append(item)
@@ -133,12 +140,14 @@ class SyncPages:
         return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq),
                 "accepts": list(ACCEPTS)}
 
-    def _item(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow) -> dict[str, Any] | None:
+    def _item(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow,
+              reads_v2: bool) -> dict[str, Any] | None:
         if r.kind == "memory":
             m = memories.get(conn, r.ref_id)
             if m is None or m.author in omit or not self.policy.visible_to(peer, m):
                 return None
-            return {"seq": r.seq, "kind": "memory.put", **memory_put_body(m)}
+            payload = self.forms.payload(m, peer, reads_v2)
+            return None if payload is None else {"seq": r.seq, **payload}
         inv = graph.get_invalidation(conn, r.ref_id)
         # A 'link' change is a link or an invalidation of one; either goes where the link may go.
         link = links.get(conn, inv.link_id if inv is not None else r.ref_id)
@@ -217,7 +226,9 @@ class PulledPages:
 
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
-        ref = {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id"),
+        memory_id = item.get("memory", {}).get("id")
+        ref = {"memory.put": memory_id, MEMORY_PUT_V2: memory_id,
+               "transcript.put": item.get("transcript", {}).get("id"),
                # An invalidation waits for the link it ends: that link names it.
                "link.invalidate": item.get("invalidation", {}).get("link_id"),
                }.get(kind, item.get("link", {}).get("src_id"))
@@ -233,7 +244,7 @@ class PulledPages:
 
 def apply_order(item: dict[str, Any]) -> int:
     """Within a pulled page: memories, then links, then invalidations (each finds what it refers to)."""
-    return {"memory.put": 0, "link.put": 1}.get(str(item.get("kind")), 2)
+    return {"memory.put": 0, MEMORY_PUT_V2: 0, "link.put": 1}.get(str(item.get("kind")), 2)
 
 
 class SyncLink(Protocol):
@@ -349,8 +360,10 @@ class PeerSync:
         request budget (and ``rate_wait_max_s`` is not spent yet this round)."""
         s = self.settings
         try:
-            body = await self.link.fetch(SYNC_PATH, {"since": since, "limit": s.page_limit, "skip": skip},
-                                         timeout_s=s.fetch_timeout_s)
+            # ``accepts``: what this node reads, so the page carries memory versions in the form it reads
+            # (an older node's pages ignore it).
+            body = await self.link.fetch(SYNC_PATH, {"since": since, "limit": s.page_limit, "skip": skip,
+                                                     "accepts": ",".join(ACCEPTS)}, timeout_s=s.fetch_timeout_s)
         except MeshError as e:
             # The peer charges the changes we read to our limits.peer_requests_per_second: wait for the
             # budget and go on from the cursor, up to rate_wait_max_s a round (then the next round).
