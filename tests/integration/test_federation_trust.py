@@ -31,6 +31,7 @@ from tests.integration.peer_play import (
     links_on,
     memory_on,
     memory_put,
+    memory_put_v2,
     new_memory,
     next_version,
     now_ms,
@@ -38,6 +39,7 @@ from tests.integration.peer_play import (
     poll,
     queued_for,
     version_payload,
+    version_payload_v2,
 )
 
 pytestmark = pytest.mark.integration
@@ -146,7 +148,7 @@ def item_ids(items: list[dict]) -> set[str]:
     """Every memory id and link end named by sync items."""
     out = set()
     for item in items:
-        if item["kind"] == "memory.put":
+        if item["kind"] in ("memory.put", "memory.put.v2"):
             out.add(item["memory"]["id"])
         else:
             out |= {item["link"]["src_id"], item["link"]["dst_id"]}
@@ -170,11 +172,14 @@ def test_memory_put_is_signed_by_its_writer_over_the_canonical_version_payload(t
     assert isinstance(put["signature"], bytes) and len(put["signature"]) == 64, put
     # The spec's payload, written here independently of the product's helper.
     Member.of(trust.layout, 1).public_key.verify(put["signature"], version_payload(m))
-    # A restricted memory carries who may see it; node 3 (in the list) is served it with that list.
-    by_n3 = Member.of(trust.layout, 3).sync_all(trust.n1)
-    put = next(i for i in by_n3 if i["kind"] == "memory.put" and i["memory"]["id"] == secret["id"])
-    # The spec names the origin's namespace peer list; the origin itself may be listed too.
-    assert set(put.get("share_with") or ()) - {trust.id(1)} == {trust.id(3)}, put
+    # A restricted memory carries who may see it, signed with the version (memory.put.v2, to a puller that reads
+    # it); node 3 (in the list) is served it with that list. An older puller (node 2's request names no accepts)
+    # is served only the unrestricted one, in the old form above.
+    by_n3 = Member.of(trust.layout, 3).sync_all(trust.n1, accepts="memory.put.v2")
+    put = next(i for i in by_n3 if i["kind"] == "memory.put.v2" and i["memory"]["id"] == secret["id"])
+    Member.of(trust.layout, 1).public_key.verify(put["signature"], version_payload_v2(put["memory"]))
+    # The origin's namespace peer list, with the origin itself: always a member.
+    assert put["memory"]["share_with"] == sorted([trust.id(1), trust.id(3)]), put
     assert secret["id"] not in item_ids(items)
 
 
@@ -399,13 +404,18 @@ def test_a_writer_cannot_narrow_who_sees_the_origins_memory(trust: Trust) -> Non
     n2 = trust.id(2)
     created = ok(trust.n1, "store", "node 1's, shared with nodes 2 and 3", "--namespace", SHARED)
     stored = memory_on(trust.n1, created["id"])
-    # Node 2 may write versions in this namespace, but share_with is the origin's peer list, not node 2's.
-    narrowed = memory_put(next_version(stored, n2, content="by node 2, for node 2's eyes"), signer=trust.attacker,
-                          share_with=[n2])
-    assert_accepted(trust.attacker.send(trust.n1, narrowed))
+    # Node 2 may write versions in this namespace, but the list is the origin's: a version that changes it is
+    # refused, in either form; one that carries the origin's signed list as it is, is stored.
+    nxt = next_version(stored, n2, content="by node 2, for node 2's eyes")
+    assert_refused(trust.n1, trust.attacker, {
+        "narrowed, signed": ("share_with_changed", memory_put_v2(nxt, [n2], signer=trust.attacker)),
+        "narrowed, old form": ("share_with_unsigned", memory_put(nxt, signer=trust.attacker, share_with=[n2])),
+        "lifted, old form": ("share_with_unsigned", memory_put(nxt, signer=trust.attacker)),
+    })
+    assert_accepted(trust.attacker.send(trust.n1, memory_put_v2(nxt, stored["share_with"], signer=trust.attacker)))
     assert memory_on(trust.n1, created["id"])["version"] == 2
-    served_to_n3 = Member.of(trust.layout, 3).sync_all(trust.n1)
-    assert created["id"] in item_ids(served_to_n3), "node 2's share_with hid the origin's memory from node 3"
+    served_to_n3 = Member.of(trust.layout, 3).sync_all(trust.n1, accepts="memory.put.v2")
+    assert created["id"] in item_ids(served_to_n3), "node 2's version hid the origin's memory from node 3"
 
 
 def test_a_node_without_the_policy_does_not_re_serve_restricted_memories(trust: Trust) -> None:
