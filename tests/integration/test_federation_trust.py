@@ -273,9 +273,10 @@ def test_a_writer_cannot_date_a_version_ahead_of_the_clock(trust: Trust) -> None
             {**own, "created_at": now_ms() + TEN_YEARS_MS, "updated_at": now_ms() + TEN_YEARS_MS},
             signer=trust.attacker)),
     })
-    # An allowed writer with an honest clock is accepted, and the origin's later edit supersedes it.
-    assert_accepted(trust.attacker.send(trust.n1, memory_put(next_version(stored, n2, content="by node 2"),
-                                                             signer=trust.attacker)))
+    # An allowed writer with an honest clock is accepted (carrying the origin's signed list as it is), and the
+    # origin's later edit supersedes it.
+    assert_accepted(trust.attacker.send(trust.n1, memory_put_v2(next_version(stored, n2, content="by node 2"),
+                                                                stored["share_with"], signer=trust.attacker)))
     got = memory_on(trust.n1, created["id"])
     assert (got["version"], got["content"], got.get("writer")) == (2, "by node 2", n2), got
     edited = ok(trust.n1, "update", created["id"], "--content", "origin again")
@@ -408,7 +409,9 @@ def test_a_writer_cannot_narrow_who_sees_the_origins_memory(trust: Trust) -> Non
     # refused, in either form; one that carries the origin's signed list as it is, is stored.
     nxt = next_version(stored, n2, content="by node 2, for node 2's eyes")
     assert_refused(trust.n1, trust.attacker, {
-        "narrowed, signed": ("share_with_changed", memory_put_v2(nxt, [n2], signer=trust.attacker)),
+        "narrowed, signed": ("share_with_changed", memory_put_v2(nxt, sorted([trust.id(1), n2]),
+                                                                 signer=trust.attacker)),
+        "without the origin": ("share_with_without_origin", memory_put_v2(nxt, [n2], signer=trust.attacker)),
         "narrowed, old form": ("share_with_unsigned", memory_put(nxt, signer=trust.attacker, share_with=[n2])),
         "lifted, old form": ("share_with_unsigned", memory_put(nxt, signer=trust.attacker)),
     })
