@@ -150,7 +150,8 @@ def test_canonical_bytes_encoded_once_follow_every_field(case: dict) -> None:
     assert not verify(Ed25519PrivateKey.from_private_bytes(SEED).public_key(), changed, sig)
 
 
-MEMORY_V2_VECTORS = json.loads((Path(__file__).parent / "vectors" / "memory-version-v2.json").read_text(encoding="utf-8"))
+MEMORY_V2_VECTORS = json.loads((Path(__file__).parent / "vectors" / "memory-version-v2.json")
+                               .read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("case", MEMORY_V2_VECTORS["cases"], ids=_ids)
