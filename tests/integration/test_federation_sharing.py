@@ -132,3 +132,12 @@ def test_an_older_node_sending_its_list_outside_the_signature_is_told_to_upgrade
     answer = sharing.relay.send(sharing.n1, memory_put(mine, signer=sharing.relay, share_with=sorted([n1, n2])))
     assert (answer.status, answer.code) == (200, "share_with_unsigned"), answer
     assert memory_on(sharing.n1, mine["id"]) is None
+
+
+def test_a_sync_request_names_at_most_16_kinds_it_reads(sharing: Sharing) -> None:
+    answer = sharing.relay.sync(sharing.n1, since=0, limit=1, accepts=",".join(f"k{i}" for i in range(17)))
+    assert (answer.status, answer.code) == (400, "bad_input"), answer
+    answer = sharing.relay.sync(sharing.n1, since=0, limit=1, accepts="x" * 65)
+    assert (answer.status, answer.code) == (400, "bad_input"), answer
+    # Kinds a node does not know are simply not ones it sends.
+    assert sharing.relay.sync(sharing.n1, since=0, limit=1, accepts="some.future.kind").status == 200
