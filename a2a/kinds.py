@@ -102,6 +102,19 @@ def span() -> Check:
     return check
 
 
+def agent_set() -> Check:
+    """A sharing list as a memory.put.v2 signs it: a non-empty array of non-empty strings, sorted by code point
+    and without repeats (its one canonical form)."""
+
+    def check(path: str, value: Any) -> None:
+        ok = (isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(a, str) and a for a in value)
+              and all(a < b for a, b in zip(value, value[1:], strict=False)))
+        if not ok:
+            raise _bad(path, "a non-empty array of agent ids, sorted and distinct", value)
+
+    return check
+
+
 def nullable(inner: Check) -> Check:
     def check(path: str, value: Any) -> None:
         if value is not None:
@@ -166,6 +179,12 @@ MEMORY = {
     "updated_at": Field(integer(minimum=0)),
 }
 
+# The memory record of a memory.put.v2: the same fields and the sharing list, all signed (signed set 2).
+MEMORY_V2 = {**MEMORY, "share_with": Field(nullable(agent_set()))}
+
+# The kind that carries signed set 2 (negotiated: sent only to a peer that lists it in its sync pages' "accepts").
+MEMORY_PUT_V2 = "memory.put.v2"
+
 LINK = {
     "src_id": Field(string(nonempty=True)),
     "dst_id": Field(string(nonempty=True)),
@@ -214,8 +233,15 @@ SCHEMAS: dict[str, Mapping[str, Field]] = {
         "memory": Field(record(MEMORY)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
-        # The origin's namespace peer list when the namespace is restricted; travels with the memory.
+        # The origin's namespace peer list when the namespace is restricted: outside the signature (signed set
+        # 1), so a node that reads memory.put.v2 refuses a memory.put that carries one (share_with_unsigned).
         "share_with": Field(nullable(list_of(string(nonempty=True))), required=False),
+    },
+    # A memory version with its sharing list inside the signed record (signed set 2).
+    MEMORY_PUT_V2: {
+        "memory": Field(record(MEMORY_V2)),
+        "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
+        "signed_by": Field(nullable(string(nonempty=True))),
     },
     "link.put": LINK_PUT,
     # Several links in one envelope (negotiated: sent only to a peer that lists it in its sync pages' "accepts").
@@ -251,6 +277,7 @@ def _each_link_pairs_signature(payload: Mapping[str, Any]) -> None:
 # kind -> checks across fields, run after every field passed.
 CROSS_CHECKS: dict[str, tuple[Callable[[Mapping[str, Any]], None], ...]] = {
     "memory.put": (_signature_pairs_with_signer,),
+    MEMORY_PUT_V2: (_signature_pairs_with_signer,),
     "link.put": (_signature_pairs_with_signer,),
     "links.put": (_each_link_pairs_signature,),
     "link.invalidate": (_signature_pairs_with_signer,),
@@ -282,4 +309,4 @@ def validate_payload(payload: Any) -> Mapping[str, Any]:
     return payload
 
 
-__all__ = ["Field", "KNOWN_KINDS", "SCHEMAS", "validate_payload"]
+__all__ = ["Field", "KNOWN_KINDS", "MEMORY_PUT_V2", "SCHEMAS", "validate_payload"]

@@ -54,14 +54,31 @@ ACK_SEND_TIMEOUT_S = 10.0
 # Bound on reading one POSTed message body (a peer trickling bytes holds no handler for ever). Seconds.
 BODY_READ_TIMEOUT_S = 10.0
 
-# (peer, since, limit, skip, mine: the peer's own writes too) -> the page.
-SyncHandler = Callable[[str, int, int, list[str], bool], Awaitable[Mapping[str, Any]]]
 MemberCheck = Callable[[str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncQuery:
+    """A GET /a2a/v1/sync's parameters, checked: the change-log seq to start after, the most items, the agents
+    whose writes to leave out (the puller gets them from their writers), whether to serve the puller's own writes
+    too (``mine``: its restore), and the payload kinds the puller reads beyond the common ones (``accepts``)."""
+
+    since: int
+    limit: int
+    skip: tuple[str, ...] = ()
+    mine: bool = False
+    accepts: tuple[str, ...] = ()
+
+
+# (peer, the request's parameters) -> the page.
+SyncHandler = Callable[[str, SyncQuery], Awaitable[Mapping[str, Any]]]
 # Bounds of GET /a2a/v1/sync parameters (since is a change-log seq, a signed 64-bit integer).
 SYNC_SINCE_MAX = 2**63 - 1
 SYNC_LIMIT_MAX = 10_000
 SYNC_SKIP_MAX = 64
 SYNC_SKIP_ID_MAX = 128
+SYNC_ACCEPTS_MAX = 16
+SYNC_ACCEPTS_KIND_MAX = 64
 HealthHandler = Callable[[], Mapping[str, Any]]
 # (ready, JSON body saying why): /readyz answers 200 when ready, 503 otherwise.
 ReadyHandler = Callable[[], tuple[bool, Mapping[str, Any]]]
@@ -496,11 +513,11 @@ def _sync(hooks: ServerHooks) -> Handler:
         if hooks.sync is None:
             return json_error("not_found", "this node does not serve a change log")
         try:
-            since, limit, skip, mine = _sync_params(request.query)
+            query = _sync_params(request.query)
         except ValueError as e:
             return json_error("bad_input", str(e))
         try:
-            page = await hooks.sync(request[PEER_KEY], since, limit, skip, mine)
+            page = await hooks.sync(request[PEER_KEY], query)
         except Exception as e:
             log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
             d = describe(e)
@@ -509,9 +526,10 @@ def _sync(hooks: ServerHooks) -> Handler:
     return handler
 
 
-def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str], bool]:
-    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX), skip (comma-separated agent ids) and mine (0 or 1: the
-    puller's own writes too, for its restore); ValueError says why."""
+def _sync_params(query: Mapping[str, str]) -> SyncQuery:
+    """since (0..2^63-1), limit (1..SYNC_LIMIT_MAX), skip (comma-separated agent ids), mine (0 or 1: the puller's
+    own writes too, for its restore) and accepts (comma-separated payload kinds; absent from an older node);
+    ValueError says why."""
     raw_since, raw_limit = query.get("since", "0"), query.get("limit", "100")
     if not (_is_decimal(raw_since) and _is_decimal(raw_limit)):
         raise ValueError("since and limit must be non-negative decimal integers")
@@ -526,7 +544,10 @@ def _sync_params(query: Mapping[str, str]) -> tuple[int, int, list[str], bool]:
     mine = query.get("mine", "0")
     if mine not in ("0", "1"):
         raise ValueError("mine must be 0 or 1")
-    return since, limit, skip, mine == "1"
+    accepts = [k for k in query.get("accepts", "").split(",") if k]
+    if len(accepts) > SYNC_ACCEPTS_MAX or any(len(k) > SYNC_ACCEPTS_KIND_MAX for k in accepts):
+        raise ValueError(f"accepts names at most {SYNC_ACCEPTS_MAX} kinds of at most {SYNC_ACCEPTS_KIND_MAX} chars")
+    return SyncQuery(since, limit, tuple(skip), mine == "1", tuple(accepts))
 
 
 def _is_decimal(text: str) -> bool:

@@ -4,10 +4,13 @@ Links: the signed payload is canonical CBOR (RFC 8949 section 4.2.1) of exactly 
 ``SIGNED_FIELDS``; times are integer unix milliseconds and ``valid_until`` may be None.
 ``link_id`` is the hex SHA-256 of those bytes. ``shared/vectors/link-signing.json`` is normative.
 
-Memory versions: canonical CBOR of ``{"type": "memory.version"}`` plus the fields in
-``MEMORY_SIGNED_FIELDS`` (tags as an array, confidence always a float), signed by the version's
-writer. The ``type`` entry keeps a memory signature from ever verifying as anything else.
-``tests/node/test_attest_vectors.py`` pins a vector for it.
+Memory versions come in two signed field sets (``signed_set``). Set 1, the old one: canonical CBOR of
+``{"type": "memory.version"}`` plus the fields in ``MEMORY_SIGNED_FIELDS`` (tags as an array, confidence always
+a float). Set 2 (``memory.put.v2`` on the wire): ``{"type": "memory.version.v2"}``, the same fields and
+``share_with``, the sharing list: null (unrestricted, stated) or the agents that may see the memory, sorted by
+code point and distinct. Either is signed by the version's writer; the ``type`` entry keeps a memory signature
+from ever verifying as anything else, or as the other set. ``tests/node/test_attest_vectors.py`` pins a vector
+for each.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ SIGNED_FIELDS = ("src_id", "dst_id", "relation", "observed_by", "valid_from", "v
 MEMORY_SIGNED_FIELDS = ("id", "namespace", "title", "content", "tags", "priority", "confidence", "source",
                         "origin", "writer", "version", "created_at", "updated_at")
 MEMORY_PAYLOAD_TYPE = "memory.version"
+# The signed field sets of a memory version: 1 without the sharing list (versions signed before it was signed,
+# and what an older peer reads), 2 with it.
+SIGNED_SET_OLD = 1
+SIGNED_SET_SHARED = 2
+MEMORY_SHARED_TYPE = "memory.version.v2"
 SIGNATURE_BYTES = 64
 
 
@@ -99,31 +107,57 @@ class LinkPayload:
 
 @dataclass(frozen=True, slots=True)
 class MemoryPayload:
-    """The signed fields of one memory version (from a stored row or a wire record)."""
+    """The signed fields of one memory version (from a stored row or a wire record), in signed set
+    ``signed_set``: 1 the old fields, 2 with ``share_with``."""
 
     fields: tuple[tuple[str, Any], ...]
+    signed_set: int = SIGNED_SET_OLD
 
     @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> MemoryPayload:
-        missing = [f for f in MEMORY_SIGNED_FIELDS if f not in m]
+    def from_mapping(cls, m: Mapping[str, Any], signed_set: int = SIGNED_SET_OLD) -> MemoryPayload:
+        """Set 2 needs ``share_with`` in ``m``: None, or a non-empty list of agent ids sorted by code point
+        without repeats (the one form a list is signed in; anything else is refused, not reordered)."""
+        if signed_set not in (SIGNED_SET_OLD, SIGNED_SET_SHARED):
+            raise AttestError(AttestCode.BAD_MEMORY_FIELD, f"no signed field set {signed_set!r} (1 or 2)")
+        names = MEMORY_SIGNED_FIELDS + (("share_with",) if signed_set == SIGNED_SET_SHARED else ())
+        missing = [f for f in names if f not in m]
         if missing:
             raise AttestError(AttestCode.BAD_MEMORY_FIELD, f"memory is missing field(s) {', '.join(missing)}")
-        norm = {f: m[f] for f in MEMORY_SIGNED_FIELDS}
+        norm = {f: m[f] for f in names}
         norm["tags"] = list(norm["tags"])
         norm["confidence"] = float(norm["confidence"])
-        return cls(tuple(norm.items()))
+        if signed_set == SIGNED_SET_SHARED:
+            norm["share_with"] = canonical_share_with(norm["share_with"])
+        return cls(tuple(norm.items()), signed_set)
 
     @classmethod
     def of(cls, obj: Any) -> MemoryPayload:
-        """From any object with the signed fields as attributes (a MemoryRow)."""
-        return cls.from_mapping({f: getattr(obj, f) for f in MEMORY_SIGNED_FIELDS})
+        """From any object with the signed fields as attributes (a MemoryRow), in the set its ``signed_set``
+        names (1 when it has none)."""
+        signed_set = getattr(obj, "signed_set", SIGNED_SET_OLD)
+        names = MEMORY_SIGNED_FIELDS + (("share_with",) if signed_set == SIGNED_SET_SHARED else ())
+        return cls.from_mapping({f: getattr(obj, f) for f in names}, signed_set)
 
     def canonical_bytes(self) -> bytes:
-        return cbor2.dumps({"type": MEMORY_PAYLOAD_TYPE, **dict(self.fields)}, canonical=True)
+        kind = MEMORY_SHARED_TYPE if self.signed_set == SIGNED_SET_SHARED else MEMORY_PAYLOAD_TYPE
+        return cbor2.dumps({"type": kind, **dict(self.fields)}, canonical=True)
 
     @property
     def version_hash(self) -> str:
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
+def canonical_share_with(value: Any) -> list[str] | None:
+    """``value`` as signed set 2 carries it: None, or the list itself when it is non-empty, sorted by code point
+    (which is UTF-8 byte order) and without repeats, each a non-empty string; AttestError otherwise."""
+    if value is None:
+        return None
+    items = list(value) if isinstance(value, (list, tuple)) else None
+    if not items or not all(isinstance(a, str) and a for a in items) or items != sorted(set(items)):
+        raise AttestError(AttestCode.BAD_MEMORY_FIELD,
+                          f"share_with must be null or a non-empty list of agent ids, sorted and distinct, "
+                          f"got {value!r}")
+    return items
 
 
 # The invalidation record's "type" field: no link payload has it, so the two can never be confused.

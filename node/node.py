@@ -137,7 +137,7 @@ class Node:
                                  clock_ms=now_ms, apply_timeout_s=cfg.a2a.apply_timeout_s,
                                  apply_now=self.fed.apply_now)
         self.server = MeshServer(ServerHooks(receiver=self.receiver, pinned=self.pinned_keys,
-                                             health=self.health, sync=self.fed.sync_page, member=self.is_member,
+                                             health=self.health, sync=self.fed.serve_sync, member=self.is_member,
                                              ready=self.readiness, metrics=self._render_metrics,
                                              member_generation=self.member_generation),
                                  self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)

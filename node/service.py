@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from mesh.keys import Identity
 from node import attest
-from node.attest import AttestLevel, LinkPayload, MemoryPayload
+from node.attest import SIGNED_SET_SHARED, AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError, describe, is_project_error
 from node.events.webhooks import Webhooks
@@ -31,7 +31,7 @@ from node.permissions.gate import Gate
 from node.permissions.rules import Operation
 from node.transcripts import TranscriptRoom
 from node.trust import Keyring
-from node.wire import link_dict, link_wire, memory_dict, memory_put_body
+from node.wire import link_dict, link_wire, memory_dict
 from node.writepath import Queued, Replicator, WritePath
 from storage import changelog, events, links, memories
 from storage.db import Database
@@ -164,7 +164,8 @@ class Service:
         row = self._signed(MemoryRow(
             id=memory_id, namespace=namespace, title=title, content=content, tags=tuple(tags),
             priority=priority, confidence=float(confidence), source=source, origin=self.agent_id,
-            writer=self.agent_id, version=1, created_at=ts, updated_at=ts, share_with=w.share_with(namespace)))
+            writer=self.agent_id, version=1, created_at=ts, updated_at=ts, share_with=w.share_with(namespace),
+            signed_set=SIGNED_SET_SHARED))
 
         def write(conn: Any) -> Queued:
             w.claim(conn, approved, ts)
@@ -213,7 +214,7 @@ class Service:
                 raise ServiceError("not_found", f"no memory with id {memory_id!r}")
             self._check_may_write(old)
             w.claim(conn, approved, ts)
-            row = self._signed(memories.next_version(old, writer=self.agent_id, updated_at=ts, **given))
+            row = self._signed(self._next_version(old, ts, given))
             memories.overwrite(conn, row)
             return row, self._record_version(conn, row, ts)
 
@@ -355,11 +356,23 @@ class Service:
         s = self.writes.sign(MemoryPayload.of(row))
         return replace(row, signature=s.signature, signed_by=s.signed_by, attest_level=s.attest_level)
 
+    def _next_version(self, old: MemoryRow, ts: int, given: dict[str, Any]) -> MemoryRow:
+        """The version after ``old`` written here, signed over set 2 (the sharing list inside the signature). The
+        list is the origin's: on the origin it is the namespace's list as configured now (a version may narrow
+        or widen it); a named writer carries the stored list unchanged, as its peers require
+        (``share_with_changed``)."""
+        nxt = memories.next_version(old, writer=self.agent_id, updated_at=ts, **given)
+        if old.origin == self.agent_id:
+            share = self.writes.share_with(old.namespace)
+        else:
+            share = None if old.share_with is None else tuple(sorted(set(old.share_with)))
+        return replace(nxt, share_with=share, signed_set=SIGNED_SET_SHARED)
+
     def _record_version(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
         """In the write's transaction: the audit event, the change-log entry and the outbox rows."""
         events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, ts)
         changelog.append(conn, "memory", row.id, row.version, ts)
-        return self.writes.replicate(conn, "memory.put", memory_put_body(row), [row], ts)
+        return self.writes.replicate_memory(conn, row, ts)
 
     def _check_may_write(self, old: MemoryRow) -> None:
         """Versions of a memory are written by its creator or by a writer its namespace names; and a

@@ -30,16 +30,25 @@ def memory_dict(row: MemoryRow) -> dict[str, Any]:
 
 
 def memory_wire(row: MemoryRow) -> dict[str, Any]:
-    """The memory record of a memory.put: exactly the signed fields of this version."""
+    """The memory record of a memory.put: exactly the fields of signed set 1."""
     return {f: getattr(row, f) for f in attest.MEMORY_SIGNED_FIELDS} | {"tags": list(row.tags)}
 
 
-def memory_put_body(row: MemoryRow) -> dict[str, Any]:
-    """The memory.put body: the version's record, its signature and signer, and who may see it."""
-    body: dict[str, Any] = {"memory": memory_wire(row), "signature": row.signature, "signed_by": row.signed_by}
+def memory_put_body(row: MemoryRow, signature: bytes | None = None) -> dict[str, Any]:
+    """The memory.put body (signed set 1, what an older peer reads): the version's record, its signature and
+    signer, and who may see it outside the signature. ``signature``: a set-1 signature made for this body
+    when the stored one covers set 2 (``row.signed_set``)."""
+    sig = row.signature if signature is None else signature
+    body: dict[str, Any] = {"memory": memory_wire(row), "signature": sig, "signed_by": row.signed_by}
     if row.share_with is not None:
         body["share_with"] = list(row.share_with)
     return body
+
+
+def memory_put_v2_body(row: MemoryRow) -> dict[str, Any]:
+    """The memory.put.v2 body (signed set 2): the record with its sharing list inside, signature and signer."""
+    memory = memory_wire(row) | {"share_with": None if row.share_with is None else list(row.share_with)}
+    return {"memory": memory, "signature": row.signature, "signed_by": row.signed_by}
 
 
 def link_dict(row: LinkRow) -> dict[str, Any]:

@@ -43,6 +43,8 @@ class Replicator(Protocol):
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued: ...
 
+    def enqueue_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued: ...
+
     def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
                       ts: int) -> list[Queued]: ...
 
@@ -163,7 +165,8 @@ class WritePath:
         return Signed(attest.sign(self.identity.private_key, payload), str(AttestLevel.SELF_SIGNED), self.agent_id)
 
     def share_with(self, namespace: str) -> tuple[str, ...] | None:
-        """The namespace's peer list (with this node) when it is restricted; travels with its memories."""
+        """The namespace's peer list (with this node, the origin: always a member) when it is restricted, sorted
+        and distinct as signed set 2 signs it; travels with its memories, inside their signatures."""
         policy = self.cfg.federation.namespaces.get(namespace)
         return None if policy is None else tuple(sorted({*policy.peers, self.agent_id}))
 
@@ -180,6 +183,13 @@ class WritePath:
         if self.replicator is None:
             return []
         return self.replicator.enqueue(conn, {"kind": kind, **body}, scope, ts)
+
+    def replicate_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
+        """Enqueue memory version ``row`` for the peers that may see it, each in the form it reads (same
+        transaction); returns the outbox rows."""
+        if self.replicator is None:
+            return []
+        return self.replicator.enqueue_memory(conn, row, ts)
 
     def replicate_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
                         ts: int) -> list[Queued]:

@@ -45,8 +45,8 @@ from typing import Any, Literal, NamedTuple
 
 from storage.errors import StorageCode, StorageError
 
-_COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, origin, "
-            "version, created_at, updated_at, writer, signature, signed_by, attest_level, share_with, received_from")
+_COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, origin, version, created_at, "
+            "updated_at, writer, signature, signed_by, attest_level, share_with, received_from, signed_set")
 _MARKS = ",".join("?" * len(_COLUMNS.split(",")))
 _M_COLS = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
 # Letters and digits only: '_' and punctuation are separators for FTS5's unicode61 tokenizer too.
@@ -101,6 +101,7 @@ class MemoryRow:
     attest_level: str = "unsigned"
     share_with: tuple[str, ...] | None = None  # agents the origin shares the namespace with; None = all
     received_from: str | None = None            # peer this version arrived from; None = written here
+    signed_set: int = 1  # the signature's field set: 1 without share_with (older versions), 2 with it (attest.py)
 
     def __post_init__(self) -> None:
         if not self.writer:
@@ -121,14 +122,15 @@ def _row(r: Row) -> MemoryRow:
                      priority=r[5], confidence=r[6], source=r[7], origin=r[8], version=r[9],
                      created_at=r[10], updated_at=r[11], writer=r[12], signature=r[13], signed_by=r[14],
                      attest_level=r[15], share_with=None if r[16] is None else tuple(json.loads(r[16])),
-                     received_from=r[17])
+                     received_from=r[17], signed_set=r[18])
 
 
 def _params(m: MemoryRow) -> Row:
     return (m.id, m.namespace, m.title, m.content, json.dumps(list(m.tags), ensure_ascii=False),
             m.priority, m.confidence, m.source, m.origin, m.version, m.created_at, m.updated_at,
             m.writer or m.origin, m.signature, m.signed_by, m.attest_level,
-            None if m.share_with is None else json.dumps(list(m.share_with), ensure_ascii=False), m.received_from)
+            None if m.share_with is None else json.dumps(list(m.share_with), ensure_ascii=False), m.received_from,
+            m.signed_set)
 
 
 def insert(conn: sqlite3.Connection, m: MemoryRow) -> None:

@@ -282,8 +282,17 @@ _M8_TRANSCRIPTS = Migration(8, "transcripts", tuple(
     "CREATE INDEX IF NOT EXISTS memory_transcript_links_tx ON memory_transcript_links(transcript_id)",
 ))
 
+# The sharing list signed with the memory version (docs/protocol.md, "The version step").
+_M9_SIGNED_SHARING = Migration(9, "signed_sharing", (
+    # Which field set a version's signature covers: 1 without share_with (every version stored before), 2 with it.
+    "ALTER TABLE memories ADD COLUMN signed_set INTEGER NOT NULL DEFAULT 1 CHECK (signed_set IN (1, 2))",
+    # Pull every peer's change log once more from the start: while this node read no memory.put.v2, its peers
+    # left restricted memories out of the pages they served it, and its cursors went past them.
+    "UPDATE peer_state SET last_sync_seq = 0",
+))
+
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
-                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS)
+                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.

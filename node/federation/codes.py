@@ -28,3 +28,8 @@ class RejectCode(StrEnum):
     TRANSCRIPTS_DISABLED = "transcripts_disabled"  # the namespace keeps or replicates no transcripts
     UNSUPPORTED_KIND = "unsupported_kind"          # a kind the wire knows and this node does not apply
     RATE_LIMITED = "rate_limited"                  # past limits.peer_requests_per_second: retryable
+    # The sharing list is signed with the version (memory.put.v2): a memory.put (signed set 1) that carries a list,
+    # or is a version of a memory held restricted here, is refused; its sender must upgrade to send memory.put.v2.
+    SHARE_WITH_UNSIGNED = "share_with_unsigned"
+    SHARE_WITH_CHANGED = "share_with_changed"      # another writer than the origin changed the stored list
+    SHARE_WITH_WITHOUT_ORIGIN = "share_with_without_origin"  # a list that leaves out the memory's origin

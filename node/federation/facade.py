@@ -12,11 +12,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from a2a import Ack, Envelope
+from mesh.server import SyncQuery
 from node.config import NodeConfig
 from node.events import EventSink, NoEvents
+from node.federation.forms import MemoryForms
 from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, ApplyContext, Arrivals, Clock, GateChecks
-from node.federation.outbound import AckSignal, Delivery, Outbound, PeerAccepts, Queued
+from node.federation.outbound import ACCEPTS, AckSignal, Delivery, Outbound, PeerAccepts, Queued
 from node.federation.policy import Policy
 from node.federation.sync import PulledPages, SyncOutcome, SyncPages
 from node.federation.verify import Attester, SignerKeys, VerifyBatcher, verify_thread
@@ -52,8 +54,10 @@ class Federation:
         self.peer_rate = peer_rate
         self.policy = Policy(cfg.federation, [p.agent_id for p in cfg.mesh.peers])
         self.accepts = accepts if accepts is not None else PeerAccepts()
+        # The form each peer gets a memory version in (withheld ones counted with the inbound outcomes).
+        self.forms = MemoryForms(keyring.identity, self.counters)
         self.outbound = Outbound(cfg, db, self.agent_id, self.policy, delivery, self.accepts,
-                                 acks if acks is not None else AckSignal())
+                                 acks if acks is not None else AckSignal(), self.forms)
         self.verifier = VerifyBatcher(verify_thread(cfg.federation.background_nice))
         ctx = ApplyContext(cfg=cfg, db=db, clock=clock, policy=self.policy,
                            attester=Attester(SignerKeys(keyring), self.verifier, db, self.counters),
@@ -62,7 +66,7 @@ class Federation:
                            events=events if events is not None else NoEvents(), counters=self.counters,
                            arrivals=Arrivals(db, self.policy, cfg.federation.orphan_hold_s))
         self.inbound = Inbound(ctx, self.agent_id, peer_rate)
-        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters)
+        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters, self.forms)
         self.pulled = PulledPages(self.inbound, db, clock, cfg.federation.sync_park_after, keyring,
                                   cfg.federation.sync_park_max)
 
@@ -77,6 +81,9 @@ class Federation:
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         return self.outbound.enqueue(conn, payload, scope, ts)
+
+    def enqueue_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
+        return self.outbound.enqueue_memory(conn, row, ts)
 
     def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
                       ts: int) -> list[Queued]:
@@ -102,8 +109,14 @@ class Federation:
     # ---- catch-up ---------------------------------------------------------------------------
 
     async def sync_page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
-                        mine: bool = False) -> dict[str, Any]:
-        return await self.pages.page(peer, since, limit, skip, mine)
+                        mine: bool = False, reads: Sequence[str] = ACCEPTS) -> dict[str, Any]:
+        """One page for ``peer`` (``mine``: with its own writes, for its restore); ``reads``: the kinds its request
+        said it reads beyond the common ones (what the request listed: nothing from an older node)."""
+        return await self.pages.page(peer, since, limit, skip, mine, reads)
+
+    async def serve_sync(self, peer: str, query: SyncQuery) -> dict[str, Any]:
+        """The mesh server's sync route: one page for ``peer`` as its request asks."""
+        return await self.sync_page(peer, query.since, query.limit, query.skip, query.mine, query.accepts)
 
     async def apply_sync_items(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
         return await self.pulled.apply(peer, items)

@@ -12,9 +12,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from a2a.kinds import LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS
+from a2a.kinds import LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS, MEMORY_PUT_V2
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.federation.forms import MemoryForms
 from node.federation.policy import Policy
 from node.wire import envelope_wires
 from storage import outbox
@@ -23,10 +24,10 @@ from storage.memories import MemoryRow
 
 # The outbox rows a write enqueued, one per peer (node.service.Queued).
 Queued = list[outbox.OutboxRow]
-# Payload kinds this node reads beyond the ones every node reads, listed in its sync pages (``accepts``): a peer
-# sends it such a payload only once a page said so (an older node's pages say nothing, so it gets one link per
-# envelope).
-ACCEPTS = ("links.put",)
+# Payload kinds this node reads beyond the ones every node reads, listed in its sync pages (``accepts``) and in its
+# sync requests: a peer sends it such a payload only once a page (or, for the pages it serves, the request) said so
+# (an older node says nothing: it gets one link per envelope, and memory versions as forms.py says).
+ACCEPTS = ("links.put", MEMORY_PUT_V2)
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 
@@ -62,6 +63,10 @@ class PeerAccepts:
     def takes_link_batches(self, peer: str) -> bool:
         """``peer`` said (in its last sync page) that it reads ``links.put``."""
         return "links.put" in self.of(peer)
+
+    def reads_signed_sharing(self, peer: str) -> bool:
+        """``peer`` said (in its last sync page) that it reads ``memory.put.v2``."""
+        return MEMORY_PUT_V2 in self.of(peer)
 
     def note(self, peer: str, accepts: Any) -> None:
         """What ``peer``'s sync page listed under ``accepts`` (absent on an older node: nothing beyond the
@@ -118,7 +123,7 @@ class Outbound:
     """Queues this node's changes for its peers (the service's ``Replicator``, through ``Federation``)."""
 
     def __init__(self, cfg: NodeConfig, db: Database, agent_id: str, policy: Policy, delivery: Delivery,
-                 accepts: PeerAccepts, acks: AckSignal) -> None:
+                 accepts: PeerAccepts, acks: AckSignal, forms: MemoryForms) -> None:
         self.cfg = cfg
         self.db = db
         self.agent_id = agent_id
@@ -126,6 +131,7 @@ class Outbound:
         self.delivery = delivery
         self.accepts = accepts
         self.acks = acks
+        self.forms = forms
         self.ttl_ms = int(cfg.a2a.ttl_s * 1000)
         self.links_per_envelope = cfg.federation.links_per_envelope
         self.quorum_timeout_s = cfg.federation.quorum_timeout_s
@@ -134,6 +140,16 @@ class Outbound:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
         (a memory version: itself; a link: both its ends). Returns the rows queued."""
         return self._enqueue_to(conn, self.policy.audience(scope), payload, ts)
+
+    def enqueue_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
+        """Inside the write transaction: memory version ``row`` queued for each peer that may see it, in the form
+        that peer reads (``MemoryForms``: memory.put.v2, memory.put, or nothing yet). Returns the rows queued."""
+        by_kind: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        for peer in self.policy.audience([row]):
+            payload = self.forms.payload(row, peer, self.accepts.reads_signed_sharing(peer))
+            if payload is not None:
+                by_kind.setdefault(payload["kind"], (payload, []))[1].append(peer)
+        return [q for payload, peers in by_kind.values() for q in self._enqueue_to(conn, peers, payload, ts)]
 
     def enqueue_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]],
                       ts: int) -> list[Queued]:

@@ -26,12 +26,14 @@ import cbor2
 
 from a2a import ProtocolError
 from a2a.envelope import RETRYABLE_REJECT_CODES
+from a2a.kinds import MEMORY_PUT_V2
 from mesh.errors import MeshError
 from mesh.link import LinkState
 from mesh.routes import SYNC_PATH
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
+from node.federation.forms import MemoryForms
 from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, Clock
 from node.federation.outbound import ACCEPTS, PeerAccepts
@@ -42,7 +44,7 @@ from node.kg import invalidation_wire
 from node.ratelimit import RateLimiter
 from node.transcripts import scope_of, transcript_wire
 from node.trust import Keyring
-from node.wire import link_wire, memory_put_body
+from node.wire import link_wire
 from storage import changelog, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
@@ -52,7 +54,7 @@ log = logging.getLogger("node.federation")
 pull_log = logging.getLogger("node")
 
 # Payload kinds the change log carries: a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", "link.put", "links.put", "link.invalidate", "transcript.put")
+SYNCED_KINDS = ("memory.put", MEMORY_PUT_V2, "link.put", "links.put", "link.invalidate", "transcript.put")
 # Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
 # Pending sync items retried per peer per pull round.
@@ -80,29 +82,44 @@ class SyncOutcome(Counter[str]):
         self.codes: list[str | None] = []
 
 
+@dataclass(frozen=True, slots=True)
+class _Puller:
+    """Whom a page is served to: the peer, the writers whose changes it does not get, itself when it asks for what
+    it wrote (``own``: a restore), and whether it reads memory versions with their signed sharing list."""
+
+    peer: str
+    omit: frozenset[str]
+    own: str | None
+    reads_v2: bool
+
+
 class SyncPages:
     """Serves this node's change log to its peers: what each may see, within its request budget (``peer_rate``:
-    a page's changes are messages' worth of work; None = no limit)."""
+    a page's changes are messages' worth of work; None = no limit), each memory version in the form the puller
+    reads (``forms``)."""
 
     def __init__(self, cfg: NodeConfig, db: Database, policy: Policy, clock: Clock, peer_rate: RateLimiter | None,
-                 counters: Counter[str]) -> None:
+                 counters: Counter[str], forms: MemoryForms) -> None:
         self.cfg = cfg
         self.db = db
         self.policy = policy
         self.clock = clock
         self.peer_rate = peer_rate
         self.counters = counters
+        self.forms = forms
 
     async def page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
-                   mine: bool = False) -> dict[str, Any]:
+                   mine: bool = False, reads: Sequence[str] = ACCEPTS) -> dict[str, Any]:
         """One page of this node's change log after ``since`` (served at GET /a2a/v1/sync), with ``head``, the
         log's last seq.
 
         Only what ``peer`` may see (a link only where it may see both ends), and nothing written by the agents in
         ``skip`` (the puller gets those from their writers) nor, unless ``mine`` (a restore), by ``peer`` itself;
         with ``mine`` what ``peer`` wrote is served whatever the namespace policy (it wrote it) and the page says
-        ``mine: true``.
+        ``mine: true``. Memory versions come in the form ``reads`` (the kinds the request listed in ``accepts``)
+        allows.
         """
+        reads_v2 = MEMORY_PUT_V2 in reads
         limit = self._granted(peer, min(limit, self.cfg.federation.sync_page_limit))
         read_rows = 0
 
@@ -110,8 +127,9 @@ class SyncPages:
             nonlocal read_rows
             rows = changelog.page(conn, since, limit)
             read_rows = len(rows)
-            omit = {*skip} - {peer} if mine else {peer, *skip}
-            return {**self._page_of(conn, peer, omit, since, rows, limit, mine), "head": changelog.last_seq(conn),
+            who = _Puller(peer, frozenset({*skip} - {peer} if mine else {peer, *skip}), peer if mine else None,
+                          reads_v2)
+            return {**self._page_of(conn, who, since, rows, limit), "head": changelog.last_seq(conn),
                     **({"mine": True} if mine else {})}
 
         read_at = self.clock()
@@ -143,12 +161,12 @@ class SyncPages:
                                f"({self.cfg.limits.peer_requests_per_second}); retry in {wait * 1000:.0f} ms")
         return limit
 
-    def _page_of(self, conn: Any, peer: str, omit: set[str], since: int, rows: list[changelog.ChangeRow],
-                 limit: int, mine: bool) -> dict[str, Any]:
+    def _page_of(self, conn: Any, who: _Puller, since: int, rows: list[changelog.ChangeRow],
+                 limit: int) -> dict[str, Any]:
         items: list[dict[str, Any]] = []
         budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
         for r in rows:
-            item = self._item(conn, peer, omit, r, peer if mine else None)
+            item = self._item(conn, who, r)
             last = r.seq
             if item is not None:
                 items.append(item)
@@ -158,19 +176,20 @@ class SyncPages:
         return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq),
                 "accepts": list(ACCEPTS)}
 
-    def _item(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow,
-              own: str | None) -> dict[str, Any] | None:
-        """The item serving change ``r`` to ``peer``, or None; ``own``: the puller asking for what it wrote."""
+    def _item(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
+        """The item serving change ``r`` to the puller, or None."""
+        peer, omit, own = who.peer, who.omit, who.own
         if r.kind == "memory":
             m = memories.get(conn, r.ref_id)
             if m is None or m.author in omit or (m.author != own and not self.policy.visible_to(peer, m)):
                 return None
-            return {"seq": r.seq, "kind": "memory.put", **memory_put_body(m)}
+            payload = self.forms.payload(m, peer, who.reads_v2)
+            return None if payload is None else {"seq": r.seq, **payload}
         inv = graph.get_invalidation(conn, r.ref_id)
         # A 'link' change is a link or an invalidation of one; either goes where the link may go.
         link = links.get(conn, inv.link_id if inv is not None else r.ref_id)
         if link is None and inv is None:
-            return self._transcript(conn, peer, omit, r, own)
+            return self._transcript(conn, who, r)
         author = inv.observed_by if inv is not None else link.observed_by if link is not None else None
         if link is None or author in omit or (author != own and not self.policy.link_visible(conn, peer, link)):
             return None
@@ -178,11 +197,11 @@ class SyncPages:
             return {"seq": r.seq, "kind": "link.invalidate", **invalidation_wire(inv)}
         return {"seq": r.seq, "kind": "link.put", **link_wire(link)}
 
-    def _transcript(self, conn: Any, peer: str, omit: set[str], r: changelog.ChangeRow,
-                    own: str | None) -> dict[str, Any] | None:
+    def _transcript(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
         """A 'link' change that is neither a link nor an invalidation is a replicated transcript: served where
         its namespace still replicates and ``peer`` may see the namespace and every memory it cites (or wrote
         it, asking for its own)."""
+        peer, omit, own = who.peer, who.omit, who.own
         t = transcripts.get(conn, r.ref_id)
         if t is None or t.agent in omit or not self.cfg.transcripts.policy(t.namespace).replicate:
             return None
@@ -342,7 +361,8 @@ class PulledPages:
 
 def ref_of(item: dict[str, Any]) -> Any:
     """What a pulled item names: its memory, transcript or link's first end (an invalidation: its link)."""
-    return {"memory.put": item.get("memory", {}).get("id"), "transcript.put": item.get("transcript", {}).get("id"),
+    memory_id = item.get("memory", {}).get("id")
+    return {"memory.put": memory_id, MEMORY_PUT_V2: memory_id, "transcript.put": item.get("transcript", {}).get("id"),
             # An invalidation waits for the link it ends: that link names it.
             "link.invalidate": item.get("invalidation", {}).get("link_id"),
             }.get(str(item.get("kind")), item.get("link", {}).get("src_id"))
@@ -350,7 +370,8 @@ def ref_of(item: dict[str, Any]) -> Any:
 
 def signer_of(item: dict[str, Any]) -> str:
     """Who signed a pulled item (its writer, observer or agent)."""
-    body = {"memory.put": ("memory", "writer"), "link.put": ("link", "observed_by"),
+    body = {"memory.put": ("memory", "writer"), MEMORY_PUT_V2: ("memory", "writer"),
+            "link.put": ("link", "observed_by"),
             "link.invalidate": ("invalidation", "observed_by"), "transcript.put": ("transcript", "agent")}
     part, field = body.get(str(item.get("kind")), ("", ""))
     inner = item.get(part)
@@ -367,7 +388,7 @@ def _item_of(p: changelog.PendingItem) -> dict[str, Any] | None:
 
 def apply_order(item: dict[str, Any]) -> int:
     """Within a pulled page: memories, then links, then invalidations (each finds what it refers to)."""
-    return {"memory.put": 0, "link.put": 1}.get(str(item.get("kind")), 2)
+    return {"memory.put": 0, MEMORY_PUT_V2: 0, "link.put": 1}.get(str(item.get("kind")), 2)
 
 
 class SyncLink(Protocol):
@@ -539,7 +560,10 @@ class PeerSync:
         ``rate_wait_s`` when the peer refused it for our request budget (and ``rate_wait_max_s`` is not spent yet
         this round)."""
         s = self.settings
-        params: dict[str, int | str] = {"since": since, "limit": s.page_limit, "skip": skip}
+        # ``accepts``: what this node reads, so the page carries memory versions in the form it reads (an older
+        # node's pages ignore it).
+        params: dict[str, int | str] = {"since": since, "limit": s.page_limit, "skip": skip,
+                                        "accepts": ",".join(ACCEPTS)}
         if mine:
             params["mine"] = 1  # a node older than the restore ignores it (and serves no "mine": true)
         try:

@@ -32,7 +32,25 @@ def code_of(payload: object) -> tuple[str, str]:
 
 
 def test_first_kinds_are_known() -> None:
-    assert KNOWN_KINDS == {"ping", "memory.put", "link.put", "links.put", "link.invalidate", "transcript.put"}
+    assert KNOWN_KINDS == {"ping", "memory.put", "memory.put.v2", "link.put", "links.put", "link.invalidate",
+                           "transcript.put"}
+
+
+def test_memory_put_v2_carries_its_sharing_list_inside_the_record_in_its_one_canonical_form() -> None:
+    for share_with in (None, ["ai:a@lab"], ["ai:a@lab", "ai:b@lab", "ai:nœud@lab"]):
+        ok = {"kind": "memory.put.v2", "memory": {**memory(), "share_with": share_with}, "signature": b"s" * 64,
+              "signed_by": "ai:node-1@lab"}
+        assert validate_payload(ok) is ok
+    base = {"kind": "memory.put.v2", "signature": None, "signed_by": None}
+    # Stated, never absent: a record without it is not a memory.put.v2.
+    assert code_of({**base, "memory": memory()}) == ("bad_payload", "payload.memory.share_with is missing")
+    for bad in ([], ["ai:b@lab", "ai:a@lab"], ["ai:a@lab", "ai:a@lab"], [""], "ai:a@lab"):
+        code, message = code_of({**base, "memory": {**memory(), "share_with": bad}})
+        assert code == "bad_payload" and "sorted and distinct" in message, (bad, message)
+    # The list lives in the signed record only: none beside it.
+    assert code_of({**base, "memory": {**memory(), "share_with": None}, "share_with": ["ai:a@lab"]})[0] == \
+        "bad_payload"
+    assert code_of({**base, "memory": {**memory(), "share_with": None}, "signed_by": "ai:a@lab"})[0] == "bad_payload"
 
 
 def test_links_put_carries_1_to_100_links_each_checked_as_a_link_put() -> None:
@@ -127,7 +145,7 @@ def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
 @given(
     st.sampled_from(sorted(KNOWN_KINDS)),
     st.sampled_from(["memory", "link", "links", "invalidation", "signature", "signed_by", "sent_at"]),
-    st.sampled_from(list(memory()) + list(link()) + ["link_id"]),
+    st.sampled_from(list(memory()) + list(link()) + ["link_id", "share_with"]),
     plain_values,
 )
 def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str,
@@ -135,6 +153,8 @@ def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind:
     payload: dict = {
         "ping": {"kind": "ping", "sent_at": 1},
         "memory.put": {"kind": "memory.put", "memory": memory(), "signature": None, "signed_by": None},
+        "memory.put.v2": {"kind": "memory.put.v2", "memory": {**memory(), "share_with": ["ai:a@lab"]},
+                          "signature": None, "signed_by": None},
         "link.put": {"kind": "link.put", "link": link(), "signature": None, "signed_by": None},
         "links.put": {"kind": "links.put", "links": [{"link": link(), "signature": None, "signed_by": None}]},
         "link.invalidate": {"kind": "link.invalidate", "signature": None, "signed_by": None,

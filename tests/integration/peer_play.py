@@ -8,7 +8,8 @@ runs one short event loop), so tests mix it freely with ``run_cli`` and ``wait_f
 - ``member.send(target, payload)``: POST one envelope to /a2a/v1/messages -> ``Answer(status, ack, error)``.
 - ``member.sync(target, since=..., limit=...)``: GET /a2a/v1/sync -> ``Answer`` with ``page``.
 - ``new_memory`` / ``next_version`` / ``memory_put``: the issue 10 wire shape of memory.put, signed over
-  the canonical ``memory.version`` payload of the spec (``version_payload``).
+  the canonical ``memory.version`` payload of the spec (``version_payload``); ``memory_put_v2``: memory.put.v2,
+  the sharing list inside the record, signed over ``memory.version.v2`` (``version_payload_v2``).
 - ``db_rows(spec)``: the node's memories, links and change log read from its SQLite file (read-only).
 - ``configure_trust(layout)``: the namespace policies the trust tests run under (``SECRET``, ``SHARED``).
 """
@@ -109,6 +110,10 @@ class Member:
     def sign(self, mem: dict[str, Any]) -> bytes:
         """This member's Ed25519 signature of the memory version (the node's own helper when it has one)."""
         return self.private_key.sign(signed_bytes(mem))
+
+    def sign_v2(self, mem: dict[str, Any]) -> bytes:
+        """This member's signature of the version in signed set 2 (``mem`` holds ``share_with``), per the spec."""
+        return self.private_key.sign(version_payload_v2(mem))
 
     def send(self, target: NodeSpec, payload: dict[str, Any]) -> Answer:
         """One envelope from this member to ``target`` on POST /a2a/v1/messages."""
@@ -305,6 +310,16 @@ def version_payload(mem: dict[str, Any]) -> bytes:
     return cbor2.dumps({"type": "memory.version", **body}, canonical=True)
 
 
+def version_payload_v2(mem: dict[str, Any]) -> bytes:
+    """What a memory.put.v2 signature covers (docs/protocol.md): canonical CBOR of ``memory.version.v2``, the
+    fields of ``version_payload`` and ``share_with`` (null, or the list sorted and distinct), always stated."""
+    body = {f: mem[f] for f in MEMORY_FIELDS}
+    body["tags"] = list(body["tags"])
+    body["confidence"] = float(body["confidence"])
+    body["share_with"] = None if mem["share_with"] is None else list(mem["share_with"])
+    return cbor2.dumps({"type": "memory.version.v2", **body}, canonical=True)
+
+
 def signed_bytes(mem: dict[str, Any]) -> bytes:
     """The product's canonical payload (node.attest.MemoryPayload) when present, else the spec's own."""
     try:
@@ -340,6 +355,17 @@ def memory_put(mem: dict[str, Any], *, signer: Member | None = None, signed_by: 
         signature = signer.sign(mem) if signature is None else signature
         signed_by = signer.agent_id if signed_by is None else signed_by
     return {"kind": "memory.put", "memory": dict(mem), "signature": signature, "signed_by": signed_by, **extra}
+
+
+def memory_put_v2(mem: dict[str, Any], share_with: list[str] | None, *, signer: Member | None = None,
+                  signature: bytes | None = None) -> dict[str, Any]:
+    """A memory.put.v2 payload: ``mem`` with ``share_with`` inside, signed by ``signer`` unless ``signature``
+    is given (a signature over another list: what a relay that changed the list would send)."""
+    rec = {**mem, "share_with": share_with}
+    if signer is not None and signature is None:
+        signature = signer.sign_v2(rec)
+    return {"kind": "memory.put.v2", "memory": rec, "signature": signature,
+            "signed_by": None if signature is None else rec["writer"]}
 
 
 # ---------------------------------------------------------------- reading a node's state
@@ -456,7 +482,7 @@ def item_ids(items: list[dict[str, Any]]) -> set[str]:
     """Every memory id and link end named by sync items (or queued payloads)."""
     out = set()
     for item in items:
-        if item["kind"] == "memory.put":
+        if item["kind"] in ("memory.put", "memory.put.v2"):
             out.add(item["memory"]["id"])
         else:
             out |= {item["link"]["src_id"], item["link"]["dst_id"]}

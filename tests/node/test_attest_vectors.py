@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_pem_public_key
 
-from node.attest import AttestError, LinkPayload, MemoryPayload, TranscriptPayload, sign, verify
+from node.attest import SIGNED_SET_SHARED, AttestError, LinkPayload, MemoryPayload, TranscriptPayload, sign, verify
 
 # A copy of the normative shared/vectors/link-signing.json, so a clone alone runs these tests;
 # test_vectors_are_the_normative_copy guards the copy wherever shared/ sits beside the repository.
@@ -148,3 +148,43 @@ def test_canonical_bytes_encoded_once_follow_every_field(case: dict) -> None:
     assert changed == LinkPayload.from_mapping({**case["link"], "relation": payload.relation + "x"})
     sig = bytes.fromhex(case["ed25519_signature_hex"])
     assert not verify(Ed25519PrivateKey.from_private_bytes(SEED).public_key(), changed, sig)
+
+
+MEMORY_V2_VECTORS = json.loads((Path(__file__).parent / "vectors" / "memory-version-v2.json")
+                               .read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", MEMORY_V2_VECTORS["cases"], ids=_ids)
+def test_memory_version_set_2_payload_signature_and_hash_match_vector(case: dict) -> None:
+    payload = MemoryPayload.from_mapping(case["memory"], SIGNED_SET_SHARED)
+    data = payload.canonical_bytes()
+    assert data.hex() == case["canonical_cbor_hex"]
+    # A canonical map of 15 entries: the 13 fields, the type and share_with, stated even when null.
+    assert data[:4] == bytes([0xAF, 0x62]) + b"id" and b"\x6ashare_with" in data
+    assert payload.version_hash == case["version_hash_sha256_hex"]
+    key = Ed25519PrivateKey.from_private_bytes(SEED)
+    assert sign(key, payload).hex() == case["signature_hex"]
+    assert verify(key.public_key(), payload, bytes.fromhex(case["signature_hex"]))
+
+
+def test_a_set_2_signature_never_verifies_with_its_list_stripped_changed_or_as_set_1() -> None:
+    pk = Ed25519PrivateKey.from_private_bytes(SEED).public_key()
+    case = MEMORY_V2_VECTORS["cases"][1]
+    m, sig = case["memory"], bytes.fromhex(case["signature_hex"])
+    for share_with in (None, m["share_with"][:1], sorted([*m["share_with"], "ai:relay@lab"])):
+        assert not verify(pk, MemoryPayload.from_mapping({**m, "share_with": share_with}, SIGNED_SET_SHARED), sig)
+    assert not verify(pk, MemoryPayload.from_mapping(m), sig)  # the old field set: the list dropped
+    # Nor does a set-1 signature verify as set 2 with a null list (the type entry differs).
+    old = MEMORY_VECTORS["cases"][0]
+    v2 = MemoryPayload.from_mapping({**old["memory"], "share_with": None}, SIGNED_SET_SHARED)
+    assert not verify(pk, v2, bytes.fromhex(old["signature_hex"]))
+
+
+@pytest.mark.parametrize("share_with", [[], ["b", "a"], ["a", "a"], [""], "a", [1]])
+def test_a_list_not_in_its_one_canonical_form_is_not_signed(share_with: object) -> None:
+    m = {**MEMORY_V2_VECTORS["cases"][0]["memory"], "share_with": share_with}
+    with pytest.raises(AttestError) as err:
+        MemoryPayload.from_mapping(m, SIGNED_SET_SHARED)
+    assert err.value.code == "bad_memory_field"
+    with pytest.raises(AttestError):
+        MemoryPayload.from_mapping({k: v for k, v in m.items() if k != "share_with"}, SIGNED_SET_SHARED)

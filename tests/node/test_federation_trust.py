@@ -46,6 +46,13 @@ def _mput(memory: dict, key: Ed25519PrivateKey | None = None, **extra: object) -
             "signed_by": memory["writer"] if key else None, **extra}
 
 
+def _mput2(memory: dict, key: Ed25519PrivateKey | None = None, share_with: list[str] | None = None) -> dict:
+    """A memory.put.v2: the sharing list inside the record, signed with it (signed set 2)."""
+    m = {**memory, "share_with": share_with}
+    sig = attest.sign(key, MemoryPayload.from_mapping(m, attest.SIGNED_SET_SHARED)) if key else None
+    return {"kind": "memory.put.v2", "memory": m, "signature": sig, "signed_by": memory["writer"] if key else None}
+
+
 def _link_put(key: Ed25519PrivateKey | None, src: str, dst: str, observed_by: str = PEER, **link_extra: object) -> dict:
     payload = LinkPayload(src_id=src, dst_id=dst, relation="related_to", observed_by=observed_by,
                           valid_from=now_ms() - 1000, valid_until=None)
@@ -102,7 +109,8 @@ async def test_a_named_writer_may_write_versions(tmp_path: Path) -> None:
         mine = await svc.memory_store("team note", namespace="team/x")
         v2 = _memory(origin=AGENT, writer=PEER, id=mine["id"], namespace="team/x", version=2, content="edited",
                      created_at=mine["created_at"])
-        assert await _apply(svc, PEER, _mput(v2, ident.private_key)) is None
+        # The origin's list is signed with its version: a named writer carries it as it is.
+        assert await _apply(svc, PEER, _mput2(v2, ident.private_key, mine["share_with"])) is None
         assert (await svc.memory_get(mine["id"]))["content"] == "edited"
     finally:
         await svc.close()
@@ -179,21 +187,21 @@ async def test_sync_serves_a_link_only_where_both_ends_are_visible(tmp_path: Pat
         link = await svc.memory_link(public["id"], secret["id"], "related_to")
         assert "replicating_to" not in link  # no peer may see both ends (no [[mesh.peers]] here either)
         page = await svc.replicator.sync_page(PEER, 0, 100)
-        assert [i["kind"] for i in page["items"]] == ["memory.put"]  # the public memory only
+        assert [i["kind"] for i in page["items"]] == ["memory.put.v2"]  # the public memory only
         page = await svc.replicator.sync_page(OTHER, 0, 100)
-        assert sorted(i["kind"] for i in page["items"]) == ["link.put", "memory.put", "memory.put"]
+        assert sorted(i["kind"] for i in page["items"]) == ["link.put", "memory.put.v2", "memory.put.v2"]
     finally:
         await svc.close()
 
 
 async def test_a_received_restriction_travels_and_is_honoured_when_serving(svc: Service, peer_keys) -> None:
     m = _memory(origin=OTHER, namespace="team/x")
-    assert await _apply(svc, OTHER, _mput(m, peer_keys[OTHER], share_with=[OTHER, AGENT])) is None
+    assert await _apply(svc, OTHER, _mput2(m, peer_keys[OTHER], sorted([OTHER, AGENT]))) is None
     assert (await svc.replicator.sync_page(PEER, 0, 100))["items"] == []
-    # A later version cannot widen it, even one that drops the list.
+    # A later version in the old form (no signed list) cannot lift it: refused, the list stays.
     v2 = {**m, "version": 2, "content": "v2"}
-    assert await _apply(svc, OTHER, _mput(v2, peer_keys[OTHER])) is None
-    assert (await svc.memory_get(m["id"]))["share_with"] == [OTHER, AGENT]
+    assert await _apply(svc, OTHER, _mput(v2, peer_keys[OTHER])) == "share_with_unsigned"
+    assert (await svc.memory_get(m["id"]))["share_with"] == sorted([OTHER, AGENT])
 
 
 async def test_link_confidence_from_a_relay_is_not_stored(svc: Service, peer_keys) -> None:

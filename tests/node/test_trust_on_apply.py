@@ -39,6 +39,7 @@ from tests.integration.peer_play import (
     item_ids,
     link_ids,
     memory_put,
+    memory_put_v2,
     new_memory,
     next_version,
     now_ms,
@@ -185,9 +186,10 @@ async def test_a_writer_cannot_date_a_version_ahead_of_the_clock(trust: Trust) -
             {**own, "created_at": now_ms() + TEN_YEARS_MS, "updated_at": now_ms() + TEN_YEARS_MS},
             signer=trust.attacker)),
     })
-    # An allowed writer with an honest clock is accepted, and the origin's later edit supersedes it.
-    assert_accepted(await trust.n1.receive(n2, memory_put(next_version(stored, n2, content="by node 2"),
-                                                          signer=trust.attacker)))
+    # An allowed writer with an honest clock is accepted (carrying the origin's signed list as it is), and the
+    # origin's later edit supersedes it.
+    assert_accepted(await trust.n1.receive(n2, memory_put_v2(next_version(stored, n2, content="by node 2"),
+                                                             stored["share_with"], signer=trust.attacker)))
     got = await trust.n1.memory_on(created["id"])
     assert (got["version"], got["content"], got.get("writer")) == (2, "by node 2", n2), got
     edited = await trust.n1.svc.memory_update(created["id"], content="origin again")
@@ -321,13 +323,20 @@ async def test_a_writer_cannot_narrow_who_sees_the_origins_memory(trust: Trust) 
     n2 = trust.id(2)
     created = await trust.n1.svc.memory_store("node 1's, shared with nodes 2 and 3", namespace=SHARED)
     stored = await trust.n1.memory_on(created["id"])
-    # Node 2 may write versions in this namespace, but share_with is the origin's peer list, not node 2's.
-    narrowed = memory_put(next_version(stored, n2, content="by node 2, for node 2's eyes"), signer=trust.attacker,
-                          share_with=[n2])
-    assert_accepted(await trust.n1.receive(n2, narrowed))
+    # Node 2 may write versions in this namespace, but the list is the origin's: a version that changes it is
+    # refused, in either form; one that carries the origin's signed list as it is, is stored.
+    nxt = next_version(stored, n2, content="by node 2, for node 2's eyes")
+    await assert_refused(trust.n1, trust.attacker, {
+        "narrowed, signed": ("share_with_changed", memory_put_v2(nxt, sorted([trust.id(1), n2]),
+                                                                 signer=trust.attacker)),
+        "without the origin": ("share_with_without_origin", memory_put_v2(nxt, [n2], signer=trust.attacker)),
+        "narrowed, old form": ("share_with_unsigned", memory_put(nxt, signer=trust.attacker, share_with=[n2])),
+        "lifted, old form": ("share_with_unsigned", memory_put(nxt, signer=trust.attacker)),
+    })
+    assert_accepted(await trust.n1.receive(n2, memory_put_v2(nxt, stored["share_with"], signer=trust.attacker)))
     assert (await trust.n1.memory_on(created["id"]))["version"] == 2
     served_to_n3 = await trust.n1.sync_all(trust.id(3))
-    assert created["id"] in item_ids(served_to_n3), "node 2's share_with hid the origin's memory from node 3"
+    assert created["id"] in item_ids(served_to_n3), "node 2's version hid the origin's memory from node 3"
 
 
 async def test_a_node_without_the_policy_does_not_re_serve_restricted_memories(trust: Trust) -> None:

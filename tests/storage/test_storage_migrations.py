@@ -127,3 +127,18 @@ async def test_empty_file_becomes_a_new_database(tmp_path: Path):
     db = await Database.open(path)
     assert db.schema_version == MAX_SUPPORTED_SCHEMA
     await db.close()
+
+
+def test_migration_9_marks_stored_versions_signed_over_the_old_fields_and_restarts_every_sync_cursor(tmp_path: Path):
+    conn = sqlite3.connect(tmp_path / "m9.db", isolation_level=None)
+    for m in migrations.MIGRATIONS[:8]:
+        migrations.apply(conn, m)
+    conn.execute("INSERT INTO memories (id, namespace, content, origin, created_at, updated_at, share_with) "
+                 "VALUES ('m1', 'secret', 'c', 'ai:a@lab', 1, 1, '[\"ai:a@lab\"]')")
+    conn.execute("INSERT INTO peer_state (peer, last_sync_seq) VALUES ('ai:b@lab', 42)")
+    assert migrations.migrate(conn) == MAX_SUPPORTED_SCHEMA
+    assert conn.execute("SELECT signed_set, share_with FROM memories").fetchall() == [(1, '["ai:a@lab"]')]
+    assert conn.execute("SELECT last_sync_seq FROM peer_state").fetchall() == [(0,)]
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE memories SET signed_set = 3")
+    conn.close()

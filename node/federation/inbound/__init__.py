@@ -1,10 +1,10 @@
 """Inbound: a peer's change checked and committed, then answered (the mesh receiver's ``apply``).
 
 ``apply_payload`` validates a payload and hands it to the apply of its kind, found in one table (``routes``):
-one module per kind (memory.py; links.py for link.put and links.put; invalidation.py; transcript.py). Each
-bounds the change as a local write is bounded, checks who may write what (a memory version by its creator or a
-named writer, signed; a link where the sender may see both ends), verifies signatures off the event loop
-(verify.py) and commits; the ACK is sent after the commit.
+one module per kind (memory.py for memory.put and memory.put.v2; links.py for link.put and links.put;
+invalidation.py; transcript.py). Each bounds the change as a local write is bounded, checks who may write what
+(a memory version by its creator or a named writer, signed; a link where the sender may see both ends), verifies
+signatures off the event loop (verify.py) and commits; the ACK is sent after the commit.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from a2a import Ack, Envelope, validate_payload
+from a2a.kinds import MEMORY_PUT_V2
 from node.federation.codes import RejectCode
 from node.federation.inbound.common import OK_UNCHANGED, Applied, ApplyContext
 from node.federation.inbound.invalidation import InvalidationApply
@@ -49,9 +50,13 @@ class Inbound:
         self.agent_id = agent_id
         self.peer_rate = peer_rate
         self.links = LinkApply(ctx)
+        memories = MemoryApply(ctx)
         self.routes: dict[str, Route] = {
             "ping": Route(_pong),
-            "memory.put": Route(MemoryApply(ctx, agent_id)),
+            # One apply for both forms of a memory version: memory.put (signed set 1, from an older node) and
+            # memory.put.v2 (the sharing list signed with the version).
+            "memory.put": Route(memories),
+            MEMORY_PUT_V2: Route(memories),
             "link.put": Route(self.links.one),
             "links.put": Route(self.links.many, counts_rejections=True),
             "link.invalidate": Route(InvalidationApply(ctx)),

@@ -1,13 +1,14 @@
-"""memory.put: bound, authorise, verify and store one received memory version (docs/security.md has the rules)."""
+"""memory.put and memory.put.v2: bound, authorise, verify and store one received memory version (docs/security.md
+has the rules; docs/protocol.md the sharing list's)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
+from a2a.kinds import MEMORY_PUT_V2
 from node import attest
-from node.attest import AttestLevel, MemoryPayload
+from node.attest import SIGNED_SET_OLD, SIGNED_SET_SHARED, AttestLevel, MemoryPayload
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
 from node.federation.inbound.common import OK_CHANGED, OK_UNCHANGED, Applied, ApplyContext
@@ -16,26 +17,27 @@ from node.limits import check_db_budget, check_memory_fields, check_text
 from node.permissions.rules import Operation
 from node.wire import memory_dict
 from storage import changelog, events, memories
-from storage.memories import MemoryRow
+from storage.memories import MemoryRow, lww_key
 
 log = logging.getLogger("node.federation")
 
 
 class MemoryApply:
-    """Applies memory.put bodies from peers to this node's store (``agent_id``: this node)."""
+    """Applies memory.put and memory.put.v2 bodies from peers to this node's store."""
 
-    def __init__(self, ctx: ApplyContext, agent_id: str) -> None:
+    def __init__(self, ctx: ApplyContext) -> None:
         self.ctx = ctx
-        self.agent_id = agent_id
 
     async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
-        """Bound, authorise, verify and store one memory version from ``sender``."""
+        """Bound, authorise, verify and store one memory version from ``sender`` (the body's ``kind`` says which
+        signed field set its signature covers; ``pulled``: it came in a sync page)."""
         ctx, m = self.ctx, body["memory"]
-        code = self._out_of_bounds(m) or self._not_allowed(body, sender)
+        signed_set = SIGNED_SET_SHARED if body.get("kind") == MEMORY_PUT_V2 else SIGNED_SET_OLD
+        code = self._out_of_bounds(m) or self._not_allowed(body, sender) or list_code(body, signed_set)
         if code is not None:
             return self._refused(code, sender, m)
-        level = await ctx.attester.attest(MemoryPayload.from_mapping(m), body["signature"], m["writer"], sender,
-                                          what=m["id"], pulled=pulled)
+        level = await ctx.attester.attest(MemoryPayload.from_mapping(m, signed_set), body["signature"], m["writer"],
+                                          sender, what=m["id"], pulled=pulled)
         if not isinstance(level, AttestLevel):
             return Applied(level)
         stored = await ctx.db.read(memories.get, m["id"])
@@ -43,12 +45,12 @@ class MemoryApply:
             # Answered exactly as if absent: an ACK never tells a peer whether a memory it may not see exists.
             return await self._as_if_absent(m, sender)
         operation = Operation.STORE if stored is None else Operation.UPDATE
-        code = (against_stored(stored, m, ctx.cfg.federation.max_version_step)
+        row = memory_row(body, level, sender, signed_set)
+        code = (against_stored(stored, m, ctx.cfg.federation.max_version_step) or list_after(stored, row)
                 or await ctx.gate.code(sender, m["namespace"], operation)
                 or (await self._quota_code(m) if stored is None else None))
         if code is not None:
             return self._refused(code, sender, m)
-        row = memory_row(body, level, sender)
         try:
             check_db_budget(ctx.cfg, ctx.db.bytes_used())
             await ctx.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
@@ -119,18 +121,16 @@ class MemoryApply:
             stored = memories.get(conn, row.id)
             if stored is not None and not ctx.policy.visible_to(sender, stored):
                 return OK_UNCHANGED
-            code = against_stored(stored, wire_fields(row), step)
+            code = against_stored(stored, wire_fields(row), step) or list_after(stored, row)
             if code is not None:
                 return Applied(code)
-            row_ = row if stored is None else share_with_after(row, stored, self.agent_id)
-            result = memories.apply_remote(conn, row_)
+            result = memories.apply_remote(conn, row)
             if result not in ("inserted", "updated"):
                 return OK_UNCHANGED
-            kept.append(row_)
+            kept.append(row)
             now = ctx.clock()
-            events.append(conn, "memory", None, row_.author, MemoryPayload.of(row_).version_hash,
-                          row_.signature, now)
-            changelog.append(conn, "memory", row_.id, row_.version, now)
+            events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, now)
+            changelog.append(conn, "memory", row.id, row.version, now)
             changelog.incr(conn, f"applied:memory.{result}")
             return OK_CHANGED
 
@@ -160,26 +160,48 @@ def wire_fields(row: MemoryRow) -> dict[str, Any]:
     return {f: getattr(row, f) for f in attest.MEMORY_SIGNED_FIELDS}
 
 
-def memory_row(body: dict[str, Any], level: AttestLevel, sender: str) -> MemoryRow:
-    """The row a received memory.put is stored as, at ``level``."""
+def list_code(body: dict[str, Any], signed_set: int) -> str | None:
+    """What the sharing list of a received version says on its own: a memory.put (signed set 1) may not carry
+    one (outside the signature, any relay could have dropped or changed it), and a signed list names the
+    memory's origin (the origin is always a member of its own list)."""
+    if signed_set == SIGNED_SET_OLD:
+        return RejectCode.SHARE_WITH_UNSIGNED if body.get("share_with") is not None else None
+    m = body["memory"]
+    if m["share_with"] is not None and m["origin"] not in m["share_with"]:
+        return RejectCode.SHARE_WITH_WITHOUT_ORIGIN
+    return None
+
+
+def list_after(stored: MemoryRow | None, row: MemoryRow) -> str | None:
+    """The rule for a version that would replace ``stored``: the list is the origin's. A version written by the
+    origin may carry any list (narrow it, widen it, lift it): its signature states it. A version by any other
+    writer carries the stored list unchanged (``share_with_changed``). A signed set 1 version has no signed list
+    at all, so it may not follow a restricted one (``share_with_unsigned``). An older or equal version changes
+    nothing and is not judged."""
+    if stored is None or lww_key(row) <= lww_key(stored):
+        return None
+    if row.signed_set == SIGNED_SET_OLD:
+        return RejectCode.SHARE_WITH_UNSIGNED if stored.share_with is not None else None
+    if row.writer != row.origin and _as_set(row.share_with) != _as_set(stored.share_with):
+        return RejectCode.SHARE_WITH_CHANGED
+    return None
+
+
+def _as_set(share_with: tuple[str, ...] | None) -> frozenset[str] | None:
+    return None if share_with is None else frozenset(share_with)
+
+
+def memory_row(body: dict[str, Any], level: AttestLevel, sender: str,
+               signed_set: int = SIGNED_SET_OLD) -> MemoryRow:
+    """The row a received memory.put (``signed_set`` 1) or memory.put.v2 (2) is stored as, at ``level``."""
     m = body["memory"]
     attested = level is not AttestLevel.UNSIGNED  # verified here (a peer's key, or ours on a restore)
-    share = body.get("share_with")
+    share = m["share_with"] if signed_set == SIGNED_SET_SHARED else body.get("share_with")
     return MemoryRow(id=m["id"], namespace=m["namespace"], title=m["title"], content=m["content"],
                      tags=tuple(m["tags"]), priority=m["priority"], confidence=float(m["confidence"]),
                      source=m["source"], origin=m["origin"], writer=m["writer"], version=m["version"],
                      created_at=m["created_at"], updated_at=m["updated_at"],
                      signature=body["signature"] if attested else None,
                      signed_by=body["signed_by"] if attested else None, attest_level=str(level),
-                     share_with=None if share is None else tuple(share), received_from=sender)
-
-
-def share_with_after(row: MemoryRow, stored: MemoryRow, me: str) -> MemoryRow:
-    """Who may see a memory is the origin's to say: on the origin its own policy stands; elsewhere only a
-    version written by the origin may change the list, and only to narrow it. A relay or another writer
-    can neither lift nor tighten the restriction."""
-    if stored.origin == me or row.writer != row.origin:
-        return replace(row, share_with=stored.share_with)
-    if stored.share_with is None or row.share_with is None:
-        return replace(row, share_with=row.share_with if stored.share_with is None else stored.share_with)
-    return replace(row, share_with=tuple(a for a in row.share_with if a in stored.share_with))
+                     share_with=None if share is None else tuple(share), received_from=sender,
+                     signed_set=signed_set)
