@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import queue
 import re
 import sqlite3
 import threading
@@ -31,22 +32,45 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg import pq
+from psycopg import conninfo, pq
 from psycopg_pool import ConnectionPool
 
 from storage import migrations
 from storage.db import Database
-from storage.errors import StorageCode, StorageError
+from storage.errors import EngineError, StorageCode, StorageError, translate
 from storage.migrations import MAX_SUPPORTED_SCHEMA, Migration
+from storage.pglink import (
+    COMMITS_TABLE,
+    IDLE_CHECK_S,
+    IN_DOUBT_WAIT_S,
+    MARKER_KEEP,
+    Outage,
+    Reconnect,
+    engine_error,
+    is_lost,
+    redact,
+    scrub,
+)
 
 # Arbitrary but fixed: the advisory lock every write transaction takes ('AMSH').
 WRITE_LOCK_KEY = 0x414D5348
 # Bound on connecting to the server; a DSN that does not answer is a clear error, not a hang.
 CONNECT_TIMEOUT_S = 10
+# Added to every connection where the DSN does not say otherwise (``connect_kwargs``): keepalive probes after
+# 10 s idle, every 5 s, 3 missed end the connection; unacknowledged sends end it after 30 s.
+_CONNECT_DEFAULTS = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 10,
+                     "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 30_000}
 # How stale the database size behind limits.max_db_bytes may be (it costs one query on the writer).
 SIZE_EVERY_S = 1.0
+# A read waits this long for a connection while an outage is known (so a client hears storage_unavailable at
+# once), and the reader pool gives up a failing reconnect after POOL_RECONNECT_S (the next read asks again).
+READ_WAIT_AWAY_S = 0.5
+POOL_RECONNECT_S = 2.0
 
 log = logging.getLogger("storage.pg")
+# psycopg_pool logs each failed reconnect of the readers; our storage_unavailable / storage_available lines say
+# it once per outage.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 # Tables of ours besides the migrations' (the schema version).
 _META = "am_schema"
 
@@ -54,9 +78,9 @@ _META = "am_schema"
 class PgCursor:
     """The slice of the sqlite3 cursor the table modules use."""
 
-    def __init__(self, cur: psycopg.Cursor[Any] | None, raw: psycopg.Connection[Any]) -> None:
+    def __init__(self, cur: psycopg.Cursor[Any] | None, conn: PgConn) -> None:
         self._cur = cur
-        self._raw = raw
+        self._conn = conn
 
     def fetchone(self) -> Any:
         return self._cur.fetchone() if self._cur is not None and self._cur.description else None
@@ -74,7 +98,7 @@ class PgCursor:
     @property
     def lastrowid(self) -> int | None:
         # Every integer key is filled from its sequence, so the session's last value is the new row's key.
-        r = self._raw.execute("SELECT lastval()").fetchone()
+        r = self._conn.execute("SELECT lastval()").fetchone()
         return int(r[0]) if r else None
 
 
@@ -92,13 +116,20 @@ _WRITER_STATEMENTS = {
 
 
 class PgConn:
-    """A psycopg connection (autocommit; transactions are explicit) that runs the modules' statements."""
+    """A psycopg connection (autocommit; transactions are explicit) that runs the modules' statements.
+
+    The writer's (``reconnect`` given) outlives its connection: a write transaction that finds the connection
+    lost opens a new one first (storage/pglink.py: at most one attempt per backoff delay while the server is
+    away), and its COMMIT records the batch's marker, by which a COMMIT whose answer was lost is settled."""
 
     dialect = "postgres"
 
-    def __init__(self, raw: psycopg.Connection[Any], *, readonly: bool = False) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], *, readonly: bool = False, dsn: str = "",
+                 reconnect: Reconnect | None = None) -> None:
         self.raw = raw
         self.readonly = readonly
+        self.dsn = dsn
+        self.reconnect = reconnect
         # Run inside each write transaction just before COMMIT (keeps the AGE graph in step).
         self.before_commit: Callable[[PgConn], object] | None = None
 
@@ -110,20 +141,22 @@ class PgConn:
         head = sql.lstrip()[:16].upper()
         try:
             if head.startswith("PRAGMA"):
-                return PgCursor(None, self.raw)  # SQLite tuning: nothing to do here
+                return PgCursor(None, self)  # SQLite tuning: nothing to do here
             if sql == "BEGIN IMMEDIATE":
-                self.raw.execute("BEGIN")
-                self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
-                return PgCursor(None, self.raw)
+                self._begin_write()
+                return PgCursor(None, self)
             if sql == "BEGIN" and self.readonly:
                 # One consistent snapshot per read, as a SQLite read transaction gives.
-                return PgCursor(self.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"), self.raw)
+                return PgCursor(self.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"), self)
             if sql == "COMMIT" and self.before_commit is not None and self.in_transaction:
                 self.before_commit(self)
+            if sql == "COMMIT" and self.reconnect is not None:
+                self._commit_write(self.reconnect)
+                return PgCursor(None, self)
             sql = _WRITER_STATEMENTS.get(sql, sql)
-            return PgCursor(self.raw.execute(_to_psycopg(sql), tuple(parameters)), self.raw)
+            return PgCursor(self.raw.execute(_to_psycopg(sql), tuple(parameters)), self)
         except psycopg.Error as e:
-            raise as_dbapi_error(e) from e
+            raise as_dbapi_error(e, self.raw, self.dsn, writing=not self.readonly) from e
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]], /) -> None:
         """One statement for each parameter row, in order (the table modules' INSERTs of a batch)."""
@@ -131,30 +164,96 @@ class PgConn:
             with self.raw.cursor() as cur:
                 cur.executemany(_to_psycopg(sql), [tuple(p) for p in seq_of_parameters])
         except psycopg.Error as e:
-            raise as_dbapi_error(e) from e
+            raise as_dbapi_error(e, self.raw, self.dsn, writing=not self.readonly) from e
+
+    def _begin_write(self) -> None:
+        """BEGIN and the write lock. The writer's connection found lost here (it died while idle, or in an
+        earlier batch) is opened again, once: nothing of this batch has run yet."""
+        if self.reconnect is not None and self.raw.closed:
+            self._reopen(self.reconnect)
+        try:
+            self._begin_locked()
+        except psycopg.Error as e:
+            if self.reconnect is None or not is_lost(e, self.raw, writing=True):
+                raise
+            self.raw.close()
+            self._reopen(self.reconnect)
+            self._begin_locked()
+
+    def _begin_locked(self) -> None:
+        self.raw.execute("BEGIN")
+        self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+
+    def _reopen(self, reconnect: Reconnect) -> None:
+        if not reconnect.due():
+            raise reconnect.outage.unavailable("this write")
+        self.raw = reconnect.open()
+
+    def _commit_write(self, reconnect: Reconnect) -> None:
+        """COMMIT with the batch's marker (one round trip). A COMMIT whose answer is lost is settled by the
+        marker once the server answers again: it returns if the batch was stored, else raises
+        storage_unavailable saying it was not (or that it is not known, after IN_DOUBT_WAIT_S)."""
+        shown = redact(self.dsn)
+        if self.raw.closed:
+            raise EngineError(StorageCode.STORAGE_UNAVAILABLE, f"postgres at {shown} went away before this batch "
+                                                               "was committed; nothing of it was stored; retry")
+        marker, batch = reconnect.marker()
+        try:
+            self.raw.execute(f"{marker}; COMMIT")
+        except psycopg.Error as e:
+            if not is_lost(e, self.raw, writing=True):
+                raise
+            self.raw.close()
+            raw, committed = reconnect.settle(batch)
+            if raw is not None:
+                self.raw = raw
+            if committed:
+                return
+            raise EngineError(StorageCode.STORAGE_UNAVAILABLE, (
+                f"postgres at {shown} went away during this batch's COMMIT, which was not stored; retry"
+                if committed is False else
+                f"postgres at {shown} went away during this batch's COMMIT and did not come back within "
+                f"{IN_DOUBT_WAIT_S:g} s: whether it was stored is not known")) from None
 
     def close(self) -> None:
         self.raw.close()
 
 
-def as_dbapi_error(e: psycopg.Error) -> sqlite3.Error:
-    """psycopg's error as the sqlite3 error the table modules handle (same wording where they match on it)."""
+def as_dbapi_error(e: psycopg.Error, raw: psycopg.Connection[Any] | None = None, dsn: str = "", *,
+                   writing: bool = False) -> sqlite3.Error:
+    """psycopg's error as the sqlite3 error the table modules handle (same wording where they match on it); the
+    server away or its disk full as an EngineError carrying storage_unavailable / storage_full."""
+    engine = engine_error(e, raw, dsn, writing=writing)
+    if engine is not None:
+        return engine
     if isinstance(e, psycopg.errors.UniqueViolation):
         m = re.search(r"Key \((.*?)\)=", e.diag.message_detail or "")
         cols = m.group(1) if m else "?"
         return sqlite3.IntegrityError(f"UNIQUE constraint failed: {e.diag.table_name}.{cols}")
     if isinstance(e, (psycopg.errors.IntegrityError, psycopg.errors.RaiseException)):
         return sqlite3.IntegrityError(e.diag.message_primary or str(e))
-    return sqlite3.OperationalError(f"postgres: {e.diag.message_primary or e}")
+    return sqlite3.OperationalError(f"postgres: {scrub(e.diag.message_primary or str(e), dsn)}")
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """Open a connection to ``dsn``; StorageError('cannot_connect') naming the DSN when it fails."""
+    """Open a connection to ``dsn``; StorageError('cannot_connect') naming the DSN (its password redacted) when it
+    fails."""
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
+        return psycopg.connect(dsn, autocommit=autocommit, **connect_kwargs(dsn))
     except psycopg.Error as e:
         raise StorageError(StorageCode.CANNOT_CONNECT,
-                           f"cannot connect to postgres at {dsn!r}: {str(e).strip()}") from e
+                           f"cannot connect to postgres at {redact(dsn)}: {scrub(str(e).strip(), dsn)}") from None
+
+
+def connect_kwargs(dsn: str) -> dict[str, Any]:
+    """The connection parameters we add where ``dsn`` does not set them: a bounded connect, and TCP keepalives
+    and a send timeout, so a server host that vanishes (a failover) breaks its connections in seconds, not at the
+    kernel's TCP timeout."""
+    try:
+        given = conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        given = {}
+    return {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
 
 
 # ---- schema ---------------------------------------------------------------------------------
@@ -171,6 +270,9 @@ _FUNCTIONS = (
         RETURN NEW;
     END $$""",
     f"CREATE TABLE IF NOT EXISTS {_META} (version BIGINT NOT NULL)",
+    # Each writer's last committed batch (storage/pglink.py): how a COMMIT whose answer was lost is settled.
+    f"CREATE TABLE IF NOT EXISTS {COMMITS_TABLE} (writer TEXT PRIMARY KEY, batch BIGINT NOT NULL, "
+    "at TIMESTAMPTZ NOT NULL)",
 )
 
 _FTS = (
@@ -244,14 +346,14 @@ def guard(raw: psycopg.Connection[Any], dsn: str) -> None:
     version = _stored_version(raw)
     if version is not None and version > MAX_SUPPORTED_SCHEMA:
         raise StorageError(StorageCode.SCHEMA_TOO_NEW,
-                           f"the database at {dsn!r} was written by schema {version}, this build supports up to "
+                           f"the database at {redact(dsn)} was written by schema {version}, this build supports up to "
                            f"{MAX_SUPPORTED_SCHEMA}; upgrade attested-mesh to open it (left unchanged)")
     if version is None:
         names = [r[0] for r in raw.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1").fetchall()]
         if names:
             raise StorageError(StorageCode.FOREIGN_DATABASE,
-                               f"the database at {dsn!r} holds tables of another application "
+                               f"the database at {redact(dsn)} holds tables of another application "
                                f"({', '.join(names[:5])}); left unchanged")
 
 
@@ -283,7 +385,10 @@ def age_installed(raw: psycopg.Connection[Any]) -> bool:
 # ---- the database ---------------------------------------------------------------------------
 
 class PgDatabase(Database):
-    """Database over Postgres: the same writer loop and group commit, psycopg connections underneath."""
+    """Database over Postgres: the same writer loop and group commit, psycopg connections underneath. It outlives
+    the server going away (storage/pglink.py): writes and reads meanwhile fail with storage_unavailable at once,
+    ``health`` holds the outage, and the writer reconnects on its own (following a failover where the DSN names
+    several hosts with ``target_session_attrs=read-write``)."""
 
     def __init__(self, dsn: str, batch_max: int, readers: int) -> None:
         super().__init__(Path("postgres"), batch_max, readers)
@@ -291,6 +396,7 @@ class PgDatabase(Database):
         self.kg_backend = "postgres-cte"
         self._age_mode = "off"
         self._pool: ConnectionPool[Any] | None = None
+        self._outage = Outage(self.health, dsn)
         # pg_database_size, measured by the writer at open and at most every SIZE_EVERY_S after a commit.
         self._bytes = 0
         self._bytes_at = 0.0
@@ -309,12 +415,19 @@ class PgDatabase(Database):
         db._writer.start()
         db._schema_version = await asyncio.wrap_future(opened)
         try:
-            db._pool = ConnectionPool(dsn, min_size=1, max_size=readers, open=False,
-                                      kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
-                                      configure=db._configure_reader)
+            # Each reader thread holds at most one connection (max_size = readers), so a reader waiting for one
+            # means the server cannot be reached. A connection is checked when handed out; the pool gives up on
+            # a failing reconnect after POOL_RECONNECT_S, and a later read asks for a fresh one at once.
+            db._pool = ConnectionPool(dsn, min_size=1, max_size=readers, open=False, name="storage-readers",
+                                      kwargs={"autocommit": True, **connect_kwargs(dsn)},
+                                      configure=db._configure_reader, check=ConnectionPool.check_connection,
+                                      reconnect_timeout=POOL_RECONNECT_S)
             await asyncio.to_thread(db._pool.open, True, CONNECT_TIMEOUT_S)
-        except BaseException:
+        except BaseException as e:
             await db.close()
+            if is_lost(e):
+                raise StorageError(StorageCode.CANNOT_CONNECT, f"cannot connect to postgres at {redact(dsn)} "
+                                                               f"for reading: {scrub(str(e), dsn)}") from None
             raise
         db._reader_pool = concurrent.futures.ThreadPoolExecutor(max_workers=readers,
                                                                 thread_name_prefix="storage-reader:postgres")
@@ -329,16 +442,59 @@ class PgDatabase(Database):
         raw = connect(self.dsn)
         try:
             guard(raw, self.dsn)
-            conn = PgConn(raw)
+            conn = PgConn(raw, dsn=self.dsn, reconnect=Reconnect(self._reopen_writer, self._outage))
             migrate(conn)
             self._choose_kg_backend(conn)
+            raw.execute(f"DELETE FROM {COMMITS_TABLE} WHERE at < now() - interval '{MARKER_KEEP}'")
             return conn
         except psycopg.Error as e:
             raw.close()
-            raise StorageError(StorageCode.SQL_ERROR, f"preparing the postgres schema: {e}") from e
+            raise StorageError(StorageCode.SQL_ERROR,
+                               f"preparing the postgres schema: {scrub(str(e), self.dsn)}") from None
         except BaseException:
             raw.close()
             raise
+
+    def _reopen_writer(self) -> psycopg.Connection[Any]:
+        """The writer's connection again after an outage: the same database checks, the session prepared (its
+        errors as psycopg raises them: the outage names the cause, once)."""
+        raw = psycopg.connect(self.dsn, autocommit=True, **connect_kwargs(self.dsn))
+        try:
+            guard(raw, self.dsn)
+            if self.kg_backend == "postgres-age":
+                from storage import age
+                age.prepare_session(raw)
+            if self._pool is not None:
+                self._pool.check()  # the readers' idle connections died with the writer's: replace them now
+            return raw
+        except BaseException:
+            raw.close()
+            raise
+
+    def _wait_for_job(self, conn: Any) -> Any:
+        """The next queued job. Meanwhile the idle writer tries its connection again when it was lost or a reader
+        found the server away (at the backoff's pace), so the outage ends without waiting for a write."""
+        while True:
+            away = conn.raw.closed or self._outage.away
+            try:
+                return self._queue.get(timeout=conn.reconnect.wait_s() if away else IDLE_CHECK_S)
+            except queue.Empty:
+                if away:
+                    self._probe(conn)
+
+    def _probe(self, conn: PgConn) -> None:
+        if not conn.raw.closed:
+            try:
+                conn.raw.execute("")
+            except psycopg.Error:
+                conn.raw.close()
+            else:
+                self._outage.end()  # a reader's outage; the writer's own connection answers
+                return
+        try:
+            conn.raw = conn.reconnect.open() if conn.reconnect is not None else conn.raw
+        except EngineError:
+            pass  # the outage goes on (logged once when it began)
 
     def _choose_kg_backend(self, conn: PgConn) -> None:
         """AGE when asked for ("on": required, "auto": if installed); keep its graph in step from here on."""
@@ -385,20 +541,31 @@ class PgDatabase(Database):
         self._bytes_at = time.monotonic()
 
     def _run_read(self, fn: Any, args: tuple[Any, ...]) -> Any:
+        """One read on a pooled connection; the server away is storage_unavailable (the outage begun), at once
+        when an outage is known, else after at most CONNECT_TIMEOUT_S."""
         assert self._pool is not None
+        started = time.monotonic()
+        wait_s = READ_WAIT_AWAY_S if self._outage.away else CONNECT_TIMEOUT_S
         try:
-            with self._pool.connection() as raw:
-                conn = PgConn(raw, readonly=True)
+            with self._pool.connection(timeout=wait_s) as raw:
+                conn = PgConn(raw, readonly=True, dsn=self.dsn)
                 conn.execute("BEGIN")
                 try:
                     return fn(conn, *args)
                 finally:
-                    raw.execute("ROLLBACK")
+                    if not raw.closed:
+                        raw.execute("ROLLBACK")
         except psycopg.Error as e:
-            raise StorageError(StorageCode.SQL_ERROR, f"postgres read: {e}") from e
+            if is_lost(e):
+                self._outage.begin(e, started)
+                raise StorageError(StorageCode.STORAGE_UNAVAILABLE,
+                                   str(self._outage.unavailable("this read"))) from None
+            raise StorageError(StorageCode.SQL_ERROR, f"postgres read: {scrub(str(e), self.dsn)}") from None
         except sqlite3.Error as e:
-            from storage.errors import translate
-            raise translate(e) from e
+            err = translate(e)
+            if err.code == StorageCode.STORAGE_UNAVAILABLE:
+                self._outage.begin(err.message, started)
+            raise err from None
 
     async def _close(self) -> None:
         await super()._close()
