@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 from psycopg import conninfo, pq
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from storage import migrations
 from storage.db import Database
@@ -62,8 +62,9 @@ _CONNECT_DEFAULTS = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "kee
                      "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 30_000}
 # How stale the database size behind limits.max_db_bytes may be (it costs one query on the writer).
 SIZE_EVERY_S = 1.0
-# A read waits this long for a connection while an outage is known (so a client hears storage_unavailable at
-# once), and the reader pool gives up a failing reconnect after POOL_RECONNECT_S (the next read asks again).
+# A read waits for a connection in slices of READ_WAIT_AWAY_S, up to CONNECT_TIMEOUT_S but no longer once an
+# outage is known (so a client hears storage_unavailable at once); the reader pool gives up a failing reconnect
+# after POOL_RECONNECT_S (the next read asks again).
 READ_WAIT_AWAY_S = 0.5
 POOL_RECONNECT_S = 2.0
 
@@ -186,7 +187,7 @@ class PgConn:
 
     def _reopen(self, reconnect: Reconnect) -> None:
         if not reconnect.due():
-            raise reconnect.outage.unavailable("this write")
+            raise reconnect.outage.unavailable("this write (not stored)")
         self.raw = reconnect.open()
 
     def _commit_write(self, reconnect: Reconnect) -> None:
@@ -395,7 +396,7 @@ class PgDatabase(Database):
         self.dsn = dsn
         self.kg_backend = "postgres-cte"
         self._age_mode = "off"
-        self._pool: ConnectionPool[Any] | None = None
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._outage = Outage(self.health, dsn)
         # pg_database_size, measured by the writer at open and at most every SIZE_EVERY_S after a commit.
         self._bytes = 0
@@ -472,29 +473,29 @@ class PgDatabase(Database):
             raise
 
     def _wait_for_job(self, conn: Any) -> Any:
-        """The next queued job. Meanwhile the idle writer tries its connection again when it was lost or a reader
-        found the server away (at the backoff's pace), so the outage ends without waiting for a write."""
+        """The next queued job. While none comes the writer looks at its connection every IDLE_CHECK_S (one empty
+        query) and, while it is lost, tries a new one at the backoff's pace: an outage is found, and ends,
+        without waiting for a write."""
         while True:
-            away = conn.raw.closed or self._outage.away
             try:
-                return self._queue.get(timeout=conn.reconnect.wait_s() if away else IDLE_CHECK_S)
+                return self._queue.get(timeout=conn.reconnect.wait_s() if conn.raw.closed else IDLE_CHECK_S)
             except queue.Empty:
-                if away:
-                    self._probe(conn)
+                self._probe(conn)
 
     def _probe(self, conn: PgConn) -> None:
         if not conn.raw.closed:
             try:
                 conn.raw.execute("")
             except psycopg.Error:
-                conn.raw.close()
+                conn.raw.close()  # gone while idle: a new one at once, below
             else:
-                self._outage.end()  # a reader's outage; the writer's own connection answers
+                self._outage.end()  # (a reader's outage) this connection answers
                 return
-        try:
-            conn.raw = conn.reconnect.open() if conn.reconnect is not None else conn.raw
-        except EngineError:
-            pass  # the outage goes on (logged once when it began)
+        if conn.reconnect is not None and conn.reconnect.due():
+            try:
+                conn.raw = conn.reconnect.open()
+            except EngineError:
+                pass  # the outage goes on (logged once when it began)
 
     def _choose_kg_backend(self, conn: PgConn) -> None:
         """AGE when asked for ("on": required, "auto": if installed); keep its graph in step from here on."""
@@ -541,31 +542,40 @@ class PgDatabase(Database):
         self._bytes_at = time.monotonic()
 
     def _run_read(self, fn: Any, args: tuple[Any, ...]) -> Any:
-        """One read on a pooled connection; the server away is storage_unavailable (the outage begun), at once
-        when an outage is known, else after at most CONNECT_TIMEOUT_S."""
-        assert self._pool is not None
+        """One read on a pooled connection; the server away is storage_unavailable (the outage begun)."""
         started = time.monotonic()
-        wait_s = READ_WAIT_AWAY_S if self._outage.away else CONNECT_TIMEOUT_S
         try:
-            with self._pool.connection(timeout=wait_s) as raw:
-                conn = PgConn(raw, readonly=True, dsn=self.dsn)
-                conn.execute("BEGIN")
-                try:
-                    return fn(conn, *args)
-                finally:
-                    if not raw.closed:
-                        raw.execute("ROLLBACK")
-        except psycopg.Error as e:
-            if is_lost(e):
-                self._outage.begin(e, started)
-                raise StorageError(StorageCode.STORAGE_UNAVAILABLE,
-                                   str(self._outage.unavailable("this read"))) from None
-            raise StorageError(StorageCode.SQL_ERROR, f"postgres read: {scrub(str(e), self.dsn)}") from None
-        except sqlite3.Error as e:
-            err = translate(e)
+            raw = self._reader_conn(started)
+        except PoolTimeout as e:
+            self._outage.begin(e, started)
+            raise StorageError(StorageCode.STORAGE_UNAVAILABLE, str(self._outage.unavailable("this read"))) from None
+        assert self._pool is not None
+        try:
+            conn = PgConn(raw, readonly=True, dsn=self.dsn)
+            conn.execute("BEGIN")
+            try:
+                return fn(conn, *args)
+            finally:
+                if not raw.closed:
+                    conn.execute("ROLLBACK")
+        except (psycopg.Error, sqlite3.Error) as e:  # psycopg's own: a module that used it directly (the AGE walks)
+            err = translate(as_dbapi_error(e, raw, self.dsn) if isinstance(e, psycopg.Error) else e)
             if err.code == StorageCode.STORAGE_UNAVAILABLE:
                 self._outage.begin(err.message, started)
             raise err from None
+        finally:
+            self._pool.putconn(raw)
+
+    def _reader_conn(self, started: float) -> psycopg.Connection[Any]:
+        """A pooled connection (checked), waited for up to CONNECT_TIMEOUT_S, or READ_WAIT_AWAY_S once an outage is
+        known; PoolTimeout when none came."""
+        assert self._pool is not None
+        while True:
+            try:
+                return self._pool.getconn(timeout=READ_WAIT_AWAY_S)
+            except PoolTimeout:
+                if self._outage.away or time.monotonic() - started >= CONNECT_TIMEOUT_S:
+                    raise
 
     async def _close(self) -> None:
         await super()._close()

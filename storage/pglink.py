@@ -145,7 +145,7 @@ class Outage:
     def unavailable(self, what: str) -> EngineError:
         """The error a write or read gets while the outage is in force (``what``: whose)."""
         return EngineError(StorageCode.STORAGE_UNAVAILABLE, f"{what}: postgres at {self.shown} is not answering; "
-                                                            "nothing was stored; retry")
+                                                            "retry once it is back")
 
 
 class Reconnect:
@@ -178,7 +178,7 @@ class Reconnect:
             self._failures += 1
             self._next_at = time.monotonic() + min(RECONNECT_MAX_S, RECONNECT_MIN_S * 2.0 ** (self._failures - 1))
             self.outage.begin(e)
-            raise self.outage.unavailable("reconnecting") from None
+            raise self.outage.unavailable("this write (not stored)") from None
         self._failures = 0
         self._next_at = 0.0
         self.outage.end()
@@ -196,17 +196,25 @@ class Reconnect:
         deadline = time.monotonic() + IN_DOUBT_WAIT_S
         while True:
             if self.due():
-                try:
-                    raw = self.open()
-                    row = raw.execute(f"SELECT batch FROM {COMMITS_TABLE} WHERE writer = %s",
-                                      (self.writer,)).fetchone()
-                except (EngineError, psycopg.Error):
-                    pass
-                else:
-                    committed = row is not None and int(row[0]) >= batch
-                    log.warning("commit_in_doubt_settled", extra={"ev": {"batch": batch, "committed": committed}})
-                    return raw, committed
+                found = self._marker_row(batch)
+                if found is not None:
+                    return found
             if time.monotonic() >= deadline:
                 log.error("commit_in_doubt", extra={"ev": {"batch": batch, "waited_s": IN_DOUBT_WAIT_S}})
                 return None, None
             time.sleep(min(max(self.wait_s(), RECONNECT_MIN_S), max(0.0, deadline - time.monotonic())))
+
+    def _marker_row(self, batch: int) -> tuple[psycopg.Connection[Any], bool] | None:
+        """One attempt: a new connection and whether batch ``batch`` was committed; None when it failed."""
+        try:
+            raw = self.open()
+        except EngineError:
+            return None
+        try:
+            row = raw.execute(f"SELECT batch FROM {COMMITS_TABLE} WHERE writer = %s", (self.writer,)).fetchone()
+        except psycopg.Error:
+            raw.close()
+            return None
+        committed = row is not None and int(row[0]) >= batch
+        log.warning("commit_in_doubt_settled", extra={"ev": {"batch": batch, "committed": committed}})
+        return raw, committed
