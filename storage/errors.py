@@ -32,7 +32,6 @@ class StorageCode(StrEnum):
     UNKNOWN_TRANSCRIPT = "unknown_transcript"
     BAD_SETTING = "bad_setting"
     FILE_MODE = "file_mode"
-    CANNOT_CONNECT = "cannot_connect"
     AGE_UNAVAILABLE = "age_unavailable"
     # Another process holds the file (``ai-memory repair`` needs it alone).
     IN_USE = "in_use"

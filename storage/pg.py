@@ -27,6 +27,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from storage.pglink import (
     MARKER_KEEP,
     Outage,
     Reconnect,
+    batch_committed,
     engine_error,
     is_lost,
     redact,
@@ -121,16 +123,21 @@ class PgConn:
 
     The writer's (``reconnect`` given) outlives its connection: a write transaction that finds the connection
     lost opens a new one first (storage/pglink.py: at most one attempt per backoff delay while the server is
-    away), and its COMMIT records the batch's marker, by which a COMMIT whose answer was lost is settled."""
+    away), and its COMMIT records the batch's marker. A COMMIT whose answer was lost leaves its batch in ``doubt``
+    until a connection works again: the marker then says whether it was stored, and ``settled(batch, committed)``
+    is told."""
 
     dialect = "postgres"
 
     def __init__(self, raw: psycopg.Connection[Any], *, readonly: bool = False, dsn: str = "",
-                 reconnect: Reconnect | None = None) -> None:
+                 reconnect: Reconnect | None = None, settled: Callable[[int, bool], None] | None = None) -> None:
         self.raw = raw
         self.readonly = readonly
         self.dsn = dsn
         self.reconnect = reconnect
+        self.settled = settled
+        # The batch whose COMMIT lost its answer, until settled.
+        self.doubt: int | None = None
         # Run inside each write transaction just before COMMIT (keeps the AGE graph in step).
         self.before_commit: Callable[[PgConn], object] | None = None
 
@@ -180,6 +187,7 @@ class PgConn:
             self.raw.close()
             self._reopen(self.reconnect)
             self._begin_locked()
+        self.settle()  # before this batch can commit (its marker would stand for the batch in doubt too)
 
     def _begin_locked(self) -> None:
         self.raw.execute("BEGIN")
@@ -191,13 +199,11 @@ class PgConn:
         self.raw = reconnect.open()
 
     def _commit_write(self, reconnect: Reconnect) -> None:
-        """COMMIT with the batch's marker (one round trip). A COMMIT whose answer is lost is settled by the
-        marker once the server answers again: it returns if the batch was stored, else raises
-        storage_unavailable saying it was not (or that it is not known, after IN_DOUBT_WAIT_S)."""
-        shown = redact(self.dsn)
+        """COMMIT with the batch's marker (one round trip). A COMMIT whose answer is lost leaves the batch in
+        ``doubt``, settled by its marker at the next connection that works (``settle``)."""
         if self.raw.closed:
-            raise EngineError(StorageCode.STORAGE_UNAVAILABLE, f"postgres at {shown} went away before this batch "
-                                                               "was committed; nothing of it was stored; retry")
+            raise EngineError(StorageCode.STORAGE_UNAVAILABLE, f"postgres at {redact(self.dsn)} went away before "
+                                                               "this batch was committed; nothing of it was stored")
         marker, batch = reconnect.marker()
         try:
             self.raw.execute(f"{marker}; COMMIT")
@@ -205,16 +211,20 @@ class PgConn:
             if not is_lost(e, self.raw, writing=True):
                 raise
             self.raw.close()
-            raw, committed = reconnect.settle(batch)
-            if raw is not None:
-                self.raw = raw
-            if committed:
-                return
-            raise EngineError(StorageCode.STORAGE_UNAVAILABLE, (
-                f"postgres at {shown} went away during this batch's COMMIT, which was not stored; retry"
-                if committed is False else
-                f"postgres at {shown} went away during this batch's COMMIT and did not come back within "
-                f"{IN_DOUBT_WAIT_S:g} s: whether it was stored is not known")) from None
+            self.doubt = batch
+            raise EngineError(StorageCode.STORAGE_UNAVAILABLE,
+                              f"postgres at {redact(self.dsn)} went away during this batch's COMMIT; whether it "
+                              "was stored is known once the server answers again") from None
+
+    def settle(self) -> None:
+        """The batch in ``doubt`` settled by its marker on this (working) connection, and ``settled`` told."""
+        if self.doubt is None or self.reconnect is None:
+            return
+        committed = batch_committed(self.raw, self.reconnect.writer, self.doubt)
+        batch, self.doubt = self.doubt, None
+        log.warning("commit_in_doubt_settled", extra={"ev": {"batch": batch, "committed": committed}})
+        if self.settled is not None:
+            self.settled(batch, committed)
 
     def close(self) -> None:
         self.raw.close()
@@ -237,12 +247,12 @@ def as_dbapi_error(e: psycopg.Error, raw: psycopg.Connection[Any] | None = None,
 
 
 def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """Open a connection to ``dsn``; StorageError('cannot_connect') naming the DSN (its password redacted) when it
-    fails."""
+    """Open a connection to ``dsn``; StorageError('storage_unavailable') naming the DSN (its password redacted)
+    when it fails (retryable: the server may be starting, restarting or failing over)."""
     try:
         return psycopg.connect(dsn, autocommit=autocommit, **connect_kwargs(dsn))
     except psycopg.Error as e:
-        raise StorageError(StorageCode.CANNOT_CONNECT,
+        raise StorageError(StorageCode.STORAGE_UNAVAILABLE,
                            f"cannot connect to postgres at {redact(dsn)}: {scrub(str(e).strip(), dsn)}") from None
 
 
@@ -385,6 +395,16 @@ def age_installed(raw: psycopg.Connection[Any]) -> bool:
 
 # ---- the database ---------------------------------------------------------------------------
 
+@dataclass(frozen=True, eq=False)
+class _Held:
+    """The batch whose COMMIT lost its answer: its jobs and their results, held until ``until`` (monotonic)."""
+
+    batch: int
+    jobs: list[Any]
+    results: list[Any]
+    until: float
+
+
 class PgDatabase(Database):
     """Database over Postgres: the same writer loop and group commit, psycopg connections underneath. It outlives
     the server going away (storage/pglink.py): writes and reads meanwhile fail with storage_unavailable at once,
@@ -398,6 +418,8 @@ class PgDatabase(Database):
         self._age_mode = "off"
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._outage = Outage(self.health, dsn)
+        # The jobs of the batch whose COMMIT lost its answer: not answered until its marker says (writer thread).
+        self._held: _Held | None = None
         # pg_database_size, measured by the writer at open and at most every SIZE_EVERY_S after a commit.
         self._bytes = 0
         self._bytes_at = 0.0
@@ -405,7 +427,7 @@ class PgDatabase(Database):
     @classmethod
     async def open_pg(cls, dsn: str, *, batch_max: int = 512, readers: int = 2, age: str = "off") -> PgDatabase:
         """Connect, guard, migrate; then choose the graph walks: AGE when ``age`` is "on" (required) or
-        "auto" (when installed), else recursive CTEs. Raises StorageError cannot_connect / schema_too_new /
+        "auto" (when installed), else recursive CTEs. Raises StorageError storage_unavailable / schema_too_new /
         foreign_database / age_unavailable."""
         db = cls(dsn, batch_max, readers)
         db._age_mode = age
@@ -427,8 +449,9 @@ class PgDatabase(Database):
         except BaseException as e:
             await db.close()
             if is_lost(e):
-                raise StorageError(StorageCode.CANNOT_CONNECT, f"cannot connect to postgres at {redact(dsn)} "
-                                                               f"for reading: {scrub(str(e), dsn)}") from None
+                raise StorageError(StorageCode.STORAGE_UNAVAILABLE,
+                                   f"cannot connect to postgres at {redact(dsn)} for reading: {scrub(str(e), dsn)}"
+                                   ) from None
             raise
         db._reader_pool = concurrent.futures.ThreadPoolExecutor(max_workers=readers,
                                                                 thread_name_prefix="storage-reader:postgres")
@@ -443,7 +466,8 @@ class PgDatabase(Database):
         raw = connect(self.dsn)
         try:
             guard(raw, self.dsn)
-            conn = PgConn(raw, dsn=self.dsn, reconnect=Reconnect(self._reopen_writer, self._outage))
+            conn = PgConn(raw, dsn=self.dsn, reconnect=Reconnect(self._reopen_writer, self._outage),
+                          settled=self._settled)
             migrate(conn)
             self._choose_kg_backend(conn)
             raw.execute(f"DELETE FROM {COMMITS_TABLE} WHERE at < now() - interval '{MARKER_KEEP}'")
@@ -474,28 +498,73 @@ class PgDatabase(Database):
 
     def _wait_for_job(self, conn: Any) -> Any:
         """The next queued job. While none comes the writer looks at its connection every IDLE_CHECK_S (one empty
-        query) and, while it is lost, tries a new one at the backoff's pace: an outage is found, and ends,
-        without waiting for a write."""
+        query) and, while it is lost, tries a new one at the backoff's pace: an outage is found, and ends (a
+        batch in doubt settled), without waiting for a write."""
         while True:
+            self._give_up_held(time.monotonic())
+            wait_s = conn.reconnect.wait_s() if conn.raw.closed else IDLE_CHECK_S
+            if self._held is not None:
+                wait_s = min(wait_s, max(0.0, self._held.until - time.monotonic()))
             try:
-                return self._queue.get(timeout=conn.reconnect.wait_s() if conn.raw.closed else IDLE_CHECK_S)
+                return self._queue.get(timeout=wait_s)
             except queue.Empty:
                 self._probe(conn)
 
     def _probe(self, conn: PgConn) -> None:
-        if not conn.raw.closed:
-            try:
-                conn.raw.execute("")
-            except psycopg.Error:
-                conn.raw.close()  # gone while idle: a new one at once, below
-            else:
-                self._outage.end()  # (a reader's outage) this connection answers
-                return
-        if conn.reconnect is not None and conn.reconnect.due():
+        if conn.raw.closed and conn.reconnect is not None and conn.reconnect.due():
             try:
                 conn.raw = conn.reconnect.open()
             except EngineError:
-                pass  # the outage goes on (logged once when it began)
+                return  # the outage goes on (logged once when it began)
+        if conn.raw.closed:
+            return
+        try:
+            conn.raw.execute("")
+            conn.settle()
+        except psycopg.Error:
+            conn.raw.close()  # gone while idle: a new one at the next probe
+        else:
+            self._outage.end()  # (a reader's outage) this connection answers
+
+    # ---- a COMMIT whose answer was lost: its callers wait for the marker (storage/pglink.py) --------------
+
+    def _commit_batch(self, conn: Any, uncommitted: list[Any]) -> None:
+        results = [job.result for job in uncommitted]
+        super()._commit_batch(conn, uncommitted)
+        if conn.doubt is not None and uncommitted:
+            self._held = _Held(conn.doubt, uncommitted, results, time.monotonic() + IN_DOUBT_WAIT_S)
+
+    def _deliver(self, jobs: list[Any]) -> None:
+        held = self._held
+        super()._deliver(jobs if held is None else [job for job in jobs if job not in held.jobs])
+
+    def _settled(self, batch: int, committed: bool) -> None:
+        """The marker's word on the batch in doubt: its callers get their results, or storage_unavailable."""
+        held = self._held
+        if held is None or held.batch != batch:
+            return  # its callers were already told it is not known
+        self._held = None
+        for job, result in zip(held.jobs, held.results, strict=True):
+            job.result, job.error = (result, None) if committed else (None, StorageError(
+                StorageCode.STORAGE_UNAVAILABLE, f"postgres at {redact(self.dsn)} went away during this write's "
+                                                 "COMMIT, which was not stored; retry"))
+        if committed:
+            self._commits += 1
+            self._committed_jobs += len(held.jobs)
+        self._deliver(held.jobs)
+
+    def _give_up_held(self, now: float) -> None:
+        """Past IN_DOUBT_WAIT_S the held callers are told that it is not known (the marker still logs the truth)."""
+        held = self._held
+        if held is None or now < held.until:
+            return
+        self._held = None
+        log.error("commit_in_doubt", extra={"ev": {"batch": held.batch, "waited_s": IN_DOUBT_WAIT_S}})
+        for job in held.jobs:
+            job.result, job.error = None, StorageError(StorageCode.STORAGE_UNAVAILABLE, (
+                f"postgres at {redact(self.dsn)} went away during this write's COMMIT and did not answer within "
+                f"{IN_DOUBT_WAIT_S:g} s: whether it was stored is not known"))
+        self._deliver(held.jobs)
 
     def _choose_kg_backend(self, conn: PgConn) -> None:
         """AGE when asked for ("on": required, "auto": if installed); keep its graph in step from here on."""
@@ -579,5 +648,6 @@ class PgDatabase(Database):
 
     async def _close(self) -> None:
         await super()._close()
+        self._give_up_held(float("inf"))  # the writer has ended: nobody will settle it now
         if self._pool is not None:
             await asyncio.to_thread(self._pool.close)

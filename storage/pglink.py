@@ -9,9 +9,9 @@
   ended once by the writer when it has a working connection again; each logged once (``storage_unavailable``,
   ``storage_available`` with how long it lasted), never once per retry.
 - The writer's way back (``Reconnect``): while the server is away, at most one connection attempt per backoff
-  delay (RECONNECT_MIN_S doubling to RECONNECT_MAX_S), so a write meanwhile fails at once; and the commit whose
-  answer was lost with its connection, settled by the batch's marker row (``am_commits``) once the server answers
-  again: its callers are told it was stored only if it was.
+  delay (RECONNECT_MIN_S doubling to RECONNECT_MAX_S), so a write meanwhile fails at once; and each batch's
+  marker (``am_commits``, ``batch_committed``), by which a COMMIT whose answer was lost with its connection is
+  settled once the server answers again: its callers are told it was stored only if it was.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 1.0
 # An idle writer looks this often whether a reader found the server away (its own connection may be as dead).
 IDLE_CHECK_S = 1.0
-# How long the writer keeps trying to learn whether a batch whose COMMIT lost its answer was stored (a restart or
-# a promotion takes seconds); past it the callers are told that it is not known.
+# How long the callers of a batch whose COMMIT lost its answer wait for the server to say whether it was stored (a
+# restart or a promotion takes seconds); past it they are told that it is not known. Other writes meanwhile are
+# answered as ever (refused at once while the server is away).
 IN_DOUBT_WAIT_S = 30.0
 # SQLSTATEs that mean the server is away (beside class 08, connection exceptions): admin_shutdown,
 # crash_shutdown, cannot_connect_now (starting up, shutting down).
@@ -174,7 +175,7 @@ class Reconnect:
         (the outage begun or going on, the next attempt after the backoff)."""
         try:
             raw = self._open_raw()
-        except Exception as e:  # cannot_connect, a schema guard refusal, any psycopg error: the server is not usable
+        except Exception as e:  # no connection, a schema guard refusal, any psycopg error: the server is not usable
             self._failures += 1
             self._next_at = time.monotonic() + min(RECONNECT_MAX_S, RECONNECT_MIN_S * 2.0 ** (self._failures - 1))
             self.outage.begin(e)
@@ -190,31 +191,8 @@ class Reconnect:
         return (f"INSERT INTO {COMMITS_TABLE} (writer, batch, at) VALUES ('{self.writer}', {self._batch}, now()) "
                 f"ON CONFLICT (writer) DO UPDATE SET batch = EXCLUDED.batch, at = EXCLUDED.at", self._batch)
 
-    def settle(self, batch: int) -> tuple[psycopg.Connection[Any] | None, bool | None]:
-        """After a COMMIT lost its answer: (a new connection, whether batch ``batch`` was committed), trying for
-        IN_DOUBT_WAIT_S; (None, None) when the server did not answer in that time."""
-        deadline = time.monotonic() + IN_DOUBT_WAIT_S
-        while True:
-            if self.due():
-                found = self._marker_row(batch)
-                if found is not None:
-                    return found
-            if time.monotonic() >= deadline:
-                log.error("commit_in_doubt", extra={"ev": {"batch": batch, "waited_s": IN_DOUBT_WAIT_S}})
-                return None, None
-            time.sleep(min(max(self.wait_s(), RECONNECT_MIN_S), max(0.0, deadline - time.monotonic())))
 
-    def _marker_row(self, batch: int) -> tuple[psycopg.Connection[Any], bool] | None:
-        """One attempt: a new connection and whether batch ``batch`` was committed; None when it failed."""
-        try:
-            raw = self.open()
-        except EngineError:
-            return None
-        try:
-            row = raw.execute(f"SELECT batch FROM {COMMITS_TABLE} WHERE writer = %s", (self.writer,)).fetchone()
-        except psycopg.Error:
-            raw.close()
-            return None
-        committed = row is not None and int(row[0]) >= batch
-        log.warning("commit_in_doubt_settled", extra={"ev": {"batch": batch, "committed": committed}})
-        return raw, committed
+def batch_committed(raw: psycopg.Connection[Any], writer: str, batch: int) -> bool:
+    """Whether ``writer``'s batch ``batch`` was committed (its marker, or a later one: a writer commits in order)."""
+    row = raw.execute(f"SELECT batch FROM {COMMITS_TABLE} WHERE writer = %s", (writer,)).fetchone()
+    return row is not None and int(row[0]) >= batch

@@ -195,10 +195,15 @@ async def test_a_commit_whose_answer_was_lost_is_settled_by_its_marker(
             await _waiting_for_sync_rep(cluster)
             # The server dies with that COMMIT unanswered: the writer cannot know from the reply whether it was
             # stored. It comes back (without the standby requirement) after crash recovery.
-            await asyncio.to_thread(cluster.kill_postmaster)
-            _drop_synchronous_standby(cluster)
-            await asyncio.to_thread(cluster.start)
             with caplog.at_level(logging.INFO, logger="storage.pg"):
+                await asyncio.to_thread(cluster.kill_postmaster)
+                # Held, that write does not hold the others up: they are refused at once while the server is away.
+                with pytest.raises(StorageError) as err:
+                    await asyncio.wait_for(db.write(memories.insert, make_memory(content="refused")),
+                                           ANSWERS_WITHIN_S)
+                assert err.value.code == "storage_unavailable" and not held.done()
+                _drop_synchronous_standby(cluster)
+                await asyncio.to_thread(cluster.start)
                 await asyncio.wait_for(held, BACK_WITHIN_S)  # the marker says it was committed: acknowledged
             assert stored_counts(db.dsn) == Counter({"before": 1, "in doubt": 1})
             assert [r.ev["committed"] for r in caplog.records if r.getMessage() == "commit_in_doubt_settled"] == [True]
