@@ -589,6 +589,10 @@ class PgDatabase(Database):
     def _has_room(self) -> bool:
         return True  # the server's disk is not ours to measure: the probe write decides
 
+    def _full_message(self) -> str:
+        return (f"postgres at {redact(self.dsn)} has no space left: writes are refused until space is freed on the "
+                "server (nothing stored is lost; clients may retry)")
+
     def _stored_schema_version(self, conn: Any) -> int:
         self._measure(conn)
         return _stored_version(conn.raw) or 0
@@ -631,7 +635,7 @@ class PgDatabase(Database):
             err = translate(as_dbapi_error(e, raw, self.dsn) if isinstance(e, psycopg.Error) else e)
             if err.code == StorageCode.STORAGE_UNAVAILABLE:
                 self._outage.begin(err.message, started)
-            raise err from None
+            raise self._noted(err) from None
         finally:
             self._pool.putconn(raw)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +25,7 @@ from storage.pg import PgDatabase
 from storage.pglink import redact
 from testbed.env import doctor
 from testbed.env.postgres import Cluster, standby, throwaway_cluster
+from tests.faults import fill, tmpfs
 from tests.storage.storage_helpers import make_memory
 
 # Bounds on waiting for the store to come back (polled, never a timed assertion).
@@ -253,3 +255,44 @@ def test_a_dsn_is_shown_without_its_password() -> None:
                                                 "target_session_attrs": "read-write"}
     assert "pw" not in redact("postgresql://u:pw@h1:5432,h2:5433/db")
     assert redact("host=a password=se cret") == "<a DSN libpq cannot parse>"  # libpq's error would quote it
+
+
+async def test_a_full_disk_under_postgres_is_storage_full_until_space_returns(cluster: Cluster) -> None:
+    """The database's tablespace on a small tmpfs that fills up: writes are refused storage_full (retryable), the
+    store's health says so, nothing acknowledged is lost, and it is writable again once space is freed."""
+    with tmpfs(cluster.root / "small", 48 * 1024 * 1024) as mount:  # where the server's user may reach it
+        location = mount / "ts"
+        location.mkdir()
+        shutil.chown(mount, "postgres", "postgres")
+        shutil.chown(location, "postgres", "postgres")
+        with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+            c.execute(f"CREATE TABLESPACE small LOCATION '{location}'")
+            c.execute("CREATE DATABASE on_small TABLESPACE small")
+        db = await PgDatabase.open_pg(cluster.dsn("on_small"))
+        try:
+            acked = []
+            await db.write(memories.insert, make_memory(content="before"))
+            acked.append("before")
+            fill(mount / "filler")
+            refused: StorageError | None = None
+            for k in range(100_000):  # the pages left in the table's last extents take a few first
+                try:
+                    await db.write(memories.insert, make_memory(content=f"filling {k}", title="x" * 2000))
+                except StorageError as e:
+                    refused = e
+                    break
+                acked.append(f"filling {k}")
+            assert refused is not None and refused.code == "storage_full" and refused.http_status == 503
+            [condition] = db.health.conditions()
+            assert condition.code == "storage_full" and "no space left" in condition.message
+            assert await db.recheck_full()  # still full
+            (mount / "filler").unlink()
+            assert not await db.recheck_full()
+            await db.write(memories.insert, make_memory(content="after"))
+            acked.append("after")
+            assert_each_acked_stored_once(acked, db.dsn)
+        finally:
+            await db.close()
+            with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+                c.execute("DROP DATABASE on_small")
+                c.execute("DROP TABLESPACE small")
