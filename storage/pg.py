@@ -50,6 +50,7 @@ from storage.pglink import (
     batch_committed,
     engine_error,
     is_lost,
+    one_line,
     redact,
     scrub,
 )
@@ -253,7 +254,7 @@ def connect(dsn: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         return psycopg.connect(dsn, autocommit=autocommit, **connect_kwargs(dsn))
     except psycopg.Error as e:
         raise StorageError(StorageCode.STORAGE_UNAVAILABLE,
-                           f"cannot connect to postgres at {redact(dsn)}: {scrub(str(e).strip(), dsn)}") from None
+                           f"cannot connect to postgres at {redact(dsn)}: {scrub(one_line(e), dsn)}") from None
 
 
 def connect_kwargs(dsn: str) -> dict[str, Any]:
@@ -450,7 +451,7 @@ class PgDatabase(Database):
             await db.close()
             if is_lost(e):
                 raise StorageError(StorageCode.STORAGE_UNAVAILABLE,
-                                   f"cannot connect to postgres at {redact(dsn)} for reading: {scrub(str(e), dsn)}"
+                                   f"cannot connect to postgres at {redact(dsn)} for reading: {scrub(one_line(e), dsn)}"
                                    ) from None
             raise
         db._reader_pool = concurrent.futures.ThreadPoolExecutor(max_workers=readers,
@@ -619,7 +620,7 @@ class PgDatabase(Database):
         started = time.monotonic()
         try:
             raw = self._reader_conn(started)
-        except PoolTimeout as e:
+        except psycopg.Error as e:  # the pool's timeout (no connection could be made), or the pool closing
             self._outage.begin(e, started)
             raise StorageError(StorageCode.STORAGE_UNAVAILABLE, str(self._outage.unavailable("this read"))) from None
         assert self._pool is not None

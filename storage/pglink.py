@@ -34,7 +34,7 @@ log = logging.getLogger("storage.pg")
 # The writer's reconnect backoff while the server is away: the first attempt at once, then doubling to the cap
 # (the node is ready again at most RECONNECT_MAX_S after the server answers).
 RECONNECT_MIN_S = 0.05
-RECONNECT_MAX_S = 1.0
+RECONNECT_MAX_S = 0.5
 # An idle writer looks this often whether a reader found the server away (its own connection may be as dead).
 IDLE_CHECK_S = 1.0
 # How long the callers of a batch whose COMMIT lost its answer wait for the server to say whether it was stored (a
@@ -97,16 +97,17 @@ def engine_error(e: psycopg.Error, raw: psycopg.Connection[Any] | None, dsn: str
         if raw is not None and not raw.closed:
             raw.close()
         return EngineError(StorageCode.STORAGE_UNAVAILABLE, f"postgres at {redact(dsn)} went away: "
-                                                            f"{scrub(_first_line(e), dsn)}; retry")
+                                                            f"{scrub(one_line(e), dsn)}; retry")
     if (e.sqlstate or "") in _FULL_STATES:
         return EngineError(StorageCode.STORAGE_FULL, f"postgres at {redact(dsn)} has no space left: "
-                                                     f"{scrub(_first_line(e), dsn)}; retry once space is freed")
+                                                     f"{scrub(one_line(e), dsn)}; retry once space is freed")
     return None
 
 
-def _first_line(e: BaseException) -> str:
-    text = (e.message if isinstance(e, ProjectError) else str(e)).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+def one_line(e: BaseException | str) -> str:
+    """``e``'s message on one line (libpq adds its hint on a second: "Is the server running ...?")."""
+    text = e if isinstance(e, str) else e.message if isinstance(e, ProjectError) else str(e)
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or type(e).__name__
 
 
 class Outage:
@@ -129,7 +130,7 @@ class Outage:
         time.monotonic(); work begun before the last outage ended tells nothing new); logged when it is new."""
         if seen_since and seen_since < self._ended_at:
             return
-        text = scrub(cause if isinstance(cause, str) else _first_line(cause), self.dsn)
+        text = scrub(one_line(cause), self.dsn)
         message = (f"postgres at {self.shown} is not answering ({text}); writes and reads fail with "
                    f"storage_unavailable until it answers again, and the node reconnects on its own")
         if self.health.set(StorageCode.STORAGE_UNAVAILABLE, message):
