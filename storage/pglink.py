@@ -35,7 +35,8 @@ log = logging.getLogger("storage.pg")
 # (the node is ready again at most RECONNECT_MAX_S after the server answers).
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 0.5
-# An idle writer looks this often whether a reader found the server away (its own connection may be as dead).
+# An idle writer looks at its connection this often (one empty query): a server gone while it idles, or found
+# away by a reader, is seen (and its return) without waiting for a write.
 IDLE_CHECK_S = 1.0
 # How long the callers of a batch whose COMMIT lost its answer wait for the server to say whether it was stored (a
 # restart or a promotion takes seconds); past it they are told that it is not known. Other writes meanwhile are

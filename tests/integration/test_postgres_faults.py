@@ -77,6 +77,7 @@ async def test_a_node_on_postgres_rides_out_a_restart_a_stop_a_kill_9_and_a_fail
         assert 4 <= outages <= 8 and names.count("storage_available") == outages
         assert names.count("loop_paused") <= 8 * outages < tally.refused["storage_unavailable"]
         assert "Traceback" not in r.node.config_path.parent.joinpath("node.log").read_text()
+        assert "node_crashed" not in names
 
         r.mesh.stop(1)
         assert proc.returncode == 0 and not r.socket.exists()
