@@ -44,6 +44,7 @@ from storage.pglink import (
     COMMITS_TABLE,
     IDLE_CHECK_S,
     IN_DOUBT_WAIT_S,
+    LOCK_AND_MARK,
     MARKER_KEEP,
     Outage,
     Reconnect,
@@ -124,7 +125,7 @@ class PgConn:
 
     The writer's (``reconnect`` given) outlives its connection: a write transaction that finds the connection
     lost opens a new one first (storage/pglink.py: at most one attempt per backoff delay while the server is
-    away), and its COMMIT records the batch's marker. A COMMIT whose answer was lost leaves its batch in ``doubt``
+    away), and each transaction records the batch's marker. A COMMIT whose answer was lost leaves its batch in ``doubt``
     until a connection works again: the marker then says whether it was stored, and ``settled(batch, committed)``
     is told."""
 
@@ -137,7 +138,9 @@ class PgConn:
         self.dsn = dsn
         self.reconnect = reconnect
         self.settled = settled
-        # The batch whose COMMIT lost its answer, until settled.
+        # The writer's batch in its transaction now (its marker's number), and the batch whose COMMIT lost its
+        # answer, until settled.
+        self.batch = 0
         self.doubt: int | None = None
         # Run inside each write transaction just before COMMIT (keeps the AGE graph in step).
         self.before_commit: Callable[[PgConn], object] | None = None
@@ -160,7 +163,7 @@ class PgConn:
             if sql == "COMMIT" and self.before_commit is not None and self.in_transaction:
                 self.before_commit(self)
             if sql == "COMMIT" and self.reconnect is not None:
-                self._commit_write(self.reconnect)
+                self._commit_write()
                 return PgCursor(None, self)
             sql = _WRITER_STATEMENTS.get(sql, sql)
             return PgCursor(self.raw.execute(_to_psycopg(sql), tuple(parameters)), self)
@@ -176,8 +179,8 @@ class PgConn:
             raise as_dbapi_error(e, self.raw, self.dsn, writing=not self.readonly) from e
 
     def _begin_write(self) -> None:
-        """BEGIN and the write lock. The writer's connection found lost here (it died while idle, or in an
-        earlier batch) is opened again, once: nothing of this batch has run yet."""
+        """BEGIN, the write lock and (the writer's) the batch's marker. The writer's connection found lost here (it
+        died while idle, or in an earlier batch) is opened again, once: nothing of this batch has run yet."""
         if self.reconnect is not None and self.raw.closed:
             self._reopen(self.reconnect)
         try:
@@ -188,31 +191,35 @@ class PgConn:
             self.raw.close()
             self._reopen(self.reconnect)
             self._begin_locked()
-        self.settle()  # before this batch can commit (its marker would stand for the batch in doubt too)
 
     def _begin_locked(self) -> None:
         self.raw.execute("BEGIN")
-        self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+        if self.reconnect is None:
+            self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+            return
+        self.settle()  # first: this transaction's marker would stand for the batch in doubt too
+        # The lock and the marker in one statement (prepared after a few batches): no round trip of its own.
+        self.batch = self.reconnect.next_batch()
+        self.raw.execute(LOCK_AND_MARK, (self.reconnect.writer, self.batch, WRITE_LOCK_KEY))
 
     def _reopen(self, reconnect: Reconnect) -> None:
         if not reconnect.due():
             raise reconnect.outage.unavailable("this write (not stored)")
         self.raw = reconnect.open()
 
-    def _commit_write(self, reconnect: Reconnect) -> None:
-        """COMMIT with the batch's marker (one round trip). A COMMIT whose answer is lost leaves the batch in
+    def _commit_write(self) -> None:
+        """COMMIT (the batch's marker went in at BEGIN). A COMMIT whose answer is lost leaves the batch in
         ``doubt``, settled by its marker at the next connection that works (``settle``)."""
         if self.raw.closed:
             raise EngineError(StorageCode.STORAGE_UNAVAILABLE, f"postgres at {redact(self.dsn)} went away before "
                                                                "this batch was committed; nothing of it was stored")
-        marker, batch = reconnect.marker()
         try:
-            self.raw.execute(f"{marker}; COMMIT")
+            self.raw.execute("COMMIT", ())
         except psycopg.Error as e:
             if not is_lost(e, self.raw, writing=True):
                 raise
             self.raw.close()
-            self.doubt = batch
+            self.doubt = self.batch
             raise EngineError(StorageCode.STORAGE_UNAVAILABLE,
                               f"postgres at {redact(self.dsn)} went away during this batch's COMMIT; whether it "
                               "was stored is known once the server answers again") from None

@@ -53,6 +53,11 @@ _FULL_STATES = frozenset({"53100"})  # disk_full
 COMMITS_TABLE = "am_commits"
 # Markers of writers gone this long are removed when a writer opens.
 MARKER_KEEP = "1 day"
+# A write transaction's first statement: this writer's batch number recorded, and the write lock (parameters:
+# the writer, the batch, the lock key). A data-modifying WITH runs whatever the SELECT makes of its row.
+LOCK_AND_MARK = (f"WITH mark AS (INSERT INTO {COMMITS_TABLE} (writer, batch, at) VALUES (%s, %s, now()) "
+                 "ON CONFLICT (writer) DO UPDATE SET batch = EXCLUDED.batch, at = EXCLUDED.at RETURNING 1) "
+                 "SELECT pg_advisory_xact_lock(%s) FROM mark")
 
 
 def redact(dsn: str) -> str:
@@ -187,11 +192,10 @@ class Reconnect:
         self.outage.end()
         return raw
 
-    def marker(self) -> tuple[str, int]:
-        """The next batch's marker: (the upsert that records it, its number)."""
+    def next_batch(self) -> int:
+        """The number of the writer's next batch (its marker: ``LOCK_AND_MARK``)."""
         self._batch += 1
-        return (f"INSERT INTO {COMMITS_TABLE} (writer, batch, at) VALUES ('{self.writer}', {self._batch}, now()) "
-                f"ON CONFLICT (writer) DO UPDATE SET batch = EXCLUDED.batch, at = EXCLUDED.at", self._batch)
+        return self._batch
 
 
 def batch_committed(raw: psycopg.Connection[Any], writer: str, batch: int) -> bool:
