@@ -61,7 +61,6 @@ HTTP_STATUS: dict[str, int] = {
     "busy": 503,
     "closed": 503,
     "read_only": 503,
-    "cannot_connect": 503,
     "node_unavailable": 503,
     "node_restarted": 503,
     # The node's own storage failed.

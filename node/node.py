@@ -50,10 +50,11 @@ from node.hooks.pipeline import HookPipeline
 from node.mcp.backend import ServiceBackend
 from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
+from node.pause import StoragePause
 from node.permissions.gate import load_rules_file
 from node.service import now_ms
 from node.trust import load_node_identity
-from storage.errors import StorageCode
+from storage.errors import StorageCode, StorageError
 from storage.watch import StoreWatch
 
 log = logging.getLogger("node")
@@ -363,14 +364,21 @@ class Node:
     # ---- pending actions ------------------------------------------------------------------
 
     async def _sweep_loop(self) -> None:
-        """Expire pending actions past their time every ``approval.sweep_interval_s``."""
+        """Expire pending actions past their time every ``approval.sweep_interval_s``; while the database refuses
+        (away, full, damaged) the rounds pause instead, logged once (node/pause.py)."""
         approvals = self.svc.approvals
+        pause = StoragePause("approvals:sweep", log)
         while not self._closing and approvals is not None:
+            wait_s = self.cfg.approval.sweep_interval_s
             try:
                 await approvals.sweep()
-            except Exception as e:  # the disk may refuse for a while; the next round retries
+            except StorageError as e:
+                wait_s = min(wait_s, pause.failed(e, "sweep"))
+            except Exception as e:  # anything else: the next round retries
                 log.warning("approval_sweep_failed", extra={"ev": {"error": f"{type(e).__name__}: {e}"}})
-            await asyncio.sleep(self.cfg.approval.sweep_interval_s)
+            else:
+                pause.ok()
+            await asyncio.sleep(wait_s)
 
     # ---- live state -----------------------------------------------------------------------
 
@@ -400,8 +408,12 @@ class Node:
                              "peers": states}
 
     async def scrape(self) -> Scrape:
-        """The node's metrics as plain values, read now."""
-        rows = await peer_rows(self.svc, self.links, self.sender)
+        """The node's metrics as plain values, read now (without the peers' stored counts while the database
+        refuses: /metrics still answers, with aimem_ready 0 and the storage conditions)."""
+        try:
+            rows = await peer_rows(self.svc, self.links, self.sender)
+        except StorageError:
+            rows = []
         now = time.monotonic()
         peers = {r["agent_id"]: PeerScrape(
             state=r["link_state"], outbox_depth=r["outbox_depth"], dead_letters=r["dead_letters"],

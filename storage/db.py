@@ -76,7 +76,7 @@ _SEGMENT_PAGES_SQL = ("SELECT id >> 37, count(*) FROM memories_fts_data WHERE id
 # unprivileged writer) and a small write commits (``recheck_full``): room for a few batches' WAL frames.
 FULL_CLEAR_FREE_BYTES = 1024 * 1024
 # The errors that say something about the store as a whole (its condition), not about one write.
-_CONDITION_CODES = (StorageCode.STORAGE_FULL, StorageCode.STORAGE_CORRUPT)
+_CONDITION_CODES = (StorageCode.STORAGE_FULL, StorageCode.STORAGE_CORRUPT, StorageCode.STORAGE_UNAVAILABLE)
 
 
 @dataclass(eq=False)
@@ -298,7 +298,7 @@ class Database:
     def _next_job(self, conn: sqlite3.Connection) -> Any:
         """The next queued job; while none comes, merge the FTS5 index one bounded step at a time."""
         if self._fts_merge_pages <= 0:
-            return self._queue.get()
+            return self._wait_for_job(conn)
         while True:
             if self._wrote:
                 # Writes are (or were just) coming: merge only once none has come for IDLE_MERGE_S.
@@ -361,7 +361,11 @@ class Database:
             self._merge_step_max_s = max(self._merge_step_max_s, took)
             self._batch_started = None
 
-    # The backend seam: storage/pg.py overrides these three for Postgres.
+    # The backend seam: storage/pg.py overrides these for Postgres.
+
+    def _wait_for_job(self, conn: Any) -> Any:
+        """The next queued job, however long it takes (Postgres meanwhile reconnects after an outage)."""
+        return self._queue.get()
 
     def _open_writer_conn(self) -> sqlite3.Connection:
         return _open_writer(self.path, self._synchronous)

@@ -32,7 +32,6 @@ class StorageCode(StrEnum):
     UNKNOWN_TRANSCRIPT = "unknown_transcript"
     BAD_SETTING = "bad_setting"
     FILE_MODE = "file_mode"
-    CANNOT_CONNECT = "cannot_connect"
     AGE_UNAVAILABLE = "age_unavailable"
     # Another process holds the file (``ai-memory repair`` needs it alone).
     IN_USE = "in_use"
@@ -44,6 +43,15 @@ class StorageCode(StrEnum):
 
 class StorageError(ProjectError):
     """A storage failure with a stable snake_case ``code`` (a StorageCode) and a human ``message``."""
+
+
+class EngineError(sqlite3.OperationalError):
+    """A DB-API error whose StorageCode the engine's adapter already knows (storage/pg.py: the server went away,
+    its disk is full). The table modules see a sqlite3 error as ever; ``translate`` keeps the code."""
+
+    def __init__(self, code: StorageCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # sqlite3 extended error names (Python 3.11 exposes them) mapped to our codes, by prefix.
@@ -64,7 +72,9 @@ _BY_ERRORNAME: tuple[tuple[str, StorageCode], ...] = (
 def translate(exc: sqlite3.Error, doing: str = "") -> StorageError:
     """Turn any sqlite3.Error into a StorageError with a stable code; ``doing`` prefixes the message."""
     text = str(exc)
-    if "append-only" in text:
+    if isinstance(exc, EngineError):
+        code = exc.code
+    elif "append-only" in text:
         code = StorageCode.APPEND_ONLY
     else:
         name = getattr(exc, "sqlite_errorname", "") or ""

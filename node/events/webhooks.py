@@ -24,8 +24,10 @@ import aiohttp
 
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.pause import StoragePause
 from storage import subscriptions as subs
 from storage.db import Database
+from storage.errors import StorageError
 from storage.subscriptions import Delivery
 
 log = logging.getLogger("node.webhooks")
@@ -66,6 +68,9 @@ class Webhooks:
         # (the links of one batch publish in one turn: each used to make its own reader-thread hop).
         self._checking: asyncio.Future[bool] | None = None
         self._subscribed_changes = 0
+        # The database refusing the delivery loop, or an event's queueing: logged once while it lasts.
+        self.pause = StoragePause("webhooks", log)
+        self._publish_pause = StoragePause("webhooks:publish", log)
 
     async def subscribe(self, url: str, events: list[str]) -> dict[str, Any]:
         """Add a subscription; returns it with its secret (shown once)."""
@@ -81,12 +86,20 @@ class Webhooks:
         return {"id": sid, "url": url, "events": sorted(events), "secret": secret}
 
     async def publish(self, event: str, data: dict[str, Any]) -> None:
-        """Queue ``event`` for every subscriber to it (durably; delivered by the running node)."""
-        if not await self._any_subscribers():
+        """Queue ``event`` for every subscriber to it (durably; delivered by the running node). The write it tells
+        of is committed already: when the database refuses the queueing (away, full) the event is not queued
+        (logged once while that lasts) and the write's caller still hears that it was stored."""
+        try:
+            if not await self._any_subscribers():
+                return
+            now = self.clock()
+            body = json.dumps({"event": event, "data": data, "created_at": now}, sort_keys=True, default=str).encode()
+            queued = await self.db.write(subs.enqueue, event, body, now)
+        except StorageError as e:
+            self._publish_pause.failed(e, f"queueing {event}")
             return
-        now = self.clock()
-        body = json.dumps({"event": event, "data": data, "created_at": now}, sort_keys=True, default=str).encode()
-        if await self.db.write(subs.enqueue, event, body, now):
+        self._publish_pause.ok()
+        if queued:
             self._wake.set()
 
     async def _any_subscribers(self) -> bool:
@@ -127,11 +140,17 @@ class Webhooks:
         timeout = aiohttp.ClientTimeout(total=self.cfg.subscriptions.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while not stopping():
-                for d in await self.db.read(subs.due, self.clock(), DUE_MAX):
-                    await self._attempt(http, d)
+                wait_s = self.cfg.subscriptions.poll_s
+                try:
+                    for d in await self.db.read(subs.due, self.clock(), DUE_MAX):
+                        await self._attempt(http, d)
+                except StorageError as e:  # the database away, full or damaged: the deliveries stay due
+                    wait_s = self.pause.failed(e, "deliveries")
+                else:
+                    self.pause.ok()
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.cfg.subscriptions.poll_s)
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
                 except TimeoutError:
                     pass
 

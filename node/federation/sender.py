@@ -39,6 +39,7 @@ from a2a import Ack, ProtocolError, RetrySchedule
 from mesh.errors import MeshError
 from mesh.link import PeerLink
 from node.config import SEND_WINDOW_BYTES
+from node.pause import StoragePause
 from node.wire import split_links_put
 from storage import changelog, outbox
 from storage.db import Database
@@ -136,6 +137,10 @@ class OutboxSender:
         self.delivered = 0
         self.dead_lettered = 0
         self.unpacked = 0
+        # The database refusing the workers' polls (which then pause), or their bookkeeping (the rows stay due):
+        # each logged once while it lasts (node/pause.py). Apart: a full disk refuses the writes only.
+        self.pause = StoragePause("outbox", log)
+        self.book_pause = StoragePause("outbox:bookkeeping", log)
 
     def wake(self, peer: str | None = None) -> None:
         """Look in the database now (a link came up, another process queued rows, stopping)."""
@@ -193,8 +198,8 @@ class OutboxSender:
         try:
             moved = await self.db.write(outbox.dead_letter_peers_except, sorted(self.links),
                                         "no [[mesh.peers]] entry for this peer", now)
-        except StorageError as e:  # a damaged or full store: the workers wait on it; the next start sweeps
-            log.warning("orphan_sweep_failed", extra={"ev": {"code": str(e.code), "error": e.message}})
+        except StorageError as e:  # the store away, damaged or full: the workers wait on it; the next start sweeps
+            self.pause.failed(e, "orphans to dead letters")
             return
         if moved:
             log.warning("dead_letter", extra={"ev": {"count": moved, "error": "peer not configured"}})
@@ -228,9 +233,10 @@ class OutboxSender:
                         periodic = not (state.poll_wanted or state.backlog)
                         state.poll_wanted = False
                         next_poll = (math.floor(loop.time() / POLL_S) + 1) * POLL_S  # the next tick of the grid
-                        due = await self._peers_due(loop) if periodic else None  # None: any peer may hold some
-                        if due is None or peer in due:
-                            rows += await self._poll(peer, state, room - len(rows), rows, budget)
+                        polled, pause_s = await self._poll_due(peer, state, loop, periodic, room - len(rows), rows,
+                                                               budget)
+                        rows += polled
+                        next_poll = max(next_poll, loop.time() + pause_s)
                     if waiting and state.waiting_polled and not state.waiting_bytes:
                         rows += self._take_fresh(state, room - len(rows), budget)
                 for group in _groups(rows):
@@ -243,6 +249,18 @@ class OutboxSender:
                     await asyncio.wait_for(state.wake.wait(), timeout)
                 except TimeoutError:
                     pass
+
+    async def _poll_due(self, peer: str, state: _Peer, loop: asyncio.AbstractEventLoop, periodic: bool, room: int,
+                        taking: list[OutboxRow], budget: _Budget) -> tuple[list[OutboxRow], float]:
+        """(The peer's due rows, 0); a periodic poll reads them only if the shared read says it holds some. When the
+        database refuses (away, full, damaged): (none, the seconds to pause before the next poll)."""
+        try:
+            due = await self._peers_due(loop) if periodic else None  # None: any peer may hold some
+            rows = await self._poll(peer, state, room, taking, budget) if due is None or peer in due else []
+        except StorageError as e:
+            return [], self.pause.failed(e, "poll")
+        self.pause.ok()
+        return rows, 0.0
 
     async def _peers_due(self, loop: asyncio.AbstractEventLoop) -> frozenset[str] | None:
         """The peers holding due rows, read once for all the workers whose periodic poll falls in this tick."""
@@ -298,7 +316,9 @@ class OutboxSender:
         state = self._peers[peer]
         try:
             await self._deliver(peer, rows)
-        except Exception as e:  # the database refused the bookkeeping (busy, disk full): the rows stay due
+        except StorageError as e:  # the database refused the bookkeeping (away, full): the rows stay due
+            self.book_pause.failed(e, "delivery")
+        except Exception as e:
             log.error("outbox_attempt_failed", extra={"ev": {"peer": peer, "rows": len(rows),
                                                              "error": f"{type(e).__name__}: {e}"}})
         finally:
@@ -332,18 +352,24 @@ class OutboxSender:
         # Each piece of the bookkeeping stands alone: a write that fails for one (the database busy or full) is
         # logged and leaves those rows due, and must not skip the others' (a failed row would go out again at the
         # next poll, with no back-off).
-        await self._booking(peer, "acks", functools.partial(self._book_acks, peer, acked, took))
+        if acked:
+            await self._booking(peer, "acks", functools.partial(self._book_acks, peer, acked, took))
         for row, reason in rejected:
             await self._booking(peer, "rejection", functools.partial(self._book_rejection, peer, row, reason))
-        await self._booking(peer, "failures", functools.partial(self._failed, failed))
+        if failed:
+            await self._booking(peer, "failures", functools.partial(self._failed, failed))
 
-    @staticmethod
-    async def _booking(peer: str, what: str, book: Callable[[], Awaitable[None]]) -> None:
+    async def _booking(self, peer: str, what: str, book: Callable[[], Awaitable[None]]) -> None:
+        """Run one piece of bookkeeping (each writes): a refusal is logged (a storage one once while it lasts)."""
         try:
             await book()
-        except Exception as e:  # the database refused the bookkeeping (busy, disk full): those rows stay due
+        except StorageError as e:  # the database refused the bookkeeping (away, full): those rows stay due
+            self.book_pause.failed(e, what)  # logged once while it lasts
+        except Exception as e:
             log.error("outbox_booking_failed", extra={"ev": {"peer": peer, "what": what,
                                                              "error": f"{type(e).__name__}: {e}"}})
+        else:
+            self.book_pause.ok()
 
     async def _book_acks(self, peer: str, acked: list[OutboxRow], took: float) -> None:
         if not acked:

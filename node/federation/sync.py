@@ -41,6 +41,7 @@ from node.federation.policy import Policy
 from node.federation.restore import RestoreProgress
 from node.federation.verify import KEYRING_RECHECK_S
 from node.kg import invalidation_wire
+from node.pause import StoragePause
 from node.ratelimit import RateLimiter
 from node.transcripts import scope_of, transcript_wire
 from node.trust import Keyring
@@ -448,6 +449,8 @@ class PeerSync:
         # The peer's parking is full (a page stalled): logged once until a page goes through again.
         self._stalled = False
         self._recheck_failing = False
+        # Rounds failing on our own database: logged once while it lasts (node/pause.py).
+        self.pause = StoragePause(f"sync:{peer}", pull_log)
 
     def want(self) -> None:
         """Pull now (the link came up)."""
@@ -460,7 +463,7 @@ class PeerSync:
 
     async def run(self) -> None:
         """The pull loop, until ``stop``: whatever a peer or the disk does, a failed round is logged and counted,
-        and the next round retries."""
+        and the next round retries (after a round our own database refused, as soon as the pause is over)."""
         next_pull = time.monotonic() + self.settings.interval_s
         while not self._stopping:
             wait_s = min(self.settings.key_check_s, max(0.0, next_pull - time.monotonic()))
@@ -478,10 +481,15 @@ class PeerSync:
                 continue
             try:
                 await self.pull()
+            except StorageError as e:  # our database away, full or damaged: logged once while it lasts
+                self.stats["sync_failed"] += 1
+                next_pull = min(next_pull, time.monotonic() + self.pause.failed(e, "pull"))
             except Exception as e:  # the node keeps running; the next round retries
                 self.stats["sync_failed"] += 1
                 pull_log.warning("sync_failed", extra={"ev": {"peer": self.peer,
                                                               "error": f"{type(e).__name__}: {e}"}})
+            else:
+                self.pause.ok()
 
     async def _recheck_keys(self) -> None:
         """Verify the parked ``unknown_key`` items again if the keyring changed; a failure is logged once until

@@ -451,7 +451,7 @@ async def test_a_failed_dead_letter_write_does_not_skip_the_other_rows_retry(tmp
         async def booked() -> bool:
             now = [await db.read(outbox.get, row.id) for row in rows[1:]]
             return all(r is not None and r.attempts >= 1 for r in now)
-        with caplog.at_level("ERROR", logger="node.outbox"):
+        with caplog.at_level("WARNING", logger="node.outbox"):
             await _run_until(sender, booked)
         for row in rows[1:]:
             got = await db.read(outbox.get, row.id)
@@ -474,7 +474,7 @@ async def test_an_expired_rows_failed_dead_letter_does_not_hold_back_the_live_ro
 
         async def delivered() -> bool:
             return live.correlation_id in acked
-        with caplog.at_level("ERROR", logger="node.outbox"):
+        with caplog.at_level("WARNING", logger="node.outbox"):
             await _run_until(sender, delivered)
         assert link.sent == [live.correlation_id] and acked == [live.correlation_id]
         assert await db.read(outbox.get, expired.id) is not None, "its dead letter failed: still due"
