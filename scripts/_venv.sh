@@ -41,7 +41,8 @@ if [ ! -f "$stamp" ]; then
     log="$venv/pip-install.log"
     say "installing attested-mesh and its dependencies into .venv (pip, about 1-2 min on a first run; log: $log)"
     : > "$log"
-    if ! { "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off --upgrade pip \
+    say "  upgrading pip in .venv"
+    if ! { "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip \
            && "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
                   -c "$root/constraints.txt" -e "$root[test,lint]"; } > "$log" 2>&1 < /dev/null; then
         tail -30 "$log" >&2
