@@ -11,6 +11,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -47,9 +48,14 @@ def probe_url(cfg: NodeConfig, ready: bool) -> str | None:
 
 def _health(args: argparse.Namespace, cfg: NodeConfig) -> int:
     url = probe_url(cfg, args.ready)
+    config = args.config or cfg.home / "config.toml"
+    if url is None and not Path(config).exists():  # no file read: every setting is a default (health_port 0)
+        print(f"ai-memory health: no config file at {config}: the probe reads mesh.health_port from it; give "
+              "--config, or --home (or $AI_MEMORY_HOME) naming the node's home", file=sys.stderr)
+        return EXIT_USAGE
     if url is None:
-        print(f"ai-memory health: mesh.health_port is 0 in {args.config or cfg.home / 'config.toml'}: the node "
-              "serves no plain health port to probe; set it (docs/operations.md)", file=sys.stderr)
+        print(f"ai-memory health: mesh.health_port is 0 in {config}: the node serves no plain health port to "
+              "probe; set it (docs/operations.md)", file=sys.stderr)
         return EXIT_USAGE
     try:
         with urllib.request.urlopen(url, timeout=args.timeout) as r:  # noqa: S310 (a loopback http URL we built)

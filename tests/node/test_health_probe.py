@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from node.cli import main
 from testbed.mesh.local import node_command, node_env, wait_ready
 from tests.layouts import new_layout
 from tests.node_access import cli_in_process
@@ -46,3 +47,9 @@ def test_a_config_without_a_health_port_is_a_usage_error(tmp_path: Path) -> None
     (tmp_path / "config.toml").write_text('agent_id = "ai:n@lab"\n')
     rc, _, err = cli_in_process(tmp_path / "config.toml", tmp_path, "health", json=False)
     assert rc == 2 and "mesh.health_port is 0" in err
+
+
+def test_a_home_without_a_config_file_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not "health_port is 0" (the defaults'): the probe was pointed at no config at all."""
+    assert main(["--home", str(tmp_path / "gone"), "health"]) == 2
+    assert f"no config file at {tmp_path / 'gone' / 'config.toml'}" in capsys.readouterr().err
