@@ -1,7 +1,8 @@
 """`testbed --backend docker` end to end: base image, a 3-node mesh in host-network containers started by each
 compose implementation installed here (Compose v2's plugin, Debian 12's docker-compose 1.29) and by `docker run`,
 every container healthy in Docker's eyes, a memory stored on one node and recalled on another, status, down leaves
-no container; a node image never kept across a change of base; the bench on containers says so. Skips (with the
+no container; a node image never kept across a change of base; the bench on containers says so; configs/compose.yaml
+run by both composes as an operator would, healthy and drained through tini. Skips (with the
 reason) wherever `docker info` does not answer; never installs."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from testbed.env import doctor, engine, image
 from testbed.mesh import build_layout
 from testbed.mesh.docker import COMPOSE_FILE, project_name, render_compose
+from tests.layouts import new_layout
 from tests.needs import needs
 from tests.node_access import cli_in_process
 
@@ -190,3 +192,47 @@ def test_the_bench_on_containers_says_which_backend_ran(short_tmp: Path, base_im
     assert report["backend"]["name"] == "docker" and report["backend"]["image"].startswith(image.NODE_REPO + ":")
     assert "Backend: docker backend" in (short_tmp / "out" / "bench.md").read_text()
     assert list((short_tmp / "w").iterdir()) == []
+
+
+DEPLOY_COMPOSE = ROOT / "configs" / "compose.yaml"
+
+
+@needs_engine
+@pytest.mark.parametrize("tool", ["compose-plugin", "docker-compose"])
+def test_the_deployment_compose_file_runs_a_node_docker_calls_healthy(short_tmp: Path, base_image: str,
+                                                                       tool: str) -> None:
+    """configs/compose.yaml as an operator uses it: the tag it names (made by `image node`), a host home owned by
+    the image's uid, tini as init, and the image's `ai-memory health` check on the config's own port."""
+    if reason := doctor.missing(tool, "root"):
+        pytest.skip(reason)
+    image.build_node(base=base_image)  # kept when it exists; tags the release tag compose.yaml names
+    spec = new_layout(short_tmp / "tb", 2).node(1)
+    # The home as docs/operations.md makes it: no `home =` line, so the home is the config's directory.
+    config = spec.config_path.read_text().splitlines()
+    spec.config_path.write_text("\n".join(line for line in config if not line.startswith("home =")) + "\n")
+    subprocess.run(["chown", "-R", "10001:10001", str(spec.home)], check=True, timeout=CMD_TIMEOUT_S)
+    cmd = ["docker-compose"] if tool == "docker-compose" else ["docker", "compose"]
+    compose = [*cmd, "-p", f"amtest{os.getpid()}", "-f", str(DEPLOY_COMPOSE)]
+    env = {**os.environ, "AI_MEMORY_HOST_HOME": str(spec.home)}
+    ids: list[str] = []
+    try:
+        r = subprocess.run([*compose, "up", "-d"], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, env=env,
+                           cwd=short_tmp)
+        assert r.returncode == 0, r.stderr
+        ids = subprocess.run([*compose, "ps", "-q"], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, env=env,
+                             cwd=short_tmp).stdout.split()
+        assert len(ids) == 1
+        # The image's check runs every 30 s: the first one, once the node serves, reads healthy.
+        _wait_for("the container healthy", lambda: _docker_health(ids[0]) == "healthy", WAIT_S)
+        init = engine.docker("inspect", "--format", "{{.HostConfig.Init}} {{.Config.Image}}", ids[0])
+        assert init.stdout.decode().split() == ["true", image.release_tag()]
+        # `stop` sends SIGTERM through tini: the node drains and says so.
+        for step in ("stop", "down"):
+            r = subprocess.run([*compose, step], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, env=env,
+                               cwd=short_tmp)
+            assert r.returncode == 0, r.stderr
+            if step == "stop":
+                assert '"reason":"SIGTERM"' in engine.docker("logs", ids[0]).stderr.decode()
+    finally:
+        for cid in ids:  # last resort: only the container this test started
+            engine.docker("rm", "-f", cid, check=False)
