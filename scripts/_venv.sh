@@ -52,7 +52,7 @@ if [ ! -f "$stamp" ]; then
     pip_pid=$!
     # Follow the log while pip writes it (bounded by pip's own end), one line per package.
     tail -n +1 --pid="$pip_pid" -f "$log" | pip_progress
-    wait "$pip_pid"
+    wait "$pip_pid" || exit 1  # not left to errexit: a caller may source this inside an && list
     rm -f "$venv"/.installed-*
     touch "$stamp"
     say "the venv is ready; later runs reuse it"
