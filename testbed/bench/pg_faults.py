@@ -258,8 +258,8 @@ async def tally(r: Rig, writers: Writers, sending: Writers) -> Tally:
     """Count every acknowledged write on node-1's database and on node-2's, once each has caught up."""
     deadline = time.monotonic() + REPLICATED_WITHIN_S
     while True:
-        stored = await asyncio.to_thread(_pg_counts, r.current_dsn())
-        peer = await asyncio.to_thread(_sqlite_counts, r.peer.home / "data" / "memory.db")
+        stored = await asyncio.to_thread(pg_counts, r.current_dsn())
+        peer = await asyncio.to_thread(sqlite_counts, r.peer.home / "data" / "memory.db")
         caught_up = all(peer[c] for c in writers.acked) and all(stored[c] for c in sending.acked)
         if caught_up or time.monotonic() > deadline:
             break
@@ -272,14 +272,16 @@ async def tally(r: Rig, writers: Writers, sending: Writers) -> Tally:
                  from_peer_duplicated=sum(1 for c in sending.acked if stored[c] > 1), refused=dict(writers.refused))
 
 
-def _pg_counts(dsn: str) -> Counter[str]:
+def pg_counts(dsn: str) -> Counter[str]:
+    """The run's memories stored in the database at ``dsn``: content -> rows."""
     with psycopg.connect(dsn) as c:
         return Counter({content: n for content, n in c.execute(
             "SELECT content, count(*) FROM memories WHERE content LIKE %s GROUP BY content",
             (f"{CONTENT_PREFIX} %",)).fetchall()})
 
 
-def _sqlite_counts(path: Path) -> Counter[str]:
+def sqlite_counts(path: Path) -> Counter[str]:
+    """The run's memories stored in the SQLite file at ``path`` (read-only, beside its node): content -> rows."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         return Counter({content: n for content, n in conn.execute(
