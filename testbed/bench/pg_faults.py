@@ -85,13 +85,14 @@ class Tally:
 
 
 class Writers:
-    """``n`` clients of node-1's local socket, each storing memories one after another; a refused call is counted
-    by its code and the client goes on."""
+    """``n`` clients of a node's local socket, each storing memories one after another (``interval_s`` apart: 0,
+    without pause); a refused call is counted by its code and the client goes on."""
 
-    def __init__(self, socket: Path, n: int, name: str = "writer") -> None:
+    def __init__(self, socket: Path, n: int, name: str = "writer", interval_s: float = 0.0) -> None:
         self.socket = socket
         self.n = n
         self.name = name
+        self.interval_s = interval_s
         self.acked: list[str] = []
         self.refused: Counter[str] = Counter()
         self._stop = asyncio.Event()
@@ -116,12 +117,17 @@ class Writers:
                     await client.call("memory_store", {"content": content})
                 except ServiceError as e:
                     self.refused[e.code] += 1
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), 0.02)
+                    await self._pause(max(self.interval_s, 0.02))
                 else:
                     self.acked.append(content)
+                    if self.interval_s:
+                        await self._pause(self.interval_s)
         finally:
             await client.close()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def more_than(self, n: int, within_s: float = READY_WITHIN_S) -> None:
         """Wait until more than ``n`` writes are acknowledged (bounded)."""
