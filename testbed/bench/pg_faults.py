@@ -94,6 +94,9 @@ class Writers:
         self.name = name
         self.interval_s = interval_s
         self.acked: list[str] = []
+        # Each acknowledged write's call: seconds, and when it was answered (time.monotonic); [k] is acked[k]'s.
+        self.latencies_s: list[float] = []
+        self.acked_at: list[float] = []
         self.refused: Counter[str] = Counter()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,6 +116,7 @@ class Writers:
             while not self._stop.is_set():
                 k += 1
                 content = f"{CONTENT_PREFIX} {self.name} {i} write {k}"
+                sent = time.monotonic()
                 try:
                     await client.call("memory_store", {"content": content})
                 except ServiceError as e:
@@ -120,6 +124,8 @@ class Writers:
                     await self._pause(max(self.interval_s, 0.02))
                 else:
                     self.acked.append(content)
+                    self.acked_at.append(time.monotonic())
+                    self.latencies_s.append(self.acked_at[-1] - sent)
                     if self.interval_s:
                         await self._pause(self.interval_s)
         finally:

@@ -19,9 +19,12 @@ seconds of writes):
 
 For each fault and node: the seconds from the fault being over (the server answering again, the space freed) to
 that node's /readyz answering 200 (``ready_after_s``), and from the fault's start to that (``down_s``, its
-duration); p50 / p95 (nearest rank) over the rounds. Afterwards every acknowledged write must be stored exactly
-once on its own node and exactly once on each of its two peers; the figures: writes acknowledged, lost,
-duplicated, the refusals by code, the times each node's log says a condition began and ended.
+duration); p50 / p95 (nearest rank) over the rounds; the latency of that node's acknowledged writes whose call
+overlapped the fault against its writes that overlapped none (p50 / p95 / p99 and the ratios: the same-run
+baseline). Afterwards (once the peers have caught up, bounded) every acknowledged write must be stored exactly
+once on its own node and exactly once on each of its two peers; the figures, per fault (the writes acknowledged
+on any node while it lasted) and per node: writes acknowledged, lost, duplicated, the refusals by code, the
+times each node's log says a condition began and ended.
 
     python -m testbed.bench.storage_faults [--rounds 3] [--writers 2] [--rate 20] [--settle 2] [--hold 2]
                                            [--tmpfs-mb 256] [--out bench/out/storage_faults.json]
@@ -133,12 +136,14 @@ class NodeTally:
 
 @dataclass
 class Window:
-    """A fault's time, from its start to every node it struck answering /readyz 200 again: the slice of each
-    node's acknowledged writes that came in it (``spans``: node -> [start, end) in its writers' list) and the
-    calls refused meanwhile on any node, by code."""
+    """A fault's time, from its start to every node it struck answering /readyz 200 again (``began``, ``ended``:
+    time.monotonic): the slice of each node's acknowledged writes that came in it (``spans``: node -> [start, end)
+    in its writers' list) and the calls refused meanwhile on any node, by code."""
 
     fault: str
     round: int
+    began: float
+    ended: float
     spans: dict[int, tuple[int, int]]
     refused: dict[str, int]
 
@@ -158,6 +163,30 @@ class FaultTally:
 
 
 @dataclass
+class Latency:
+    """Acknowledged writes' calls: how many, p50 / p95 / p99 (nearest rank), ms."""
+
+    samples: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+@dataclass
+class LatencyRow:
+    """A fault on a node it struck: that node's acknowledged writes whose call overlapped the fault (all rounds)
+    against the same node's writes whose call overlapped no fault of the run (the same-run baseline), and the
+    ratios."""
+
+    fault: str
+    node: int
+    during: Latency
+    healthy: Latency
+    p50_ratio: float
+    p99_ratio: float
+
+
+@dataclass
 class Tally:
     """The run's writes (``lost`` and ``duplicated`` count every store: a write's own node and each peer); every
     stored memory of the run found more than once on a node, acknowledged or not (``stored_twice``); the
@@ -169,6 +198,7 @@ class Tally:
     stored_twice: int
     nodes: list[NodeTally]
     faults: list[FaultTally]
+    latencies: list[LatencyRow]
     refused: dict[str, int]
     log_events: dict[int, dict[str, int]]
     quick_check: dict[int, str]
@@ -379,6 +409,7 @@ class Run:
         """Bring fault ``name``'s legs on one after another (each seen on /readyz), ``hold_s``, end them at once,
         and wait for each node to be ready again. A leg's duration runs from its own start."""
         fault_legs = legs(self.rig, name)
+        fault_began = time.monotonic()
         before = {i: (len(w.acked), Counter(w.refused)) for i, w in self.writers.items()}
         began: dict[int, float] = {}
         for leg in fault_legs:
@@ -403,7 +434,8 @@ class Run:
 
         results = list(await asyncio.gather(*(finish(leg) for leg in fault_legs)))
         self.windows.append(Window(
-            fault=name, round=round_, spans={i: (before[i][0], len(w.acked)) for i, w in self.writers.items()},
+            fault=name, round=round_, began=fault_began, ended=time.monotonic(),
+            spans={i: (before[i][0], len(w.acked)) for i, w in self.writers.items()},
             refused=dict(sum((w.refused - before[i][1] for i, w in self.writers.items()), Counter()))))
         return results
 
@@ -450,7 +482,7 @@ async def run(rig: StorageRig, load: Load) -> tuple[list[FaultResult], Tally, di
                     await asyncio.to_thread(rig.rebuild_standby)
             await r.writes_go_on()
         not_ready = {i: watch.outages(i) for i in NODES}
-    return results, await tally(rig, writers, r.windows), not_ready
+    return results, await tally(rig, writers, r.windows, results), not_ready
 
 
 # ---- counting -----------------------------------------------------------------------------------------------------
@@ -475,7 +507,33 @@ def fault_tallies(windows: list[Window], writers: dict[int, Writers],
     return out
 
 
-async def tally(rig: StorageRig, writers: dict[int, Writers], windows: list[Window]) -> Tally:
+def latency(samples_s: list[float]) -> Latency:
+    s = sorted(samples_s) or [0.0]
+    return Latency(samples=len(samples_s), p50_ms=round(percentile(s, 50) * 1e3, 2),
+                   p95_ms=round(percentile(s, 95) * 1e3, 2), p99_ms=round(percentile(s, 99) * 1e3, 2))
+
+
+def _overlaps(sent: float, answered: float, windows: list[Window]) -> bool:
+    return any(answered >= w.began and sent <= w.ended for w in windows)
+
+
+def latency_rows(results: list[FaultResult], windows: list[Window], writers: dict[int, Writers]) -> list[LatencyRow]:
+    """Per fault and node it struck: the latency of the writes whose call overlapped the fault, against that
+    node's writes whose call overlapped no fault."""
+    rows = []
+    for fault, node in dict.fromkeys((f.fault, f.node) for f in results):
+        calls = [(at - s, at) for s, at in zip(writers[node].latencies_s, writers[node].acked_at, strict=True)]
+        mine = [w for w in windows if w.fault == fault]
+        d = latency([b - a for a, b in calls if _overlaps(a, b, mine)])
+        h = latency([b - a for a, b in calls if not _overlaps(a, b, windows)])
+        rows.append(LatencyRow(fault=fault, node=node, during=d, healthy=h,
+                               p50_ratio=round(d.p50_ms / h.p50_ms, 2) if h.p50_ms else 0.0,
+                               p99_ratio=round(d.p99_ms / h.p99_ms, 2) if h.p99_ms else 0.0))
+    return rows
+
+
+async def tally(rig: StorageRig, writers: dict[int, Writers], windows: list[Window],
+                results: list[FaultResult]) -> Tally:
     """Count every acknowledged write on every node, once each has caught up (bounded)."""
     deadline = time.monotonic() + REPLICATED_WITHIN_S
     while True:
@@ -496,7 +554,7 @@ async def tally(rig: StorageRig, writers: dict[int, Writers], windows: list[Wind
     return Tally(acked=sum(n.acked for n in nodes), lost=sum(n.lost + n.replica_lost for n in nodes),
                  duplicated=sum(n.duplicated + n.replica_duplicated for n in nodes),
                  stored_twice=sum(1 for j in NODES for n in stored[j].values() if n > 1), nodes=nodes,
-                 faults=fault_tallies(windows, writers, stored),
+                 faults=fault_tallies(windows, writers, stored), latencies=latency_rows(results, windows, writers),
                  refused=dict(sum((Counter(w.refused) for w in writers.values()), Counter())),
                  log_events={i: log_events(rig.node(i)) for i in NODES},
                  quick_check={i: quick_check(rig.node(i).home / "data" / "memory.db") for i in (FULL_NODE, PLAIN_NODE)},
@@ -541,6 +599,10 @@ def summaries(results: list[FaultResult]) -> list[Summary]:
     return out
 
 
+def _lat(x: Latency) -> str:
+    return f"{x.samples}: {x.p50_ms} / {x.p95_ms} / {x.p99_ms}"
+
+
 def _codes(refused: dict[str, int]) -> str:
     return ", ".join(f"{code} {n}" for code, n in sorted(refused.items())) or "-"
 
@@ -558,6 +620,10 @@ def table(results: list[FaultResult], t: Tally, not_ready: dict[int, list[str]])
                   "refused meanwhile (any node) |", "|---|---:|---:|---:|---:|---|"]
     lines += [f"| {f.fault} | {f.rounds} | {f.acked} | {f.lost} | {f.duplicated} | {_codes(f.refused)} |"
               for f in t.faults]
+    lines += ["", "| write latency on the node struck | while the fault lasted: n, p50 / p95 / p99 (ms) | outside "
+                  "every fault: n, p50 / p95 / p99 (ms) | ratio p50 / p99 |", "|---|---|---|---|"]
+    lines += [f"| {r.fault}, node-{r.node} | {_lat(r.during)} | {_lat(r.healthy)} | {r.p50_ratio} / {r.p99_ratio} |"
+              for r in t.latencies]
     lines += ["", "| writes of | acked | lost on it | duplicated on it | lost on a peer | duplicated on a peer | "
                   "refused |", "|---|---:|---:|---:|---:|---:|---|"]
     for n in t.nodes:
