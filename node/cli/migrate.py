@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from node.cli.common import EXIT_CHECK, EXIT_OK, check_home, emit, refuse_while_the_node_runs, run_async
 from node.config import NodeConfig
 from storage.errors import StorageCode, StorageError
-from storage.port import BATCH_ROWS, Progress, Store, migrate
+from storage.port import BATCH_ROWS, Progress, migrate
+from storage.portsides import Store
 
 if TYPE_CHECKING:
     from node.cli.common import Commands

@@ -37,7 +37,8 @@ import psycopg
 from storage import Database, changelog, events, links, memories
 from storage.backend import open_database
 from storage.links import LinkRow
-from storage.port import BATCH_ROWS, Progress, Report, Store, migrate
+from storage.port import BATCH_ROWS, Progress, Report, migrate
+from storage.portsides import Store
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import Cluster, server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
