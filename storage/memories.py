@@ -79,6 +79,8 @@ _K1_PLUS_1 = _K1 + 1.0
 # words, so such queries read mostly the same rows again. 16 MiB holds ~3,000 rows of ~300 bytes of text
 # (several windows of 500), fewer of longer ones.
 TERM_VECTOR_BYTES = 16 * 1024 * 1024
+# Rows a Postgres store's mean row length is measured on (DocFreqs.avgdl): within ~1% at 100k rows, a few ms.
+AVGDL_SAMPLE_ROWS = 5_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,7 +282,7 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
     if not tokens or limit <= 0:
         return []
     if getattr(conn, "dialect", "sqlite") == "postgres":
-        return recall_pg(conn, tokens, limit, namespace, rank_window)
+        return recall_pg(conn, tokens, limit, namespace, doc_freqs, rank_window)
     n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens)
     common = _common(n, counts)
     # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
@@ -534,6 +536,7 @@ class DocFreqs:
         self._clock = clock
         self._lock = threading.Lock()
         self._rows: tuple[int, float] | None = None      # (row count, measured at)
+        self._avgdl: tuple[float, float] | None = None   # (mean row length in tokens, measured at): Postgres
         self._counts: dict[str, tuple[int, float]] = {}  # word (casefolded literal) -> (rows, measured at)
 
     def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
@@ -553,8 +556,9 @@ class DocFreqs:
             hit = cached[t] if rows else None
             if hit is None or now - hit[1] >= self._ttl_s:
                 # Counting stops at half the rows: a common word costs half its posting list, once.
-                k = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? "
-                                 "LIMIT ?)", (t, (n + 1) // 2)).fetchone()[0]
+                k = conn.execute(_DF_COUNT[getattr(conn, "dialect", "sqlite")],
+                                 (_pg_word(t) if getattr(conn, "dialect", "sqlite") == "postgres" else t,
+                                  (n + 1) // 2)).fetchone()[0]
                 hit = (int(k), now)
                 fresh[t.casefold()] = hit
             out.append(hit[0])
@@ -568,6 +572,40 @@ class DocFreqs:
         return n, out
 
 
+    def avgdl(self, conn: Any) -> float:
+        """A Postgres store's mean row length in tokens (what FTS5's averages record holds on SQLite), from a
+        sample of about AVGDL_SAMPLE_ROWS rows, kept for DF_TTL_S seconds."""
+        now = self._clock()
+        with self._lock:
+            if self._avgdl is not None and now - self._avgdl[1] < self._ttl_s:
+                return self._avgdl[0]
+        rows = max(1, int(conn.execute("SELECT greatest(reltuples, 1) FROM pg_class "
+                                       "WHERE oid = 'memories'::regclass").fetchone()[0]))
+        share = min(100.0, 100.0 * AVGDL_SAMPLE_ROWS / rows)
+        # A row's tokens are its tsvector's positions (the 'simple' configuration keeps every word).
+        sample = "" if share >= 100.0 else f" TABLESAMPLE SYSTEM ({share:.6f}) REPEATABLE (0)"
+        r = conn.execute("SELECT avg((SELECT sum(array_length(positions, 1)) FROM unnest(fts))) "
+                         f"FROM memories{sample}").fetchone()
+        if r[0] is None and sample:
+            r = conn.execute("SELECT avg((SELECT sum(array_length(positions, 1)) FROM unnest(fts))) "
+                             "FROM memories").fetchone()
+        avgdl = float(r[0] or 0.0)
+        with self._lock:
+            self._avgdl = (avgdl, now)
+        return avgdl
+
+
+def _pg_word(token: str) -> str:
+    """An FTS5 literal of fts_tokens as a tsquery lexeme (words are letters and digits: only the quotes)."""
+    return "'" + token[1:-1].replace('""', '"').replace("'", "''") + "'"
+
+
+# A word's rows, counted up to a bound (DocFreqs.counts), per engine.
+_DF_COUNT = {"sqlite": "SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)",
+             "postgres": "SELECT count(*) FROM (SELECT 1 FROM memories WHERE fts @@ to_tsquery('simple', ?) "
+                         "LIMIT ?) AS k"}
+
+
 def rebuild_fts(conn: sqlite3.Connection) -> None:
     """Rebuild the FTS index from the memories table (needed after a VACUUM, which may renumber rowids).
     On Postgres the tsvector is a generated column, always in step: nothing to do."""
@@ -576,24 +614,78 @@ def rebuild_fts(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
 
 
-def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None,
+def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None, doc_freqs: DocFreqs | None,
               rank_window: int = RANK_WINDOW) -> list[tuple[MemoryRow, float]]:
-    """Postgres recall: the same words (quoted FTS5 literals from fts_tokens), ANDed then ORed, matched
-    against the weighted tsvector column (title A 1.0, tags B 0.75, content C 0.5: the ratios of the FTS5
-    bm25 weights) over its GIN index, ranked by ts_rank (higher is better). As on SQLite, only the
-    ``rank_window`` most recently inserted matches are ranked."""
-    # Words are letters and digits only, so as tsquery lexemes they need no escaping beyond the quotes.
-    words = ["'" + t[1:-1].replace('""', '"').replace("'", "''") + "'" for t in tokens]
-    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
-    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
-    # The window is found on the index alone (rowids only); only its rows are fetched and ranked.
-    sql = ("WITH q AS (SELECT to_tsquery('simple', ?) AS q), "
-           f"w AS (SELECT m.rowid FROM memories AS m, q WHERE m.fts @@ q.q {ns_where} "
-           "ORDER BY m.rowid DESC LIMIT ?) "
-           f"SELECT {cols}, ts_rank('{{0.05, 0.5, 0.75, 1.0}}', m.fts, q.q) AS score "
-           "FROM w JOIN memories AS m ON m.rowid = w.rowid, q ORDER BY score DESC, m.rowid DESC LIMIT ?")
-    for op in (" & ", " | ") if len(words) > 1 else (" & ",):
-        rows = conn.execute(sql, (op.join(words), *ns_args, rank_window, limit)).fetchall()
-        if rows:
-            return [(_row(r[:-1]), float(r[-1])) for r in rows]
+    """Postgres recall, ranked as SQLite's: the words ANDed (then ORed); the window (the ``rank_window`` most
+    recent matches) found through the tsvector's GIN index or the rowid index, whichever the planner's statistics
+    say is cheaper; ranked by FTS5's bm25 (title 2.0, content 1.0, tags 1.5), each row's word counts and length
+    read from its tsvector by ts_rank_cd (pg_window), each word's idf from its row count (DocFreqs) and the mean
+    row length from a sample of the table (DocFreqs.avgdl). Equal scores: the older memory first."""
+    freqs = doc_freqs or DocFreqs()
+    n, counts = freqs.counts(conn, tokens)
+    common = _common(n, counts)
+    for op in (" & ", " | ") if len(tokens) > 1 else (" & ",):
+        # As on SQLite: ANDed, the common words only filter (bm25 clamps their idf to ~0); ORed, every word ranks.
+        ranked = [i for i, c in enumerate(common) if not c or op == " | "] or list(range(len(tokens)))
+        sql, args = pg_window(tokens, op, namespace, rank_window, [tokens[i] for i in ranked])
+        window = conn.execute(sql, args).fetchall()
+        if not window:
+            continue
+        idfs = [_idf(n, counts[i]) for i in ranked]
+        best = _bm25_window(window, idfs, freqs.avgdl(conn), limit)
+        marks_sql = ",".join("?" * len(best))
+        found = {r[-1]: _row(r[:-1]) for r in conn.execute(
+            f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
+        return [(found[rowid], -score) for score, rowid in best if rowid in found]
     return []
+
+
+def pg_window(tokens: list[str], op: str, namespace: str | None, rank_window: int,
+              ranked: list[str]) -> tuple[str, tuple[Any, ...]]:
+    """The statement of the window and its arguments: per row its rowid, the window query's ts_rank_cd without
+    and with normalization 2 (their ratio is the row's length in tokens), and each of the ``ranked`` words'
+    ts_rank_cd, which for one word is its weighted count in the row (_PG_RANK_WEIGHTS: title 1.0, tags 0.75,
+    content 0.5, half bm25's). The tsquery is a literal of the statement, never a parameter: the planner sees
+    how many rows it matches (a prepared statement's generic plan would not)."""
+    query = f"to_tsquery('simple', {_sql_text(op.join(_pg_word(t) for t in tokens))})"
+    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
+    per_word = "".join(f", ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, to_tsquery('simple', {_sql_text(_pg_word(t))}), 0)"
+                       for t in ranked)
+    sql = (f"SELECT w.rowid, ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {query}, 0), "
+           f"ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {query}, 2){per_word} FROM (SELECT m.rowid, m.fts FROM memories "
+           f"AS m WHERE m.fts @@ {query} {ns_where} ORDER BY m.rowid DESC LIMIT ?) AS w")
+    return sql, (*ns_args, rank_window)
+
+
+def _sql_text(text: str) -> str:
+    """``text`` as an SQL string literal (standard_conforming_strings: only the quote is doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _idf(n: int, k: int) -> float:
+    """FTS5's idf of a word in ``k`` of ``n`` rows: one in at least half of them is clamped to ~0."""
+    idf = math.log((n - k + 0.5) / (k + 0.5)) if n else 0.0
+    return idf if idf > 0.0 else _CLAMPED_IDF
+
+
+# ts_rank_cd's weights of the tsvector's D, C (content), B (tags), A (title): bm25's 1.0, 1.5, 2.0 halved (a weight
+# is at most 1), D unused. For a one-word query ts_rank_cd without normalization is the sum of the weights of the
+# word's positions: its weighted count, halved.
+_PG_RANK_WEIGHTS = "'{0.05, 0.5, 0.75, 1.0}'"
+
+
+def _bm25_window(window: list[Row], idfs: list[float], avgdl: float, limit: int) -> list[tuple[float, int]]:
+    """The best ``limit`` of the window's rows (pg_window's) by FTS5's bm25 over the ranked words whose ``idfs``
+    are given, as (-score, rowid), equal scores older first."""
+    avgdl = avgdl if avgdl > 0 else 1.0
+    scored = []
+    for rowid, plain, normed, *halves in window:
+        length = plain / normed if normed else avgdl
+        d = _K1 * (1 - _B + _B * round(length) / avgdl)
+        score = 0.0
+        # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+        for half, idf in zip(halves, idfs, strict=True):
+            x = 2.0 * half
+            score += idf * ((x * _K1_PLUS_1) / (x + d))
+        scored.append((-score, int(rowid)))
+    return heapq.nsmallest(limit, scored)
