@@ -537,6 +537,7 @@ class DocFreqs:
         self._lock = threading.Lock()
         self._rows: tuple[int, float] | None = None      # (row count, measured at)
         self._avgdl: tuple[float, float] | None = None   # (mean row length in tokens, measured at): Postgres
+        self._elems: tuple[dict[str, float], float] | None = None  # (pg_stats' lexeme shares, read at): Postgres
         self._counts: dict[str, tuple[int, float]] = {}  # word (casefolded literal) -> (rows, measured at)
 
     def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
@@ -555,11 +556,7 @@ class DocFreqs:
         for t in tokens:
             hit = cached[t] if rows else None
             if hit is None or now - hit[1] >= self._ttl_s:
-                # Counting stops at half the rows: a common word costs half its posting list, once.
-                k = conn.execute(_DF_COUNT[getattr(conn, "dialect", "sqlite")],
-                                 (_pg_word(t) if getattr(conn, "dialect", "sqlite") == "postgres" else t,
-                                  (n + 1) // 2)).fetchone()[0]
-                hit = (int(k), now)
+                hit = (self._count(conn, t, n, now), now)
                 fresh[t.casefold()] = hit
             out.append(hit[0])
         with self._lock:
@@ -571,6 +568,32 @@ class DocFreqs:
                 self._counts[key] = val
         return n, out
 
+
+    def _count(self, conn: Any, token: str, n: int, now: float) -> int:
+        """The rows holding ``token``, up to half of ``n``. Counting stops at half the rows: on SQLite a common
+        word costs half its posting list, once. On Postgres, where counting visits every matching row, a word
+        the planner's statistics track (pg_stats' most common elements of the tsvector, from ANALYZE's sample)
+        is taken from them; only the others, the rarer words, are counted."""
+        if getattr(conn, "dialect", "sqlite") != "postgres":
+            return int(conn.execute(_DF_COUNT["sqlite"], (token, (n + 1) // 2)).fetchone()[0])
+        share = self._elem_freqs(conn, now).get(token[1:-1].replace('""', '"').lower())
+        if share is not None:
+            return min(round(share * n), (n + 1) // 2)
+        return int(conn.execute(_DF_COUNT["postgres"], (_pg_word(token), (n + 1) // 2)).fetchone()[0])
+
+    def _elem_freqs(self, conn: Any, now: float) -> dict[str, float]:
+        """The tsvector's most common lexemes and the share of rows holding each (pg_stats), kept DF_TTL_S."""
+        with self._lock:
+            if self._elems is not None and now - self._elems[1] < self._ttl_s:
+                return self._elems[0]
+        r = conn.execute("SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
+                         "WHERE schemaname = current_schema() AND tablename = 'memories' AND attname = 'fts'"
+                         ).fetchone()
+        # The freqs hold three more entries than the elements (their min, max and the nulls' share).
+        freqs = dict(zip(r[0], map(float, r[1]), strict=False)) if r and r[0] is not None else {}
+        with self._lock:
+            self._elems = (freqs, now)
+        return freqs
 
     def avgdl(self, conn: Any) -> float:
         """A Postgres store's mean row length in tokens (what FTS5's averages record holds on SQLite), from a
@@ -627,12 +650,15 @@ def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None, d
     for op in (" & ", " | ") if len(tokens) > 1 else (" & ",):
         # As on SQLite: ANDed, the common words only filter (bm25 clamps their idf to ~0); ORed, every word ranks.
         ranked = [i for i, c in enumerate(common) if not c or op == " | "] or list(range(len(tokens)))
-        sql, args = pg_window(tokens, op, namespace, rank_window, [tokens[i] for i in ranked])
+        # How many rows match, were the words independent (the common ones counted only to half the rows).
+        guess = min(n, sum(counts)) if op == " | " else n * math.prod(k / n for k in counts) if n else 0.0
+        sql, args = pg_window(tokens, op, namespace, rank_window, [tokens[i] for i in ranked],
+                              by_index=guess <= math.sqrt(rank_window * max(n, 1)))
         window = conn.execute(sql, args).fetchall()
         if not window:
             continue
         idfs = [_idf(n, counts[i]) for i in ranked]
-        best = _bm25_window(window, idfs, freqs.avgdl(conn), limit)
+        best = _bm25_window(window, idfs, freqs.avgdl(conn), limit, ored=op == " | ")
         marks_sql = ",".join("?" * len(best))
         found = {r[-1]: _row(r[:-1]) for r in conn.execute(
             f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
@@ -640,20 +666,31 @@ def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None, d
     return []
 
 
-def pg_window(tokens: list[str], op: str, namespace: str | None, rank_window: int,
-              ranked: list[str]) -> tuple[str, tuple[Any, ...]]:
-    """The statement of the window and its arguments: per row its rowid, the window query's ts_rank_cd without
-    and with normalization 2 (their ratio is the row's length in tokens), and each of the ``ranked`` words'
-    ts_rank_cd, which for one word is its weighted count in the row (_PG_RANK_WEIGHTS: title 1.0, tags 0.75,
-    content 0.5, half bm25's). The tsquery is a literal of the statement, never a parameter: the planner sees
-    how many rows it matches (a prepared statement's generic plan would not)."""
+def pg_window(tokens: list[str], op: str, namespace: str | None, rank_window: int, ranked: list[str], *,
+              by_index: bool) -> tuple[str, tuple[Any, ...]]:
+    """The statement of the window and its arguments: per row its rowid, ts_rank_cd with normalization 2 (which
+    divides by the row's length in tokens) and without it, and each of the ``ranked`` words' ts_rank_cd, which for
+    one word is its weighted count in the row (_PG_RANK_WEIGHTS: title 1.0, tags 0.75, content 0.5, half bm25's).
+    The length pair is of the first ranked word ANDed (every row holds it: its count is the pair's second), of
+    the window's query ORed. The tsquery is a literal of the statement, never a parameter: the planner sees how
+    many rows it matches (a prepared statement's generic plan would not).
+
+    ``by_index``: the matches are few, so all of them are read through the GIN index and the newest kept (a
+    bitmap scan and a top-N sort); else the newest rows are walked through the rowid index until the window is
+    full, which reads about rank_window * rows / matches of them. The two cost the same at about
+    sqrt(rank_window * rows) matches (the caller's guess, from DocFreqs' exact counts), where the planner puts
+    the line far too low (a word in 2% of 100k rows was walked through 24k rows in 9 ms rather than read in 2).
+    Few matches: the sort key ``rowid + 0``, which no index gives, leaves the planner the GIN index. Many: the
+    planner's choice, which is the walk."""
     query = f"to_tsquery('simple', {_sql_text(op.join(_pg_word(t) for t in tokens))})"
     ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
-    per_word = "".join(f", ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, to_tsquery('simple', {_sql_text(_pg_word(t))}), 0)"
-                       for t in ranked)
-    sql = (f"SELECT w.rowid, ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {query}, 0), "
-           f"ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {query}, 2){per_word} FROM (SELECT m.rowid, m.fts FROM memories "
-           f"AS m WHERE m.fts @@ {query} {ns_where} ORDER BY m.rowid DESC LIMIT ?) AS w")
+    words = [f"to_tsquery('simple', {_sql_text(_pg_word(t))})" for t in ranked]
+    length_q = query if op == " | " else words[0]
+    ranks = [f"ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {q}, {norm})"
+             for q, norm in [(length_q, 2), *([(query, 0)] if op == " | " else []), *((q, 0) for q in words)]]
+    order = "m.rowid + 0" if by_index else "m.rowid"
+    sql = (f"SELECT w.rowid, {', '.join(ranks)} FROM (SELECT m.rowid, m.fts FROM memories "
+           f"AS m WHERE m.fts @@ {query} {ns_where} ORDER BY {order} DESC LIMIT ?) AS w")
     return sql, (*ns_args, rank_window)
 
 
@@ -674,13 +711,15 @@ def _idf(n: int, k: int) -> float:
 _PG_RANK_WEIGHTS = "'{0.05, 0.5, 0.75, 1.0}'"
 
 
-def _bm25_window(window: list[Row], idfs: list[float], avgdl: float, limit: int) -> list[tuple[float, int]]:
-    """The best ``limit`` of the window's rows (pg_window's) by FTS5's bm25 over the ranked words whose ``idfs``
-    are given, as (-score, rowid), equal scores older first."""
+def _bm25_window(window: list[Row], idfs: list[float], avgdl: float, limit: int, *,
+                 ored: bool) -> list[tuple[float, int]]:
+    """The best ``limit`` of the window's rows (pg_window's, of an ``ored`` query or not) by FTS5's bm25 over the
+    ranked words whose ``idfs`` are given, as (-score, rowid), equal scores older first."""
     avgdl = avgdl if avgdl > 0 else 1.0
     scored = []
-    for rowid, plain, normed, *halves in window:
-        length = plain / normed if normed else avgdl
+    for rowid, normed, *rest in window:
+        halves = rest[1:] if ored else rest
+        length = rest[0] / normed if normed else avgdl
         d = _K1 * (1 - _B + _B * round(length) / avgdl)
         score = 0.0
         # The words' terms are added in the query's order, from 0.0, as bm25 adds them.

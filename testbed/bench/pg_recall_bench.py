@@ -6,9 +6,10 @@ SQLite ranking, and ``EXPLAIN (ANALYZE, BUFFERS)`` of the slowest Postgres queri
 
 The store: the storage bench's fixed-seed Zipf-like corpus (testbed/bench/storage_bench.py ``Corpus``), written
 through each engine's storage layer in write jobs of LOAD_CHUNK memories; Postgres is a throwaway cluster this
-script starts (Unix socket, the fixtures' settings), ANALYZEd after the fill as autovacuum would. The queries (1-3
-words of the same vocabulary) take turns in blocks of BLOCK, SQLite then Postgres, so a slow phase of the VM hits
-both. Overlap per query: |SQLite top-10 ∩ Postgres top-10| / the SQLite top-10's size (1 where both are empty).
+script starts (Unix socket, the fixtures' settings), VACUUM ANALYZEd after the fill as autovacuum would. The
+queries (1-3 words of the same vocabulary) take turns in blocks of BLOCK, SQLite then Postgres, so a slow phase of
+the VM hits both. Overlap per query: |SQLite top-10 ∩ Postgres top-10| / the SQLite top-10's size (1 where both
+are empty).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from storage import memories
 from storage.backend import open_database
@@ -86,14 +89,16 @@ def overlap(sqlite_ids: list[str], pg_ids: list[str]) -> float:
 
 
 def explain(conn: Any, q: str) -> str:
-    """The Postgres recall's window statements for ``q`` (ANDed, then ORed), each under EXPLAIN (ANALYZE,
-    BUFFERS); the recall runs the second only when the first finds nothing."""
+    """The Postgres recall's window statements for ``q`` (ANDed, then ORed; the recall runs the second only when
+    the first finds nothing) in both shapes (through the GIN index, through the rowid index: the recall takes one
+    by its guess of the matches), each under EXPLAIN (ANALYZE, BUFFERS)."""
     tokens = memories.fts_tokens(q)
     out = []
     for op in (" & ", " | ") if len(tokens) > 1 else (" & ",):
-        sql, params = memories.pg_window(tokens, op, None, memories.RANK_WINDOW, tokens)
-        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
-        out.append(f"{op.strip()}:\n" + "\n".join(str(r[0]) for r in rows))
+        for by_index in (True, False):
+            sql, params = memories.pg_window(tokens, op, None, memories.RANK_WINDOW, tokens, by_index=by_index)
+            rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+            out.append(f"{op.strip()} {'GIN' if by_index else 'rowid'}:\n" + "\n".join(str(r[0]) for r in rows))
     return "\n--\n".join(out)
 
 
@@ -110,7 +115,8 @@ async def run(sizes: Sizes, tmp: Path, dsn: str) -> dict[str, Any]:
         for name, db in dbs.items():
             out["fill_s"][name] = round(await fill(db, rows), 1)
             print(f"filled {name}: {sizes.memories} memories in {out['fill_s'][name]} s", flush=True)
-        await dbs["postgres"].write(lambda conn: conn.execute("ANALYZE memories"))
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("VACUUM (ANALYZE) memories")  # as autovacuum does after many inserts
         for name, db in dbs.items():
             for q in warm:
                 await timed(db, freqs[name], q)

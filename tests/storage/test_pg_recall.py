@@ -54,3 +54,19 @@ async def test_the_gin_index_keeps_no_pending_list(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as c:
         options = c.execute("SELECT reloptions FROM pg_class WHERE relname = 'memories_fts_gin'").fetchone()
     assert options == (["fastupdate=off"],)
+
+
+async def test_with_the_planner_statistics_the_ranking_stays_the_same(both, pg_dsn: str) -> None:
+    """After ANALYZE the common words' row counts come from pg_stats (an estimate), not from counting them."""
+    dbs, queries = both
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("ANALYZE memories")
+        tracked = c.execute("SELECT cardinality(most_common_elems::text::text[]) FROM pg_stats "
+                            "WHERE tablename = 'memories' AND attname = 'fts'").fetchone()
+    assert tracked is not None and tracked[0] > 50
+    overlaps = []
+    for q in queries:
+        sqlite, pg = [await db.read(memories.recall, q, 10, None, memories.DocFreqs()) for db in dbs]
+        want = {m.id for m, _ in sqlite}
+        overlaps.append(len(want & {m.id for m, _ in pg}) / len(want) if want else float(not pg))
+    assert sum(overlaps) / len(overlaps) >= 0.95
