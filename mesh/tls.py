@@ -6,7 +6,8 @@ identity key (mesh.ca); TLS 1.3 only; client certificates are required.
 Identity is NOT the host name. The client context has ``check_hostname=False``
 because a node's address varies (loopback, container namespaces, NAT) while
 its identity does not: :func:`verify_peer` (run inside the client's
-handshake by a :func:`pinned_to` context, and by the server on each request) reads the agent_id from the certificate's SAN URI
+handshake by a :func:`pinned_to` context, and by the server on each request)
+reads the agent_id from the certificate's SAN URI
 ``urn:ai-memory:agent:<agent_id>``, checks it against the agent_id it meant
 to reach (client side) and, where that peer's ``.pub`` is pinned in
 ``peers/``, requires the certificate's key to equal it: a compromised CA
