@@ -42,13 +42,15 @@ def _cell(row: dict[str, Any]) -> str:
     o, f, n = row["ours"], row["floor"], row.get("nats")
     nats = f"{n['p95_ms']:.2f}" if n else "-"
     vs_nats = f"{row['ratio_p95_nats']:.2f}×" if n else "-"
-    return f"{o['p50_ms']:.2f} / {o['p95_ms']:.2f} | {f['p95_ms']:.2f} | {nats} | {row['ratio_p95']:.2f}× | {vs_nats}"
+    return (f"{o['p50_ms']:.2f} / {o['p95_ms']:.2f} | {f['p95_ms']:.2f} | {nats} | {row['ratio_p95']:.2f}× | {vs_nats} "
+            f"| {o['cpu_ms_per_msg_per_receiver']:.3f} / {o['cpu_ms_per_msg_sender']:.3f}")
 
 
 def main() -> int:
     p = base_parser(__doc__, "534fc3c", 3)
     p.add_argument("--nodes", default="3,5,10", help="node counts, comma-separated (default 3,5,10)")
     p.add_argument("--messages", type=int, default=1000, help="fan-outs per child (default 1000)")
+    p.add_argument("--out", type=Path, help="also write every hold's rows here (JSON)")
     args = p.parse_args()
     nodes = [int(n) for n in args.nodes.split(",") if n]
     if args.child:
@@ -70,10 +72,14 @@ def main() -> int:
                                     ["--nodes", str(n), "--messages", str(args.messages)])
                     rows.append((r + 1, n, name, got))
                     print(f"hold {r + 1}, {n} nodes, {name}: {_cell(got)}", file=sys.stderr)
+    if args.out is not None:
+        args.out.write_text(json.dumps([{"hold": h, "nodes": n, "code": name, **row} for h, n, name, row in rows],
+                                       indent=1) + "\n", encoding="utf-8")
     print(f"`.venv/bin/python -m testbed.bench.fanout_ab --base {args.base} --rounds {args.rounds} --nodes "
           f"{args.nodes} --messages {args.messages}` ({os.cpu_count()} CPUs)\n")
-    print("| hold | nodes | code | ours p50 / p95 (ms) | floor p95 | NATS p95 | p95 ours/floor | p95 ours/NATS |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|")
+    print("| hold | nodes | code | ours p50 / p95 (ms) | floor p95 | NATS p95 | p95 ours/floor | p95 ours/NATS "
+          "| ours CPU ms/msg per receiver / sender |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---|")
     for hold, n, name, row in sorted(rows, key=lambda x: (x[1], x[0], TREES.index(x[2]))):
         print(f"| {hold} | {n} | {name} | {_cell(row)} |")
     return 0
