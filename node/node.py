@@ -340,8 +340,11 @@ class Node:
         backend = self.backend = ServiceBackend(self.svc, runtime=self)
         self.extra_services.append(await start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
+            from mesh.agentkeys import AgentTokens
+            # A request carrying an agent's bearer token acts as that agent (docs/mcp.md, "Agents").
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
-                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile))
+                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile,
+                                                                   tokens=AgentTokens(self.cfg.keys_dir)))
 
     async def _stop_extras(self) -> None:
         for handle in reversed(self.extra_services):

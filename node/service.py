@@ -18,6 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from mesh.keys import Identity
 from node import attest
+from node.agents.acting import acting_as
+from node.agents.book import AgentBook
+from node.agents.local import LocalAgents
 from node.attest import SIGNED_SET_SHARED, AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError, describe, is_project_error
@@ -75,10 +78,14 @@ class Service:
     ``writes`` is the store's write path (its hooks, gate, approvals and replicator); ``webhooks`` the
     subscriptions the CLI manages and the node delivers (None = none: events go to ``writes``' sink only)."""
 
-    def __init__(self, writes: WritePath, *, clock: Clock = now_ms, webhooks: Webhooks | None = None) -> None:
+    def __init__(self, writes: WritePath, *, clock: Clock = now_ms, webhooks: Webhooks | None = None,
+                 agents: AgentBook | None = None) -> None:
         self.writes = writes
         self.clock = clock
         self.webhooks = webhooks
+        # This node's agents (node/agents/local.py): the principal an MCP client names, made on first use.
+        self.agents = LocalAgents(writes, agents if agents is not None else AgentBook(writes.db, writes.keyring),
+                                  clock)
         # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
         self.kg = KnowledgeGraph(writes, clock)
         # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py);
@@ -624,7 +631,12 @@ class Service:
             raise ServiceError("approvals_unavailable", "this service was built without pending actions")
         return self.approvals
 
-    async def _replay(self, call: dict[str, Any]) -> Any:
+    async def _replay(self, call: dict[str, Any], agent: str) -> Any:
+        """The parked call run again as the agent that made it (an agent revoked since fails the action)."""
+        with acting_as(await self.agents.principal(agent)):
+            return await self._run_parked(call)
+
+    async def _run_parked(self, call: dict[str, Any]) -> Any:
         method, args = call.get("method"), dict(call.get("args") or {})
         match method:
             case "memory_store":
