@@ -1,4 +1,4 @@
-"""agent_delegations and agent_revocations (migration 10): the signed records by which a node vouches for its
+"""agent_delegations and agent_revocations (migration 11): the signed records by which a node vouches for its
 agents, and ends that, each kept as received. Sync functions taking ``conn`` first."""
 
 from __future__ import annotations

@@ -291,10 +291,17 @@ _M9_SIGNED_SHARING = Migration(9, "signed_sharing", (
     "UPDATE peer_state SET last_sync_seq = 0",
 ))
 
-# ---- agents (issue 32; the integrator renumbers at merge) -------------------------------------------------
+# What each peer reads beyond the common kinds, as its last sync page said: kept so that every process writing to
+# the store (the CLI beside a node, an embedded MCP) queues the forms the node's peers read.
+_M10_PEER_ACCEPTS = Migration(10, "peer_accepts", (
+    # A JSON array of payload kinds; NULL: this node never heard from the peer.
+    "ALTER TABLE peer_state ADD COLUMN accepts TEXT",
+))
+
+# ---- agents (issue 32; the agents range is 11-13) -------------------------------------------------
 # Agents as principals (docs/security.md, "Agents"): the delegations nodes signed for their agents and the
 # revocations that end them, each a signed record kept as received; and the per-agent storage quota's read.
-_M10_AGENTS = Migration(10, "agents", (
+_M11_AGENTS = Migration(11, "agents", (
     """CREATE TABLE IF NOT EXISTS agent_delegations (
         delegation_id TEXT PRIMARY KEY,
         agent_id TEXT NOT NULL,
@@ -327,7 +334,7 @@ _M10_AGENTS = Migration(10, "agents", (
 
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
                                      _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING,
-                                     _M10_AGENTS)
+                                     _M10_PEER_ACCEPTS, _M11_AGENTS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
@@ -337,7 +344,7 @@ OUR_TABLES = frozenset({
     "change_log", "peer_state", "counters", "sync_pending", "link_invalidations", "permission_rules",
     "pending_actions", "subscriptions", "subscription_deliveries", "memory_transcripts", "memory_transcripts_archive",
     "memory_transcript_links", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
-    "agent_delegations", "agent_revocations",  # migration 10 (agents)
+    "agent_delegations", "agent_revocations",  # migration 11 (agents)
 })
 
 
