@@ -1,0 +1,138 @@
+"""Agents as principals, as a receiving node checks them (docs/protocol.md, "Agents"; docs/security.md, "Agents").
+
+A peer (PEER, a node this node pins) vouches for its agent BOT with a delegation; what BOT signs is verified under
+the key that delegation names. Envelopes are built by hand from the protocol document (a delegation is canonical
+CBOR of ``{type: "agent.delegation", agent_id, agent_key, issuer, valid_from, valid_until}`` signed by the issuer;
+a revocation ``{type: "agent.revocation", delegation_id, agent_id, issuer, revoked_at}``), applied to a real store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import cbor2
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from a2a import new_envelope
+from mesh import keys
+from node.assemble import open_service
+from node.service import Service, now_ms
+from tests.node.conftest import AGENT, make_config
+from tests.node.test_signed_sharing import memory, put_v2
+
+PEER = "ai:peer@lab"
+STRANGER = "ai:stranger@lab"  # a node this node does not pin
+BOT, OTHER_BOT = "ai:bot@peer", "ai:other-bot@peer"
+DAY = 86_400_000
+
+
+def raw(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def delegation(issuer_key: Ed25519PrivateKey, agent: str, agent_key: Ed25519PrivateKey, issuer: str = PEER, *,
+               valid_from: int | None = None, valid_until: int | None = None) -> tuple[dict, str]:
+    """An agent.delegate payload signed by ``issuer_key``, and the delegation's id (hex SHA-256 of the bytes)."""
+    start = now_ms() - DAY if valid_from is None else valid_from
+    record = {"agent_id": agent, "agent_key": raw(agent_key), "issuer": issuer, "valid_from": start,
+              "valid_until": start + 2 * DAY if valid_until is None else valid_until}
+    signed = cbor2.dumps({"type": "agent.delegation", **record}, canonical=True)
+    return ({"kind": "agent.delegate", "delegation": record, "signature": issuer_key.sign(signed),
+             "signed_by": issuer}, hashlib.sha256(signed).hexdigest())
+
+
+def revocation(issuer_key: Ed25519PrivateKey, delegation_id: str, agent: str, revoked_at: int) -> dict:
+    record = {"delegation_id": delegation_id, "agent_id": agent, "issuer": PEER, "revoked_at": revoked_at}
+    signed = cbor2.dumps({"type": "agent.revocation", **record}, canonical=True)
+    return {"kind": "agent.revoke", "revocation": record, "signature": issuer_key.sign(signed), "signed_by": PEER}
+
+
+def agent_memory(agent_key: Ed25519PrivateKey, delegation_id: str, agent: str = BOT, **over: object) -> dict:
+    """A memory.put.v2 written and signed by ``agent`` (with ``agent_key``), naming ``delegation_id``."""
+    return {**put_v2(memory(origin=agent, **over), agent_key, None), "delegation": delegation_id}
+
+
+@pytest.fixture
+async def node(tmp_path: Path):
+    """This node (AGENT), pinning PEER's key; and the keys of PEER, a stranger node and PEER's two agents."""
+    cfg = make_config(tmp_path / "n", federation={"orphan_hold_s": 0.2})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    peer = keys.generate_identity(tmp_path / "k-peer", PEER)
+    keys.import_peer(cfg.peers_dir, peer.pub_path)
+    pk = {PEER: peer.private_key, STRANGER: Ed25519PrivateKey.generate(), BOT: Ed25519PrivateKey.generate(),
+          OTHER_BOT: Ed25519PrivateKey.generate()}
+    svc = await open_service(cfg, require_identity=True)
+    yield svc, pk
+    await svc.close()
+
+
+async def apply(svc: Service, payload: dict, sender: str = PEER) -> str | None:
+    ack = await svc.replicator.apply(new_envelope(sender, [AGENT], payload, now_ms(), 60_000), sender)
+    return None if ack.accepted else ack.reason.removeprefix("rejected:")
+
+
+async def stored_delegations(svc: Service) -> int:
+    return int(await svc.db.read(lambda c: c.execute("SELECT count(*) FROM agent_delegations").fetchone()[0]))
+
+
+async def test_an_agents_memory_verified_by_its_delegation_is_stored_peer_attested_naming_the_agent(node) -> None:
+    svc, pk = node
+    vouch, d_id = delegation(pk[PEER], BOT, pk[BOT])
+    assert await apply(svc, vouch) is None
+    put = agent_memory(pk[BOT], d_id)
+    assert await apply(svc, put) is None
+    row = await svc.memory_get(put["memory"]["id"])
+    assert (row["writer"], row["attest_level"]) == (BOT, "peer_attested")
+    assert await stored_delegations(svc) == 1
+
+
+async def test_forged_mismatched_expired_and_revoked_are_each_refused_with_their_own_code(node) -> None:
+    svc, pk = node
+    # Forged: a delegation in PEER's name signed by another key; and one by a node this node does not pin.
+    forged, _ = delegation(pk[STRANGER], BOT, pk[BOT])
+    assert await apply(svc, forged) == "bad_delegation"
+    unknown, _ = delegation(pk[STRANGER], BOT, pk[BOT], issuer=STRANGER)
+    assert await apply(svc, unknown, sender=STRANGER) == "unknown_issuer"
+    # A delegation naming a node (this one) vouches for nothing.
+    as_node, _ = delegation(pk[PEER], AGENT, pk[BOT])
+    assert await apply(svc, as_node) == "agent_is_node"
+    assert await stored_delegations(svc) == 0
+    # Genuine delegations of BOT (live), OTHER_BOT (live) and BOT-expired (a window long gone).
+    vouch, d_id = delegation(pk[PEER], BOT, pk[BOT])
+    other, other_id = delegation(pk[PEER], OTHER_BOT, pk[OTHER_BOT])
+    for payload in (vouch, other):
+        assert await apply(svc, payload) is None
+    # An agent key signing for another agent: OTHER_BOT's key writes as BOT, naming its own delegation, or BOT's.
+    assert await apply(svc, agent_memory(pk[OTHER_BOT], other_id, agent=BOT)) == "delegation_mismatch"
+    assert await apply(svc, agent_memory(pk[OTHER_BOT], d_id, agent=BOT)) == "bad_signature"
+    # Dated outside the window.
+    long_ago = now_ms() - 10 * DAY
+    assert await apply(svc, agent_memory(pk[BOT], d_id, created_at=long_ago, updated_at=long_ago)) \
+        == "delegation_expired"
+    # A delegation this node never received: the item waits (retryable), then is refused, nothing stored.
+    assert await apply(svc, agent_memory(pk[BOT], "ab" * 32)) == "unknown_delegation"
+    # Revoked from now: new writes refused; one dated before the revocation still verifies.
+    before = agent_memory(pk[BOT], d_id)
+    cut = now_ms() + 1
+    assert await apply(svc, revocation(pk[PEER], d_id, BOT, cut)) is None
+    later = cut + 5
+    assert await apply(svc, agent_memory(pk[BOT], d_id, created_at=later, updated_at=later)) == "delegation_revoked"
+    assert await svc.memory_list(limit=10) == []
+    assert await apply(svc, before) is None
+    assert [m["writer"] for m in await svc.memory_list(limit=10)] == [BOT]
+    # A revocation by another node than the issuer is refused.
+    wrong = revocation(pk[STRANGER], other_id, OTHER_BOT, cut)
+    assert await apply(svc, wrong) == "bad_delegation"
+
+
+async def test_an_item_that_overtakes_its_delegation_waits_for_it(node) -> None:
+    svc, pk = node
+    vouch, d_id = delegation(pk[PEER], BOT, pk[BOT])
+    put = agent_memory(pk[BOT], d_id)
+    # Pulled out of order: parked until the delegation arrives, then applied.
+    outcome = await svc.replicator.apply_sync_items(PEER, [{"seq": 2, **put}, {"seq": 1, **vouch}])
+    assert outcome["applied"] == 2, outcome
+    assert (await svc.memory_get(put["memory"]["id"]))["writer"] == BOT
