@@ -9,6 +9,7 @@ a revocation ``{type: "agent.revocation", delegation_id, agent_id, issuer, revok
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import cbor2
@@ -18,7 +19,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from a2a import new_envelope
 from mesh import keys
+from node.agents.acting import acting_as
 from node.assemble import open_service
+from node.errors import ServiceError
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
 from tests.node.test_signed_sharing import memory, put_v2
@@ -136,3 +139,57 @@ async def test_an_item_that_overtakes_its_delegation_waits_for_it(node) -> None:
     outcome = await svc.replicator.apply_sync_items(PEER, [{"seq": 2, **put}, {"seq": 1, **vouch}])
     assert outcome["applied"] == 2, outcome
     assert (await svc.memory_get(put["memory"]["id"]))["writer"] == BOT
+
+
+LOCAL_BOT = "ai:claude-code@laptop"
+
+
+@pytest.fixture
+async def pair(tmp_path: Path):
+    """This node (AGENT) with PEER as its peer, and PEER's store pinning AGENT's key."""
+    cfg = make_config(tmp_path / "o", mesh={"peers": [{"agent_id": PEER, "url": "https://127.0.0.1:1/"}]})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    peer_cfg = replace(make_config(tmp_path / "p"), agent_id=PEER)
+    keys.generate_identity(peer_cfg.keys_dir, PEER)
+    keys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
+    origin = await open_service(cfg, require_identity=True)
+    holder = await open_service(peer_cfg, require_identity=True)
+    yield origin, holder
+    await holder.close()
+    await origin.close()
+
+
+async def test_a_local_agent_signs_with_its_own_key_and_its_peer_verifies_it_by_the_delegation(pair) -> None:
+    origin, holder = pair
+    principal = await origin.agents.principal(LOCAL_BOT)
+    assert principal is not None and principal.agent_id == LOCAL_BOT
+    priv = origin.cfg.keys_dir / "agents" / f"{LOCAL_BOT}.priv"
+    assert priv.stat().st_mode & 0o777 == 0o600
+    with acting_as(principal):
+        a = await origin.memory_store("the agent's own", title="a")
+        b = await origin.memory_store("and another")
+        link = await origin.memory_link(a["id"], b["id"], "related_to")
+    mine = await origin.memory_get(a["id"])
+    assert (mine["writer"], mine["origin"], mine["attest_level"]) == (LOCAL_BOT, LOCAL_BOT, "self_signed")
+    # The delegation travels first, each of the agent's items naming it.
+    page = await origin.replicator.sync_page(PEER, 0, 100)
+    kinds = [i["kind"] for i in page["items"]]
+    assert kinds[0] == "agent.delegate" and sorted(kinds[1:]) == ["link.put", "memory.put.v2", "memory.put.v2"]
+    assert {i["delegation"] for i in page["items"][1:]} == {principal.delegation_id}
+    outcome = await holder.replicator.apply_sync_items(AGENT, page["items"])
+    assert outcome["applied"] == 4, outcome
+    got = await holder.memory_get(a["id"])
+    assert (got["writer"], got["attest_level"]) == (LOCAL_BOT, "peer_attested")
+    links = await holder.links_list()
+    assert [(x["observed_by"], x["attest_level"]) for x in links if x["link_id"] == link["link_id"]] \
+        == [(LOCAL_BOT, "peer_attested")]
+    # Revoked on its node: the revocation replicates; the agent's old items keep verifying there.
+    await origin.agents.revoke(LOCAL_BOT)
+    assert not priv.exists()
+    page = await origin.replicator.sync_page(PEER, page["head"], 100)
+    assert [i["kind"] for i in page["items"]] == ["agent.revoke"]
+    assert (await holder.replicator.apply_sync_items(AGENT, page["items"]))["applied"] == 1
+    assert (await holder.memory_get(a["id"]))["attest_level"] == "peer_attested"
+    with pytest.raises(ServiceError) as e:
+        await origin.agents.principal(LOCAL_BOT)
+    assert e.value.code == "delegation_revoked"
