@@ -590,7 +590,7 @@ class Service:
                 ends = await self.db.read(memories.get_many, {link.src_id, link.dst_id})
                 for ns in sorted({m.namespace for m in ends.values()}):
                     await self.writes.permit(ns, Operation.VERIFY)
-            verified, reason = self._verify_link_row(link)
+            verified, reason = await self._verify_link_row(link)
             return {"link_id": link.link_id, "signature_verified": verified, "attest_level": link.attest_level,
                     "signed_by": link.signed_by, "signed_at": link.valid_from if link.signature else None,
                     "reason": reason}
@@ -598,28 +598,30 @@ class Service:
         if memory is None:
             raise ServiceError("not_found", f"no link or memory with id {id!r}")
         await self.writes.permit(memory.namespace, Operation.VERIFY)
-        verified, reason = self._verify_signature(MemoryPayload.of(memory), memory.signature, memory.signed_by,
-                                                  "memory version")
+        verified, reason = await self._verify_signature(MemoryPayload.of(memory), memory.signature,
+                                                        memory.signed_by, "memory version")
         return {"memory_id": memory.id, "version": memory.version, "signature_verified": verified,
                 "attest_level": memory.attest_level, "signed_by": memory.signed_by,
                 "signed_at": memory.updated_at if memory.signature else None, "reason": reason}
 
-    def _verify_link_row(self, row: LinkRow) -> tuple[bool, str | None]:
+    async def _verify_link_row(self, row: LinkRow) -> tuple[bool, str | None]:
         try:
             payload = LinkPayload.from_mapping(asdict(row))
         except attest.AttestError as e:
             return False, f"stored row no longer forms a valid payload: {e.message}"
         if payload.link_id != row.link_id:
             return False, "stored fields do not hash to the link_id (row altered)"
-        return self._verify_signature(payload, row.signature, row.signed_by, "link")
+        return await self._verify_signature(payload, row.signature, row.signed_by, "link")
 
-    def _verify_signature(self, payload: LinkPayload | MemoryPayload, signature: bytes | None,
+    async def _verify_signature(self, payload: LinkPayload | MemoryPayload, signature: bytes | None,
                           signed_by: str | None, what: str) -> tuple[bool, str | None]:
         if signature is None or signed_by is None:
             return False, f"{what} is unsigned"
         keys = self.keyring.keys_for(signed_by)
+        if not keys:  # an agent's: the keys delegations by nodes trusted here vouch for
+            keys = tuple(key for _, key in await self.db.read(self.agents.book.vouched_keys, signed_by))
         if not keys:
-            return False, f"signer {signed_by!r} is not a trusted key on this node"
+            return False, f"signer {signed_by!r} is not a trusted key on this node, nor an agent one vouches for"
         if not attest.verify_any(keys, payload, signature):
             return False, "signature does not verify against the signer's keys (row altered or forged)"
         return True, None

@@ -131,6 +131,19 @@ class AgentBook:
                 self._stamp = stamp
         return self.generation
 
+    def vouched_keys(self, conn: Any, agent_id: str) -> list[tuple[DelegationRow, Ed25519PublicKey]]:
+        """Inside a read: the keys of ``agent_id`` that a delegation by a node trusted here (this one or a pinned
+        peer) vouches for, each with its delegation (``memory_verify`` of an agent's item)."""
+        me = self.keyring.identity.agent_id if self.keyring.identity is not None else None
+        out = []
+        for row in agents.delegations_of(conn, agent_id):
+            if row.issuer != me and not self.keyring.keys_for(row.issuer, reload=False):
+                continue
+            key = self.key_of(row)
+            if key is not None:
+                out.append((row, key))
+        return out
+
     def hint(self, conn: Any, signer: str | None, claimed_at: int, payload: Signable,
              signature: bytes | None) -> DelegationRow | None:
         """Inside a read or write: the delegation an item signed by ``signer`` is to name when sent or served, or
