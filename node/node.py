@@ -438,7 +438,8 @@ class Node:
                       mcp_calls=dict(self.backend.calls) if self.backend else {}, ready=self.readiness()[0],
                       writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
                       dead_lettered=self.sender.dead_lettered, storage=storage,
-                      integrity_check_s=None if last is None else last.seconds)
+                      integrity_check_s=None if last is None else last.seconds,
+                      agent_calls=dict(self.svc.agents.calls))
 
     def _sync_age_s(self, peer: str, now: float) -> float | None:
         """Seconds since ``peer``'s last completed pull (time.monotonic() ``now``); None before the first."""

@@ -125,3 +125,16 @@ def agents_issued_by(conn: sqlite3.Connection, issuer: str) -> list[str]:
     """The agent ids ``issuer`` signed a delegation for, sorted."""
     return [r[0] for r in conn.execute(
         "SELECT DISTINCT agent_id FROM agent_delegations WHERE issuer = ? ORDER BY agent_id", (issuer,))]
+
+
+def memories_by_writer(conn: sqlite3.Connection, writers: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """(memories, content + title bytes) whose current version each of ``writers`` wrote (those with none left
+    out)."""
+    if not writers:
+        return {}
+    size = ("octet_length(content) + octet_length(title)" if getattr(conn, "dialect", "sqlite") == "postgres"
+            else "length(CAST(content AS BLOB)) + length(CAST(title AS BLOB))")
+    marks = ",".join("?" * len(writers))
+    return {r[0]: (int(r[1]), int(r[2])) for r in conn.execute(
+        f"SELECT writer, count(*), coalesce(sum({size}), 0) FROM memories WHERE writer IN ({marks}) GROUP BY writer",
+        tuple(writers))}

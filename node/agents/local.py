@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from storage.agents import DelegationRow, RevocationRow
 log = logging.getLogger("node.agents")
 
 DAY_MS = 86_400_000
+# The per-agent call count of the calls naming an agent id this node refused to act as (bounded: not the id).
+REFUSED_AGENT = "(refused)"
 # A delegation is renewed on use once less than this share of its window is left.
 RENEW_SHARE = 10
 
@@ -71,6 +74,8 @@ class LocalAgents:
         self._identities: dict[str, Identity] = {}
         # One delegation made at a time in this process (two first calls of one agent make one).
         self._making = asyncio.Lock()
+        # (agent, "ok" or the error code) -> MCP calls this process ran (node/mcp/backend.py counts them).
+        self.calls: Counter[tuple[str, str]] = Counter()
 
     @property
     def cfg(self) -> NodeConfig:
@@ -261,6 +266,31 @@ class LocalAgents:
 
         found: list[AgentStatus] = await self.writes.db.read(read)
         return found
+
+
+    async def section(self, quota_of: Callable[[str], int]) -> dict[str, Any]:
+        """``memory_capabilities``' ``agents`` section (and ``status``'s): how agents are admitted, and each of this
+        node's agents and the node itself with its memories, their bytes against its storage quota (``quota_of``),
+        its requests per second and this process's MCP calls by outcome."""
+        now = self.clock()
+        rows = [a.to_json(now) for a in await self.statuses()]
+        held = await self.writes.db.read(agents.memories_by_writer, [self.node_id, *(r["agent_id"] for r in rows)])
+        calls: dict[str, dict[str, int]] = {}
+        for (who, outcome), n in self.calls.items():
+            calls.setdefault(who, {})[outcome] = n
+        declared = {a.id: a for a in self.cfg.mcp.agents}
+
+        def usage(agent_id: str) -> dict[str, Any]:
+            count, used = held.get(agent_id, (0, 0))
+            rate = declared[agent_id].requests_per_second if agent_id in declared else None
+            return {"memories": count, "bytes": used, "quota_bytes": quota_of(agent_id),
+                    "requests_per_second": rate or self.cfg.limits.requests_per_second,
+                    "calls": calls.get(agent_id, {})}
+
+        return {"admission": self.cfg.mcp.agent_ids, "max_agents": self.cfg.mcp.max_agents,
+                "node": {"agent_id": self.node_id, **usage(self.node_id)},
+                "agents": [{**r, **usage(r["agent_id"])} for r in rows],
+                "refused_calls": calls.get(REFUSED_AGENT, {})}
 
 
 def _fingerprint(raw: bytes) -> str:

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node.agents.acting import acting_as
+from node.agents.local import REFUSED_AGENT
 from node.config import LimitsConfig
 from node.errors import describe
 from node.mcp.capabilities import V3, capabilities
@@ -15,9 +16,6 @@ from node.mcp.peers import peers
 from node.mcp.registry import JSON, Args, tool_specs
 from node.mcp.validate import ArgValidator
 from node.ratelimit import RateLimiter
-
-# The label of the calls naming an agent id this node refused to act as (bounded: not the id itself).
-REFUSED_AGENT = "(refused)"
 
 if TYPE_CHECKING:
     from node.mcp.runtime import Runtime
@@ -53,9 +51,10 @@ class ServiceBackend:
         self.validator = ArgValidator(specs)
         # (tool, "ok" or the error code) -> calls; an unknown tool name counts as "unknown" (bounded labels).
         self.calls: Counter[tuple[str, str]] = Counter()
-        # (agent, "ok" or the error code) -> calls; the agents are this node's own (at most mcp.max_agents, each
-        # made by ``principal``) and the node itself; an id refused before it was one counts as REFUSED_AGENT.
-        self.agent_calls: Counter[tuple[str, str]] = Counter()
+        # (agent, "ok" or the error code) -> calls, kept by the service's agents (capabilities and /metrics read
+        # them): this node's own agents (at most mcp.max_agents) and the node itself; an id refused before it was
+        # one counts as REFUSED_AGENT.
+        self.agent_calls = service.agents.calls
         # Each agent's requests per second ([[mcp.agents]] requests_per_second, else limits.requests_per_second),
         # counted over every door and session the agent uses.
         self._agent_rates: dict[str, RateLimiter] = {}
