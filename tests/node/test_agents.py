@@ -180,6 +180,8 @@ async def test_a_local_agent_signs_with_its_own_key_and_its_peer_verifies_it_by_
     assert outcome["applied"] == 4, outcome
     got = await holder.memory_get(a["id"])
     assert (got["writer"], got["attest_level"]) == (LOCAL_BOT, "peer_attested")
+    for svc in (origin, holder):
+        assert (await svc.memory_verify(a["id"]))["signature_verified"] is True
     links = await holder.links_list()
     assert [(x["observed_by"], x["attest_level"]) for x in links if x["link_id"] == link["link_id"]] \
         == [(LOCAL_BOT, "peer_attested")]
@@ -190,6 +192,7 @@ async def test_a_local_agent_signs_with_its_own_key_and_its_peer_verifies_it_by_
     assert [i["kind"] for i in page["items"]] == ["agent.revoke"]
     assert (await holder.replicator.apply_sync_items(AGENT, page["items"]))["applied"] == 1
     assert (await holder.memory_get(a["id"]))["attest_level"] == "peer_attested"
+    assert (await holder.memory_verify(link["link_id"]))["signature_verified"] is True
     with pytest.raises(ServiceError) as e:
         await origin.agents.principal(LOCAL_BOT)
     assert e.value.code == "delegation_revoked"
