@@ -21,6 +21,7 @@ from a2a import new_envelope
 from mesh import keys
 from node.agents.acting import acting_as
 from node.assemble import open_service
+from node.config import NodeConfig
 from node.errors import ServiceError
 from node.service import Service, now_ms
 from tests.node.conftest import AGENT, make_config
@@ -145,10 +146,10 @@ LOCAL_BOT = "ai:claude-code@laptop"
 
 
 @pytest.fixture
-async def pair(tmp_path: Path):
-    """This node (AGENT) with PEER as its peer, and PEER's store pinning AGENT's key."""
-    cfg = make_config(tmp_path / "o", mesh={"peers": [{"agent_id": PEER, "url": "https://127.0.0.1:1/"}]})
-    keys.generate_identity(cfg.keys_dir, AGENT)
+async def pair(tmp_path: Path, cfg: NodeConfig):
+    """This node (AGENT, on each storage backend) with PEER as its peer, and PEER's store pinning AGENT's key."""
+    cfg = replace(cfg, mesh=make_config(tmp_path, mesh={"peers": [{"agent_id": PEER,
+                                                                     "url": "https://127.0.0.1:1/"}]}).mesh)
     peer_cfg = replace(make_config(tmp_path / "p"), agent_id=PEER)
     keys.generate_identity(peer_cfg.keys_dir, PEER)
     keys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
