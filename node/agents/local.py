@@ -95,6 +95,10 @@ class LocalAgents:
         self._admit(agent_id)
         current = await self._current(agent_id)
         identity = await self._identity(agent_id)
+        if current is not None and current.row.agent_key != mesh_keys.raw_public_bytes(identity.public_key):
+            # Delegated again by another process (``agents delegate`` beside a running node): its new key.
+            self._identities.pop(agent_id, None)
+            identity = await self._identity(agent_id)
         if not self._usable(current, identity):
             async with self._making:
                 current = await self._current(agent_id)

@@ -197,3 +197,24 @@ async def test_a_local_agent_signs_with_its_own_key_and_its_peer_verifies_it_by_
     with pytest.raises(ServiceError) as e:
         await origin.agents.principal(LOCAL_BOT)
     assert e.value.code == "delegation_revoked"
+
+
+async def test_an_agent_delegated_again_beside_a_running_service_is_taken_up_with_its_new_key(
+        tmp_path: Path) -> None:
+    cfg = make_config(tmp_path / "n")
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    running, beside = await open_service(cfg, require_identity=True), await open_service(cfg, require_identity=True)
+    try:
+        old = await running.agents.principal(LOCAL_BOT)
+        await beside.agents.revoke(LOCAL_BOT)
+        with pytest.raises(ServiceError) as e:
+            await running.agents.principal(LOCAL_BOT)
+        assert e.value.code == "delegation_revoked"
+        new = await beside.agents.delegate_again(LOCAL_BOT)
+        now = await running.agents.principal(LOCAL_BOT)
+        assert old is not None and new is not None and now is not None
+        assert now.identity.fingerprint == new.identity.fingerprint != old.identity.fingerprint
+        assert now.delegation_id == new.delegation_id
+    finally:
+        await beside.close()
+        await running.close()
