@@ -168,7 +168,7 @@ class Outbound:
         peers = self.policy.audience(scope)
         if payload["kind"] in AGENT_KINDS:
             peers = self.agent_forms.for_peers(peers, self.accepts.reads_agents, payload["kind"])
-        else:
+        elif peers:  # no peer to send to: no delegation to name
             d = self.agent_forms.delegation_of(conn, payload)
             if d is not None:
                 payload = {**payload, "delegation": d.delegation_id}
@@ -182,7 +182,7 @@ class Outbound:
         by_kind: dict[str, tuple[dict[str, Any], list[str]]] = {}
         peers = self.policy.audience([row])
         d = None
-        if row.signature is not None and row.signed_set != SIGNED_SET_OLD:
+        if peers and row.signature is not None and row.signed_set != SIGNED_SET_OLD:
             d = self.agent_forms.delegation_of(conn, {"kind": MEMORY_PUT_V2, **memory_put_v2_body(row)})
         if d is not None:  # an agent's version: as memory.put.v2 naming its delegation, to who reads agents
             peers = self.agent_forms.for_peers(peers, self.accepts.reads_agents, row.id)
