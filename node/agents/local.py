@@ -76,6 +76,8 @@ class LocalAgents:
         self._making = asyncio.Lock()
         # (agent, "ok" or the error code) -> MCP calls this process ran (node/mcp/backend.py counts them).
         self.calls: Counter[tuple[str, str]] = Counter()
+        # Each agent's newest delegation here as last read, and the delegation records' generation it was read at.
+        self._known: dict[str, tuple[int, DelegationState]] = {}
 
     @property
     def cfg(self) -> NodeConfig:
@@ -140,7 +142,14 @@ class LocalAgents:
                 and now < row.valid_until - window // RENEW_SHARE)
 
     async def _current(self, agent_id: str) -> DelegationState | None:
-        """This node's newest delegation for ``agent_id``, with its revocation (None: it has none)."""
+        """This node's newest delegation for ``agent_id``, with its revocation (None: it has none). Kept between
+        calls while the delegation records stored here stay as they were (``AgentBook.refresh``: a record made in
+        this process counts at once, one made by another process, such as ``ai-memory agents revoke`` beside a
+        running node, within ``node.agents.book.STAMP_RECHECK_S``)."""
+        generation = await self.book.refresh()
+        known = self._known.get(agent_id)
+        if known is not None and known[0] == generation:
+            return known[1]
         me = self.node_id
 
         def read(conn: Any) -> DelegationState | None:
@@ -151,6 +160,8 @@ class LocalAgents:
             return DelegationState(newest, agents.revoked_at(conn, newest.delegation_id))
 
         found: DelegationState | None = await self.writes.db.read(read)
+        if found is not None:  # only agents this node vouches for (at most mcp.max_agents) are kept
+            self._known[agent_id] = (generation, found)
         return found
 
     async def _identity(self, agent_id: str) -> Identity:

@@ -123,6 +123,12 @@ async def test_an_agents_link_made_on_node_one_is_peer_attested_on_two_and_three
             # the peers, and what it signed before keeps verifying.
             rc, made, err = run_cli(a, "agents", "revoke", BOT)
             assert rc == 0 and len(made) == 1, err
+            # (a revocation made by another process reaches the node's doors within a second: polled, bounded)
+            with anyio.fail_after(DEADLINE_S):
+                while True:
+                    if await error_code(bot, "memory_list", {}) == "delegation_revoked":
+                        break
+                    await anyio.sleep(0.1)
             assert await error_code(bot, "memory_store", {"content": "after the end"}) == "delegation_revoked"
             for spec, s in ((b, sb), (c, sc)):
                 await wait_rows(spec, "SELECT revocation_id FROM agent_revocations", 1)
