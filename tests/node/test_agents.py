@@ -149,9 +149,11 @@ LOCAL_BOT = "ai:claude-code@laptop"
 @pytest.fixture
 async def pair(tmp_path: Path, cfg: NodeConfig):
     """This node (AGENT, on each storage backend) with PEER as its peer, and PEER's store pinning AGENT's key."""
+    keeps = replace(cfg.transcripts.default, enabled=True, replicate=True)  # transcripts kept and replicated
     cfg = replace(cfg, mesh=make_config(tmp_path, mesh={"peers": [{"agent_id": PEER,
-                                                                     "url": "https://127.0.0.1:1/"}]}).mesh)
-    peer_cfg = replace(make_config(tmp_path / "p"), agent_id=PEER)
+                                                                     "url": "https://127.0.0.1:1/"}]}).mesh,
+                  transcripts=replace(cfg.transcripts, default=keeps))
+    peer_cfg = replace(make_config(tmp_path / "p"), agent_id=PEER, transcripts=cfg.transcripts)
     keys.generate_identity(peer_cfg.keys_dir, PEER)
     keys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
     origin = await open_service(cfg, require_identity=True)
@@ -171,15 +173,18 @@ async def test_a_local_agent_signs_with_its_own_key_and_its_peer_verifies_it_by_
         a = await origin.memory_store("the agent's own", title="a")
         b = await origin.memory_store("and another")
         link = await origin.memory_link(a["id"], b["id"], "related_to")
+        said = await origin.transcripts.store("the agent said so, and wrote it down")
+    assert said["agent"] == LOCAL_BOT
     mine = await origin.memory_get(a["id"])
     assert (mine["writer"], mine["origin"], mine["attest_level"]) == (LOCAL_BOT, LOCAL_BOT, "self_signed")
     # The delegation travels first, each of the agent's items naming it.
     page = await origin.replicator.sync_page(PEER, 0, 100)
     kinds = [i["kind"] for i in page["items"]]
-    assert kinds[0] == "agent.delegate" and sorted(kinds[1:]) == ["link.put", "memory.put.v2", "memory.put.v2"]
+    assert kinds[0] == "agent.delegate"
+    assert sorted(kinds[1:]) == ["link.put", "memory.put.v2", "memory.put.v2", "transcript.put"]
     assert {i["delegation"] for i in page["items"][1:]} == {principal.delegation_id}
     outcome = await holder.replicator.apply_sync_items(AGENT, page["items"])
-    assert outcome["applied"] == 4, outcome
+    assert outcome["applied"] == 5, outcome
     got = await holder.memory_get(a["id"])
     assert (got["writer"], got["attest_level"]) == (LOCAL_BOT, "peer_attested")
     for svc in (origin, holder):
