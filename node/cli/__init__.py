@@ -13,8 +13,7 @@ from functools import cache
 from pathlib import Path
 
 from node import files
-from node.cli import (agents, doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair,
-                      transcripts)
+from node.cli import agents, doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair, transcripts
 from node.cli.common import EXIT_FAILED, CommandParser, Handler, error_line, resolve_config
 from node.config import HOME_ENV
 from node.errors import is_project_error
