@@ -467,6 +467,8 @@ class Node:
                 "federation": dict(self.fed.counters), "delivered": self.sender.delivered,
                 "dead_lettered": self.sender.dead_lettered, "sync": dict(synced),
                 "links_put_to": sorted(p for p in self.links if self.fed.accepts.takes_link_batches(p)),
+                # Peers known to read memory versions with their signed sharing list (restricted ones go only there).
+                "memory_put_v2_to": sorted(p for p in self.links if self.fed.accepts.reads_signed_sharing(p)),
                 "links_put_unpacked": self.sender.unpacked,
                 "signature_batches": self.fed.verifier.batches}
 

@@ -3,6 +3,7 @@ could not apply yet (pending, then parked)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,6 +95,21 @@ def set_peer_state(conn: sqlite3.Connection, peer: str, *, last_sync_seq: int | 
     state = get_peer_state(conn, peer)
     assert state is not None
     return state
+
+
+def set_peer_accepts(conn: sqlite3.Connection, peer: str, kinds: Sequence[str]) -> None:
+    """Record what ``peer``'s last sync page said it reads beyond the common kinds."""
+    conn.execute("INSERT INTO peer_state (peer, last_sync_seq, accepts) VALUES (?, 0, ?) "
+                 "ON CONFLICT (peer) DO UPDATE SET accepts = excluded.accepts", (peer, json.dumps(sorted(kinds))))
+
+
+def peer_accepts(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """Every peer's recorded kinds (``set_peer_accepts``); a peer never heard from is absent."""
+    out: dict[str, list[str]] = {}
+    for peer, raw in conn.execute("SELECT peer, accepts FROM peer_state WHERE accepts IS NOT NULL"):
+        kinds = json.loads(raw)
+        out[peer] = [k for k in kinds if isinstance(k, str)] if isinstance(kinds, list) else []
+    return out
 
 
 def list_peer_states(conn: sqlite3.Connection) -> list[PeerState]:

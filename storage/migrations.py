@@ -291,8 +291,16 @@ _M9_SIGNED_SHARING = Migration(9, "signed_sharing", (
     "UPDATE peer_state SET last_sync_seq = 0",
 ))
 
+# What each peer reads beyond the common kinds, as its last sync page said: kept so that every process writing to
+# the store (the CLI beside a node, an embedded MCP) queues the forms the node's peers read.
+_M10_PEER_ACCEPTS = Migration(10, "peer_accepts", (
+    # A JSON array of payload kinds; NULL: this node never heard from the peer.
+    "ALTER TABLE peer_state ADD COLUMN accepts TEXT",
+))
+
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
-                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING)
+                                     _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING,
+                                     _M10_PEER_ACCEPTS)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.

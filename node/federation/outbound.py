@@ -18,7 +18,7 @@ from node.errors import ServiceError
 from node.federation.forms import MemoryForms
 from node.federation.policy import Policy
 from node.wire import envelope_wires
-from storage import outbox
+from storage import changelog, outbox
 from storage.db import Database
 from storage.memories import MemoryRow
 
@@ -52,10 +52,24 @@ class LatencyObserver(Protocol):
 
 
 class PeerAccepts:
-    """What each peer's last sync page said it accepts beyond the common kinds (``ACCEPTS``); none until then."""
+    """What each peer's last sync page said it accepts beyond the common kinds (``ACCEPTS``); none until then.
+    The node records each change in the store (``storage.changelog.set_peer_accepts``), and every process that
+    writes reads them from there before its first enqueue (``load``), so the CLI beside a node queues the forms
+    the node's peers read."""
 
     def __init__(self) -> None:
         self._by_peer: dict[str, frozenset[str]] = {}
+        self._loaded = False
+
+    def load(self, conn: Any) -> None:
+        """Once a process, in a write's transaction: the kinds recorded for the peers this process has not heard
+        from itself."""
+        if self._loaded:
+            return
+        self._loaded = True
+        for peer, kinds in changelog.peer_accepts(conn).items():
+            if peer not in self._by_peer:
+                self._by_peer[peer] = frozenset(k for k in kinds if k in ACCEPTS)
 
     def of(self, peer: str) -> frozenset[str]:
         return self._by_peer.get(peer, frozenset())
@@ -68,11 +82,14 @@ class PeerAccepts:
         """``peer`` said (in its last sync page) that it reads ``memory.put.v2``."""
         return MEMORY_PUT_V2 in self.of(peer)
 
-    def note(self, peer: str, accepts: Any) -> None:
+    def note(self, peer: str, accepts: Any) -> bool:
         """What ``peer``'s sync page listed under ``accepts`` (absent on an older node: nothing beyond the
-        common kinds)."""
+        common kinds); True when that changed what this node knew of it (the caller records it)."""
         listed = accepts if isinstance(accepts, list) else []
-        self._by_peer[peer] = frozenset(k for k in listed if isinstance(k, str) and k in ACCEPTS)
+        kinds = frozenset(k for k in listed if isinstance(k, str) and k in ACCEPTS)
+        changed = self._by_peer.get(peer) != kinds
+        self._by_peer[peer] = kinds
+        return changed
 
     def refuses_link_batches(self, peer: str) -> None:
         """``peer`` answered a links.put ``unknown_kind`` (e.g. rolled back to an older version): one link per
@@ -139,11 +156,13 @@ class Outbound:
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
         (a memory version: itself; a link: both its ends). Returns the rows queued."""
+        self.accepts.load(conn)
         return self._enqueue_to(conn, self.policy.audience(scope), payload, ts)
 
     def enqueue_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
         """Inside the write transaction: memory version ``row`` queued for each peer that may see it, in the form
         that peer reads (``MemoryForms``: memory.put.v2, memory.put, or nothing yet). Returns the rows queued."""
+        self.accepts.load(conn)
         by_kind: dict[str, tuple[dict[str, Any], list[str]]] = {}
         for peer in self.policy.audience([row]):
             payload = self.forms.payload(row, peer, self.accepts.reads_signed_sharing(peer))
@@ -158,6 +177,7 @@ class Outbound:
         A peer that accepts ``links.put`` gets its links packed into as few envelopes as the bounds allow (one
         outbox row and one ACK for up to ``federation.links_per_envelope`` links); any other peer gets one link.put
         each."""
+        self.accepts.load(conn)
         per_item: list[Queued] = [[] for _ in items]
         alone: dict[int, list[str]] = {}  # item -> the peers that get it as a link.put of its own
         packed: dict[str, list[int]] = {}  # peer -> the items it gets in links.put envelopes

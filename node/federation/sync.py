@@ -528,7 +528,8 @@ class PeerSync:
             if page is None:  # refused for now: waited, ask again
                 waited_s += self.settings.rate_wait_s
                 continue
-            self.accepts.note(self.peer, page.get("accepts"))
+            if self.accepts.note(self.peer, page.get("accepts")):
+                await self.db.write(changelog.set_peer_accepts, self.peer, sorted(self.accepts.of(self.peer)))
             got = await self.pulled.apply(self.peer, page["items"])
             outcome.update(got)
             if self._held_at(since, got["stalled"]):

@@ -202,10 +202,11 @@ def test_sync_skip_omits_the_items_of_the_named_writers(trust: Trust) -> None:
     from_n1 = ok(trust.n1, "store", "written by node 1")
     own = ok(trust.n3, "store", "written by node 3")
     stored_on(trust.n3, from_n1["id"])
-    everything = item_ids(trust.attacker.sync_all(trust.n3))
+    everything = item_ids(trust.attacker.sync_all(trust.n3, accepts="memory.put.v2"))
     assert {from_n1["id"], own["id"]} <= everything
     # skip is a comma-separated list of writers the puller is linked to directly.
-    skipped = item_ids(trust.attacker.sync_all(trust.n3, skip=f"{trust.id(1)},ai:someone-else@testbed"))
+    skipped = item_ids(trust.attacker.sync_all(trust.n3, skip=f"{trust.id(1)},ai:someone-else@testbed",
+                                                  accepts="memory.put.v2"))
     assert own["id"] in skipped and from_n1["id"] not in skipped
 
 
@@ -447,8 +448,8 @@ def test_forged_versions_lose_to_the_origins_next_version_everywhere(mesh_factor
         assert (got["version"], got["content"], got["origin"]) == (2, honest["content"], n3.agent_id), \
             (spec.agent_id, got)
         assert got.get("writer", n3.agent_id) == n3.agent_id, got
-    served = {i["memory"]["content"] for i in attacker.sync_all(n1)
-              if i["kind"] == "memory.put" and i["memory"]["id"] == created["id"]}
+    served = {i["memory"]["content"] for i in attacker.sync_all(n1, accepts="memory.put.v2")
+              if i["kind"] == "memory.put.v2" and i["memory"]["id"] == created["id"]}
     assert served == {honest["content"]}, served
 
 

@@ -41,6 +41,8 @@ def test_a_node_whose_database_is_lost_is_restored_from_its_peers(mesh_factory, 
     mine = [ok(n1, "store", f"node 1's memory {i}") for i in range(3)]
     ok(n1, "update", mine[0]["id"], "--content", "node 1's memory 0, second version")
     theirs = [ok(n2, "store", "node 2's memory"), ok(n3, "store", "node 3's memory")]
+    # A link's ends must be on the node that makes it.
+    wait_for(lambda: all(len(_held(s)[0]) == 5 for s in (n1, n2, n3)), "every memory on every node")
     ok(n1, "link", mine[0]["id"], theirs[0]["id"], "cites")
     ok(n1, "link", mine[1]["id"], mine[2]["id"], "related_to")
     ok(n2, "link", theirs[0]["id"], mine[1]["id"], "answers")

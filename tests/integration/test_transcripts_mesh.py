@@ -73,6 +73,10 @@ def test_a_peer_that_was_down_gets_the_transcript_by_catch_up_sync(mesh_factory,
                         extra_config=CONFIG)
     a, b = mesh.layout.nodes
     mesh.start()
+    # Node 1 sends a restricted namespace's memory only to a peer it knows reads the signed sharing list (its
+    # first pull from node 2 tells it): known before node 2 goes down, the memory goes out live and dies there.
+    wait_for(lambda: b.agent_id in ok(a, "status").get("a2a", {}).get("memory_put_v2_to", []),
+             "node 1 knowing what node 2 reads")
     mesh.stop(2)
     text_file = tmp_path / "t.txt"
     text_file.write_text(TEXT, encoding="utf-8")

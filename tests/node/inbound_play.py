@@ -93,6 +93,11 @@ class InProcessNode:
     async def links_on(self) -> dict[str, dict[str, Any]]:
         return {r["link_id"]: r for r in await self.svc.links_list(limit=100)}
 
+    async def hears_from(self, other: InProcessNode) -> None:
+        """What a first pull from ``other`` tells this node: the kinds ``other`` reads (its page's ``accepts``)."""
+        page = await other.fed.sync_page(self.agent_id, 0, 1)
+        self.fed.note_accepts(other.agent_id, page["accepts"])
+
     async def sync_all(self, peer: str, *, limit: int = 500, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """Every item this node serves ``peer``, from seq 0 to the end of its change log."""
         items: list[dict[str, Any]] = []

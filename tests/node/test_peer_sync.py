@@ -66,6 +66,8 @@ async def test_a_pull_applies_each_page_moves_the_cursor_and_notes_what_the_peer
     assert (await svc.db.read(changelog.get_peer_state, PEER)).last_sync_seq == 7
     assert svc.replicator.accepts.takes_link_batches(PEER)  # type: ignore[union-attr]
     assert not svc.replicator.accepts.reads_signed_sharing(PEER)  # type: ignore[union-attr]
+    # Recorded in the store, for every process that writes to it (the CLI beside the node).
+    assert await svc.db.read(changelog.peer_accepts) == {PEER: ["links.put"]}
     assert sync.stats == {"applied": 1} and sync.synced_at is not None
     assert (await svc.memory_get(MID))["content"] == "from the peer"
     # The next round starts from the cursor, and the item already here changes nothing.

@@ -79,8 +79,9 @@ async def test_a_page_asked_with_mine_gives_the_puller_back_what_it_wrote(origin
     assert without["items"] == [] and "mine" not in without
     page = await holder.replicator.sync_page(AGENT, 0, 100, [], True)
     assert page["mine"] is True and page["head"] == await holder.db.read(changelog.last_seq)
-    # All three, the secret one too: its share_with names PEER alone, and AGENT gets it back because it wrote it.
-    assert sorted(i["kind"] for i in page["items"]) == ["link.put", "memory.put", "memory.put"]
+    # All three, the secret one too: its share_with names PEER alone, and AGENT gets it back because it wrote it;
+    # its memory versions in the form with the signed sharing list, which the restoring node reads.
+    assert sorted(i["kind"] for i in page["items"]) == ["link.put", "memory.put.v2", "memory.put.v2"]
 
 
 async def test_a_store_rebuilt_from_a_peers_pages_holds_its_own_writes_self_signed_and_verifying(

@@ -19,7 +19,7 @@ from a2a import Envelope, decode_frame, new_envelope
 from mesh import keys
 from node.assemble import open_service
 from node.service import Service, now_ms
-from storage import outbox
+from storage import changelog, outbox
 from tests.node.conftest import AGENT, make_config
 
 ORIGIN = "ai:origin@lab"
@@ -178,6 +178,26 @@ async def sender(tmp_path: Path):
     svc.replicator.note_accepts(OLD, None)  # an older node's page says nothing
     yield svc, ident.private_key.public_key()
     await svc.close()
+
+
+async def test_a_process_beside_the_node_queues_the_form_the_node_heard_each_peer_reads(tmp_path: Path) -> None:
+    """The CLI (a second service on the node's store) never pulled a page itself: it reads what the node recorded,
+    so a restricted memory it writes goes out live to the peer that reads memory.put.v2."""
+    cfg = make_config(tmp_path / "b", mesh={"peers": [{"agent_id": NEW, "url": "https://127.0.0.1:1/"}]},
+                      federation={"namespaces": {"secret": {"peers": [NEW]}}})
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    node = await open_service(cfg, require_identity=True)
+    try:
+        await node.db.write(changelog.set_peer_accepts, NEW, ["links.put", "memory.put.v2"])
+        cli = await open_service(cfg, require_identity=True)
+        try:
+            made = await cli.memory_store("written by the CLI, restricted", namespace="secret")
+            assert made["replicating_to"] == [NEW]
+            assert [p["kind"] for p in await queued(cli, NEW)] == ["memory.put.v2"]
+        finally:
+            await cli.close()
+    finally:
+        await node.close()
 
 
 async def queued(svc: Service, peer: str) -> list[dict]:

@@ -75,6 +75,9 @@ async def trust(tmp_path: Path) -> AsyncIterator[Trust]:
     try:
         n3 = await InProcessNode.open(layout.node(3))
         try:
+            # As the running nodes' first pulls from each other would: each knows what the other reads.
+            await n1.hears_from(n3)
+            await n3.hears_from(n1)
             yield Trust(layout, n1, n3, Member.of(layout, 2))
         finally:
             await n3.close()
