@@ -181,7 +181,7 @@ _REACH = (
     "WHERE (q.p ->> 'valid_from'::text)::bigint > ? "
     "OR coalesce((q.p ->> 'ends_at'::text)::bigint > ?, true) IS NOT TRUE{rel})) "
     "SELECT m.memory_id, min(ok.d) AS d FROM ok JOIN am_kg_vertex AS m ON m.gid = ok.e::text::ag_catalog.graphid "
-    "GROUP BY m.memory_id ORDER BY d, m.memory_id LIMIT ?")
+    "WHERE m.memory_id <> ? GROUP BY m.memory_id ORDER BY d, m.memory_id LIMIT ?")
 _REACH_REL = " OR NOT (q.p ->> 'relation'::text) = ANY(?)"
 
 
@@ -205,7 +205,7 @@ class AgeOps:
         params: list[Any] = [str(int(depth)), start, as_of, as_of]
         if relations:
             params.append(list(relations))
-        rows = conn.execute(sql, [*params, limit]).fetchall()
+        rows = conn.execute(sql, [*params, start, limit]).fetchall()  # a trail back to the start is no hit
         return [(str(r[0]), int(r[1])) for r in rows]
 
     def edges_into(self, conn: Any, dst_ids: Iterable[str], relations: Sequence[str] | None,

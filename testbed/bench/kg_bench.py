@@ -1,7 +1,7 @@
 """Knowledge-graph benchmark: depth-5 memory_kg_query and memory_find_paths on a 100k-link graph,
 SQLite-CTE vs Postgres-CTE vs Postgres-AGE in one run; and recall at 100k memories on SQLite and Postgres.
 
-    .venv/bin/python -m testbed.bench.kg_bench [--quick] [--out bench/out/kg.json]
+    .venv/bin/python -m testbed.bench.kg_bench [--quick] [--kg-only] [--out bench/out/kg.json]
 
 Postgres runs in a throwaway cluster this script starts (initdb + pg_ctl as the postgres user, Unix
 socket, fsync off on all three so the write path does not colour the read figures) and always stops.
@@ -132,6 +132,30 @@ async def bench_kg(svc: Service, ids: list[str], sizes: Sizes) -> dict[str, Any]
                                   "queries": len(pairs)}}
 
 
+async def bench_after_write(svc: Service, ids: list[str], sizes: Sizes, rounds: int = 5) -> dict[str, Any]:
+    """A depth-5 memory_kg_query right after a link is written: AGE rebuilds its in-memory graph on the next
+    walk of each backend after any write to the graph, the CTEs have nothing to rebuild."""
+    rnd = random.Random(SEED + 2)
+    as_of = T0 + 10 * sizes.links
+    times = []
+    for n in range(rounds):
+        row = LinkRow(link_id=uuid.UUID(int=rnd.getrandbits(128)).hex * 2, src_id=ids[rnd.randrange(len(ids))],
+                      dst_id=ids[rnd.randrange(len(ids))], relation=RELATIONS[0], observed_by="ai:bench@local",
+                      valid_from=T0 + sizes.links + n, attest_level="unsigned", created_at=T0 + sizes.links + n)
+
+        def write(conn: Any, row: LinkRow = row) -> None:
+            links.insert(conn, row)
+            changelog.append(conn, "link", row.link_id, 1, row.created_at)
+
+        await svc.db.write(write)
+        start = ids[rnd.randrange(len(ids))]
+        t = time.perf_counter()
+        await svc.kg.query(start, depth=5, as_of=as_of)
+        times.append(time.perf_counter() - t)
+    return {"p50": round(pct([x * 1000 for x in times], 50), 1), "max": round(max(times) * 1000, 1),
+            "rounds": rounds}
+
+
 async def bench_recall(svc: Service, sizes: Sizes) -> dict[str, Any]:
     corpus = Corpus()
     rows = [corpus.memory(T0 + i) for i in range(sizes.recall_memories)]
@@ -148,7 +172,7 @@ async def bench_recall(svc: Service, sizes: Sizes) -> dict[str, Any]:
     return {**summary(times), "memories": sizes.recall_memories, "queries": len(queries), "with_hits": hits}
 
 
-async def run(sizes: Sizes, tmp: Path, cluster: Any) -> dict[str, Any]:
+async def run(sizes: Sizes, tmp: Path, cluster: Any, recall: bool = True) -> dict[str, Any]:
     ids, rows = graph_rows(sizes)
     out: dict[str, Any] = {"kg": {}, "recall": {}, "load_s": {}}
     backends = {"sqlite-cte": {}, "postgres-cte": {"backend": "postgres", "dsn": cluster.dsn(cluster.create_db())},
@@ -164,11 +188,12 @@ async def run(sizes: Sizes, tmp: Path, cluster: Any) -> dict[str, Any]:
             out["load_s"][name] = round(time.perf_counter() - t, 1)
             print(f"{name}: loaded {len(ids)} memories, {len(rows)} links in {out['load_s'][name]} s", flush=True)
             out["kg"][name] = await bench_kg(svc, ids, sizes)
+            out["kg"][name]["kg_query_after_write"] = await bench_after_write(svc, ids, sizes)
             print(f"{name}: {out['kg'][name]}", flush=True)
         finally:
             await svc.close()
-    for name, storage in (("sqlite", {}), ("postgres", {"backend": "postgres",
-                                                          "dsn": cluster.dsn(cluster.create_db())})):
+    recalls = (("sqlite", {}), ("postgres", {"backend": "postgres", "dsn": cluster.dsn(cluster.create_db())}))
+    for name, storage in recalls if recall else ():
         svc = await open_bench_service(tmp / f"recall-{name}", storage)
         try:
             out["recall"][name] = await bench_recall(svc, sizes)
@@ -190,6 +215,9 @@ def table(res: dict[str, Any]) -> str:
                      f"{q['mean_neighbours']} neighbours ({q['truncated']} truncated) |")
         lines.append(f"| {name} | memory_find_paths depth 5 | {p['p50']} | {p['p95']} | {p['p99']} | "
                      f"{p['mean_paths']} paths |")
+        w = ops["kg_query_after_write"]
+        lines.append(f"| {name} | memory_kg_query depth 5 after a link write | {w['p50']} | | max {w['max']} | "
+                     f"{w['rounds']} rounds |")
     lines += ["", "| recall (limit 10) | memories | p50 ms | p95 ms | p99 ms | with hits |",
               "|---|---|---|---|---|---|"]
     for name, r in res["recall"].items():
@@ -204,6 +232,7 @@ def table(res: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10k links, 10k recall memories (a smoke run)")
+    ap.add_argument("--kg-only", action="store_true", help="the graph walks only, no recall")
     ap.add_argument("--out", type=Path, default=BENCH_OUT / "kg.json")
     args = ap.parse_args()
     if not server_binaries_present():
@@ -214,7 +243,7 @@ def main() -> int:
         if not cluster.has_age():
             print("the Apache AGE extension is not installed (see shared/vendor/README.md)", file=sys.stderr)
             return 2
-        res = asyncio.run(run(sizes, Path(tmp), cluster))
+        res = asyncio.run(run(sizes, Path(tmp), cluster, recall=not args.kg_only))
     res["sizes"] = sizes.__dict__
     res["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
