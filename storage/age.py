@@ -4,13 +4,33 @@ The graph ``am_kg`` holds one ``Memory`` vertex per linked memory and one ``LINK
 the edge properties the walks filter on: link_id, relation, valid_from and ``ends_at`` (the earliest of the
 link's own valid_until and its invalidations; absent while open-ended). It is kept in step inside the
 write transactions themselves: before each COMMIT the writer applies the change-log entries of kind
-'link' (links and invalidations) past the graph's watermark (``am_kg_sync``), so the graph never shows a
-link the table does not, and a rolled-back batch leaves both unchanged. Rows are loaded with plain SQL
-into AGE's label tables (set-based and fast); the walks are Cypher.
+'link' (links and invalidations) past the graph's watermark (``am_kg_sync``), set-based, a few statements
+per batch whatever its size, so the graph never shows a link the table does not, and a rolled-back batch
+leaves both unchanged.
 
-Walks go one hop per Cypher query, frontier by frontier, with the same answers as storage/graph.py:
-``reach`` is a breadth-first walk; ``paths`` first walks backwards from the destination for the hop
-distances, then enumerates simple paths forwards through memories that can still reach it in time.
+AGE creates no index on its label tables; ``setup`` adds, on every open (a graph made by an older build
+gets them too): the vertex and edge graphids (``id``), the edges' ``start_id`` and ``end_id``, and the
+vertex ``id`` property that Cypher's ``a.id = ...`` reads.
+
+What AGE 1.6 can do, and so how each walk goes (docs/kg.md, "Backends", has the measured plans). AGE's
+variable-length match (VLE, ``age_vle``) is a depth-first enumeration of trails (no edge twice) in C over an
+in-memory copy of the whole graph that each backend builds on its first walk and again after any write to the
+graph (~0.4-1 s at 100k links). A VLE filters each edge only by label and by equality with a property map, so
+the validity window (a range) is tested on each trail's edges after the enumeration; trails that visit a
+memory twice are dropped here: the answers are those of simple paths.
+
+- ``paths`` is one Cypher MATCH, ``(a)-[x:LINK*1..N]->(b)`` with both ends bound through the vertex index.
+  A ``WITH x SKIP 0`` fence keeps the window test on the trails that reach the destination (without it the
+  planner pushes it into the function scan, onto every trail leaving the source).
+- ``reach`` is one VLE too, ``age_vle`` called from SQL with no far end: the Cypher form joins the far end to
+  every vertex of the graph (``age_match_vle_terminal_edge`` as a join filter, 42.7M calls for 2,137 trails
+  at 100k links). Reading anything from a trail (its far end, each link's window) means materialising it
+  as agtype (``age_materialize_vle_edges``, ``age_properties``), and that, not the walk, is its cost.
+- ``edges_into`` (one hop into given memories) is the same SQL as the CTE backend's, by the indexed
+  ``memory_links.dst_id``: a 1,000-memory ``UNWIND ... MATCH`` took 445 ms p50 at 100k links, the SQL 85 ms.
+
+No value is ever placed in a VLE's property map: AGE caches each VLE's edge filter per parsed statement, so
+a prepared ``[*1..5 {relation: $r}]`` would keep the first value it saw.
 """
 
 from __future__ import annotations
@@ -19,24 +39,34 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from storage import graph
 from storage.graph import Edge
 
 GRAPH = "am_kg"
-# Most ids sent in one Cypher parameter list.
-_CHUNK = 1000
-
 
 def prepare_session(raw: Any) -> None:
     """Every connection that runs Cypher loads AGE and can name its types; our own tables stay in the
-    schema they were created in (AGE's catalog comes last, so nothing of ours lands in it)."""
+    schema they were created in (AGE's catalog comes last, so nothing of ours lands in it). The JIT is off:
+    AGE's estimates for a cypher() call are huge, so Postgres would compile every walk (~0.2 s) for nothing."""
     raw.execute("LOAD 'age'")
     raw.execute('SET search_path = "$user", public, ag_catalog')
+    raw.execute("SET jit = off")
 
 
 _SETUP = (
     "CREATE TABLE IF NOT EXISTS am_kg_sync (last_seq BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS am_kg_vertex (memory_id TEXT PRIMARY KEY, gid ag_catalog.graphid NOT NULL)",
     "CREATE TABLE IF NOT EXISTS am_kg_edge (link_id TEXT PRIMARY KEY, gid ag_catalog.graphid NOT NULL)",
+)
+
+# The indexes AGE does not make (name, statement); each is built once, on the open that first misses it.
+INDEXES = (
+    ("am_kg_memory_gid", f'CREATE UNIQUE INDEX IF NOT EXISTS am_kg_memory_gid ON {GRAPH}."Memory" (id)'),
+    ("am_kg_link_gid", f'CREATE UNIQUE INDEX IF NOT EXISTS am_kg_link_gid ON {GRAPH}."LINK" (id)'),
+    ("am_kg_link_start", f'CREATE INDEX IF NOT EXISTS am_kg_link_start ON {GRAPH}."LINK" (start_id)'),
+    ("am_kg_link_end", f'CREATE INDEX IF NOT EXISTS am_kg_link_end ON {GRAPH}."LINK" (end_id)'),
+    ("am_kg_memory_id", f'CREATE INDEX IF NOT EXISTS am_kg_memory_id ON {GRAPH}."Memory" '
+                        "(ag_catalog.agtype_access_operator(VARIADIC ARRAY[properties, '\"id\"'::agtype]))"),
 )
 
 
@@ -48,10 +78,8 @@ def setup(conn: Any) -> None:
             conn.execute("SELECT ag_catalog.create_graph(?)", (GRAPH,))
             conn.execute("SELECT ag_catalog.create_vlabel(?, 'Memory')", (GRAPH,))
             conn.execute("SELECT ag_catalog.create_elabel(?, 'LINK')", (GRAPH,))
-            conn.execute(f'CREATE INDEX IF NOT EXISTS am_kg_link_start ON {GRAPH}."LINK" (start_id)')
-            conn.execute(f'CREATE INDEX IF NOT EXISTS am_kg_link_end ON {GRAPH}."LINK" (end_id)')
-            conn.execute(f'CREATE INDEX IF NOT EXISTS am_kg_memory_id ON {GRAPH}."Memory" '
-                         "(ag_catalog.agtype_access_operator(VARIADIC ARRAY[properties, '\"id\"'::agtype]))")
+        for _name, sql in INDEXES:
+            conn.execute(sql)
         for sql in _SETUP:
             conn.execute(sql)
         sync(conn)
@@ -61,69 +89,69 @@ def setup(conn: Any) -> None:
         raise
 
 
-def _vertex(conn: Any, memory_id: str, cache: dict[str, str]) -> str:
-    gid = cache.get(memory_id)
-    if gid is not None:
-        return gid
-    r = conn.execute("SELECT gid::text FROM am_kg_vertex WHERE memory_id = ?", (memory_id,)).fetchone()
-    if r is None:
-        r = conn.execute(f'INSERT INTO {GRAPH}."Memory" (properties) VALUES (?::agtype) RETURNING id::text',
-                         (json.dumps({"id": memory_id}),)).fetchone()
-        conn.execute("INSERT INTO am_kg_vertex (memory_id, gid) VALUES (?, ?::text::ag_catalog.graphid)",
-                     (memory_id, r[0]))
-    cache[memory_id] = str(r[0])
-    return cache[memory_id]
+# ---- keeping the graph in step (set-based: a few statements per batch) -------------------------
+
+# The batch's links not yet in the graph (the change-log window is the two parameters: after, up to).
+_NEW_LINKS = ("SELECT DISTINCT l.link_id, l.src_id, l.dst_id, l.relation, l.valid_from, l.valid_until "
+              "FROM change_log AS c JOIN memory_links AS l ON l.link_id = c.ref_id "
+              "WHERE c.kind = 'link' AND c.seq > ? AND c.seq <= ? "
+              "AND NOT EXISTS (SELECT 1 FROM am_kg_edge AS k WHERE k.link_id = l.link_id)")
+
+# A graphid made as AGE's own column default makes it, so each row's id is known before it is inserted.
+_GRAPHID = "ag_catalog._graphid(ag_catalog._label_id('{g}', '{label}')::integer, nextval('{g}.\"{label}_id_seq\"'))"
+
+_ADD_VERTICES = (
+    f"WITH n AS ({_NEW_LINKS}), "
+    "ids AS (SELECT DISTINCT s.m FROM (SELECT src_id AS m FROM n UNION SELECT dst_id FROM n) AS s "
+    "WHERE NOT EXISTS (SELECT 1 FROM am_kg_vertex AS v WHERE v.memory_id = s.m)), "
+    f"v AS (SELECT m, {_GRAPHID.format(g=GRAPH, label='Memory')} AS gid FROM ids), "
+    f'g AS (INSERT INTO {GRAPH}."Memory" (id, properties) '
+    "SELECT gid, json_build_object('id', m)::text::ag_catalog.agtype FROM v) "
+    "INSERT INTO am_kg_vertex (memory_id, gid) SELECT m, gid FROM v")
+
+# An edge's properties, from its link and the earliest invalidation ending it (LEAST skips nulls).
+_EDGE_PROPS = ("json_strip_nulls(json_build_object('link_id', {l}.link_id, 'relation', {l}.relation, "
+               "'valid_from', {l}.valid_from, 'ends_at', LEAST({l}.valid_until, {ends})))::text::ag_catalog.agtype")
+
+_ADD_EDGES = (
+    f"WITH n AS ({_NEW_LINKS}), "
+    f"e AS (SELECT n.link_id, {_GRAPHID.format(g=GRAPH, label='LINK')} AS gid, s.gid AS sg, d.gid AS dg, "
+    + _EDGE_PROPS.format(l="n", ends="(SELECT min(i.valid_until) FROM link_invalidations AS i "
+                                     "WHERE i.link_id = n.link_id)")
+    + " AS props FROM n JOIN am_kg_vertex AS s ON s.memory_id = n.src_id "
+    "JOIN am_kg_vertex AS d ON d.memory_id = n.dst_id), "
+    f'g AS (INSERT INTO {GRAPH}."LINK" (id, start_id, end_id, properties) SELECT gid, sg, dg, props FROM e) '
+    "INSERT INTO am_kg_edge (link_id, gid) SELECT link_id, gid FROM e")
+
+# Edges whose link got an invalidation in the window: their ends_at again, from all its invalidations.
+_END_EDGES = (
+    f'UPDATE {GRAPH}."LINK" AS g SET properties = '
+    + _EDGE_PROPS.format(l="l", ends="m.ends")
+    + " FROM (SELECT i.link_id, min(i.valid_until) AS ends FROM link_invalidations AS i "
+    "WHERE i.link_id IN (SELECT j.link_id FROM change_log AS c JOIN link_invalidations AS j ON j.inval_id = c.ref_id "
+    "WHERE c.kind = 'link' AND c.seq > ? AND c.seq <= ?) GROUP BY i.link_id) AS m "
+    "JOIN memory_links AS l ON l.link_id = m.link_id JOIN am_kg_edge AS k ON k.link_id = l.link_id "
+    "WHERE g.id = k.gid")
 
 
 def sync(conn: Any) -> int:
-    """Apply to the graph every 'link' change-log entry past the watermark; returns how many. Runs inside
-    the caller's write transaction."""
+    """Apply to the graph every 'link' change-log entry past the watermark (links become edges, their ends
+    vertices; invalidations set ``ends_at``); returns how many entries. Runs inside the caller's write
+    transaction."""
     r = conn.execute("SELECT last_seq FROM am_kg_sync").fetchone()
     last = int(r[0]) if r else 0
-    rows = conn.execute(
-        "SELECT c.seq, l.link_id, l.src_id, l.dst_id, l.relation, l.valid_from, l.valid_until, i.link_id "
-        "FROM change_log AS c LEFT JOIN memory_links AS l ON l.link_id = c.ref_id "
-        "LEFT JOIN link_invalidations AS i ON i.inval_id = c.ref_id "
-        "WHERE c.kind = 'link' AND c.seq > ? ORDER BY c.seq", (last,)).fetchall()
-    if not rows:
+    top = conn.execute("SELECT max(seq), count(*) FROM change_log WHERE kind = 'link' AND seq > ?",
+                       (last,)).fetchone()
+    if top is None or top[0] is None:
         return 0
-    cache: dict[str, str] = {}
-    touched: set[str] = set()
-    for _seq, link_id, src, dst, relation, valid_from, valid_until, invalidated in rows:
-        if link_id is not None:
-            if conn.execute("SELECT 1 FROM am_kg_edge WHERE link_id = ?", (link_id,)).fetchone() is not None:
-                continue
-            props: dict[str, Any] = {"link_id": link_id, "relation": relation, "valid_from": int(valid_from)}
-            if valid_until is not None:
-                props["ends_at"] = int(valid_until)
-            e = conn.execute(f'INSERT INTO {GRAPH}."LINK" (start_id, end_id, properties) VALUES '
-                             "(?::text::ag_catalog.graphid, ?::text::ag_catalog.graphid, ?::agtype) RETURNING id::text",
-                             (_vertex(conn, src, cache), _vertex(conn, dst, cache), json.dumps(props))).fetchone()
-            conn.execute("INSERT INTO am_kg_edge (link_id, gid) VALUES (?, ?::text::ag_catalog.graphid)",
-                         (link_id, e[0]))
-            touched.add(link_id)
-        elif invalidated is not None:
-            touched.add(str(invalidated))
-    for link_id in touched:
-        _refresh_end(conn, link_id)
+    upto = int(top[0])
+    for sql in (_ADD_VERTICES, _ADD_EDGES, _END_EDGES):
+        conn.execute(sql, (last, upto))
     if r is None:
-        conn.execute("INSERT INTO am_kg_sync (last_seq) VALUES (?)", (int(rows[-1][0]),))
+        conn.execute("INSERT INTO am_kg_sync (last_seq) VALUES (?)", (upto,))
     else:
-        conn.execute("UPDATE am_kg_sync SET last_seq = ?", (int(rows[-1][0]),))
-    return len(rows)
-
-
-def _refresh_end(conn: Any, link_id: str) -> None:
-    """Set the edge's ``ends_at`` to the earliest of the link's valid_until and its invalidations."""
-    r = conn.execute("SELECT l.valid_until, (SELECT min(i.valid_until) FROM link_invalidations AS i "
-                     "WHERE i.link_id = l.link_id), l.relation, l.valid_from FROM memory_links AS l "
-                     "WHERE l.link_id = ?", (link_id,)).fetchone()
-    if r is None or (r[0] is None and r[1] is None):
-        return
-    end = min(int(v) for v in r[:2] if v is not None)
-    props = {"link_id": link_id, "relation": r[2], "valid_from": int(r[3]), "ends_at": end}
-    conn.execute(f'UPDATE {GRAPH}."LINK" SET properties = ?::agtype WHERE id = '
-                 "(SELECT gid FROM am_kg_edge WHERE link_id = ?)", (json.dumps(props), link_id))
+        conn.execute("UPDATE am_kg_sync SET last_seq = ?", (upto,))
+    return int(top[1])
 
 
 # ---- walks ----------------------------------------------------------------------------------
@@ -134,39 +162,38 @@ def _cypher(conn: Any, query: str, params: dict[str, Any]) -> list[Any]:
     return [json.loads(str(row[0])) for row in rows]
 
 
-def _hop(conn: Any, ids: Sequence[str], forward: bool, relations: Sequence[str] | None, as_of: int) -> list[Edge]:
-    """Links valid at ``as_of`` leaving (``forward``) or entering the memories ``ids``, one Cypher query a chunk."""
-    near = "a" if forward else "b"
-    rel = " AND x.relation IN $rels" if relations else ""
-    query = (f"MATCH (a:Memory)-[x:LINK]->(b:Memory) WHERE {near}.id IN $ids AND x.valid_from <= $t "
-             f"AND (x.ends_at IS NULL OR x.ends_at > $t){rel} RETURN [x.link_id, a.id, b.id, x.relation]")
-    out: list[Edge] = []
-    for i in range(0, len(ids), _CHUNK):
-        params: dict[str, Any] = {"ids": list(ids[i:i + _CHUNK]), "t": as_of}
-        if relations:
-            params["rels"] = list(relations)
-        out.extend(Edge(*r) for r in _cypher(conn, query, params))
-    return out
+# The VLE edge prototype: any LINK edge (the window cannot be a VLE filter: it only tests property equality).
+_PROTO = ''''{"id": 0, "label": "LINK", "end_id": 0, "start_id": 0, "properties": {}}::edge'::ag_catalog.agtype'''
+
+# Every trail (no link twice) of 1..depth links leaving the start, as AGE's VLE finds it, called from SQL: the
+# Cypher form joins the trail's far end to every vertex of the graph (age_match_vle_terminal_edge as a join
+# filter, 42.7M calls for 2,137 trails at 100k links), and this form needs no far end. A trail counts when
+# each of its links is valid at the instant (and of the relations); a memory's distance is its shortest one.
+_REACH = (
+    "WITH t AS MATERIALIZED (SELECT ag_catalog.age_materialize_vle_edges(v.edges) AS es "
+    "FROM am_kg_vertex AS s, ag_catalog.age_vle('\"am_kg\"'::ag_catalog.agtype, "
+    "ag_catalog.graphid_to_agtype(s.gid), NULL::ag_catalog.agtype, " + _PROTO + ", '1'::ag_catalog.agtype, "
+    "?::text::ag_catalog.agtype, '1'::ag_catalog.agtype) AS v WHERE s.memory_id = ?), "
+    "ok AS (SELECT ag_catalog.age_end_id(t.es -> -1)::text::bigint AS e, "
+    "ag_catalog.age_size(t.es)::text::integer AS d FROM t "
+    "WHERE NOT EXISTS (SELECT 1 FROM ag_catalog.age_unnest(t.es) AS x, "
+    "LATERAL (SELECT ag_catalog.age_properties(x) AS p) AS q "
+    "WHERE (q.p ->> 'valid_from'::text)::bigint > ? "
+    "OR coalesce((q.p ->> 'ends_at'::text)::bigint > ?, true) IS NOT TRUE{rel})) "
+    "SELECT m.memory_id, min(ok.d) AS d FROM ok JOIN am_kg_vertex AS m ON m.gid = ok.e::text::ag_catalog.graphid "
+    "WHERE m.memory_id <> ? GROUP BY m.memory_id ORDER BY d, m.memory_id LIMIT ?")
+_REACH_REL = " OR NOT (q.p ->> 'relation'::text) = ANY(?)"
 
 
-def _distances(conn: Any, start: str, depth: int, forward: bool, relations: Sequence[str] | None,
-               as_of: int) -> tuple[dict[str, int], dict[str, list[Edge]]]:
-    """Breadth-first hop distances from ``start`` (forwards or backwards), and the edges seen per node."""
-    dist = {start: 0}
-    seen: dict[str, list[Edge]] = {}
-    frontier = [start]
-    for d in range(1, depth + 1):
-        if not frontier:
-            break
-        nxt: list[str] = []
-        for e in _hop(conn, frontier, forward, relations, as_of):
-            near, far = (e.src_id, e.dst_id) if forward else (e.dst_id, e.src_id)
-            seen.setdefault(near, []).append(e)
-            if far not in dist:
-                dist[far] = d
-                nxt.append(far)
-        frontier = nxt
-    return dist, seen
+def _trails_query(max_depth: int, relations: Sequence[str] | None) -> str:
+    """One VLE from $src to $dst; each trail kept when all its edges are valid at $t (and of $rels)."""
+    depth = int(max_depth)  # an int by contract; never text spliced into the query
+    rel = " OR NOT properties(e).relation IN $rels" if relations else ""
+    return (f"MATCH (a:Memory)-[x:LINK*1..{depth}]->(b:Memory) WHERE a.id = $src AND b.id = $dst "
+            "WITH x SKIP 0 "
+            "WITH x WHERE size([e IN x WHERE properties(e).valid_from > $t "
+            f"OR properties(e).ends_at <= $t{rel}]) = 0 "
+            "RETURN [e IN x | [properties(e).link_id, start_id(e), end_id(e)]]")
 
 
 class AgeOps:
@@ -174,42 +201,27 @@ class AgeOps:
 
     def reach(self, conn: Any, start: str, depth: int, relations: Sequence[str] | None, as_of: int,
               limit: int) -> list[tuple[str, int]]:
-        dist, _ = _distances(conn, start, depth, True, relations, as_of)
-        hits = sorted(((n, d) for n, d in dist.items() if d > 0), key=lambda nd: (nd[1], nd[0]))
-        return hits[:limit]
+        sql = _REACH.replace("{rel}", _REACH_REL if relations else "")
+        params: list[Any] = [str(int(depth)), start, as_of, as_of]
+        if relations:
+            params.append(list(relations))
+        rows = conn.execute(sql, [*params, start, limit]).fetchall()  # a trail back to the start is no hit
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     def edges_into(self, conn: Any, dst_ids: Iterable[str], relations: Sequence[str] | None,
                    as_of: int) -> list[Edge]:
-        return _hop(conn, list(dict.fromkeys(dst_ids)), False, relations, as_of)
+        """One hop, by the indexed memory_links.dst_id: the table answers a single hop faster than any Cypher
+        (a 1,000-memory UNWIND MATCH took 445 ms p50 at 100k links, this 85 ms)."""
+        return graph.edges_into(conn, dst_ids, relations, as_of)
 
     def paths(self, conn: Any, src: str, dst: str, max_depth: int, relations: Sequence[str] | None, as_of: int,
               cap: int) -> list[list[str]]:
-        togo, _ = _distances(conn, dst, max_depth, False, relations, as_of)
-        if src not in togo:
-            return []
-        # Forward adjacency restricted to memories that can still reach dst, fetched a level at a time.
-        out_edges: dict[str, list[Edge]] = {}
-        frontier, fetched = [src], set()
-        for _ in range(max_depth):
-            todo = [n for n in frontier if n not in fetched and n != dst]
-            if not todo:
-                break
-            fetched.update(todo)
-            nxt: list[str] = []
-            for e in _hop(conn, todo, True, relations, as_of):
-                if e.dst_id in togo:
-                    out_edges.setdefault(e.src_id, []).append(e)
-                    nxt.append(e.dst_id)
-            frontier = nxt
+        params: dict[str, Any] = {"src": src, "dst": dst, "t": as_of}
+        if relations:
+            params["rels"] = list(relations)
         found: list[list[str]] = []
-        stack: list[tuple[str, list[str], frozenset[str]]] = [(src, [], frozenset({src}))]
-        while stack and len(found) < cap:
-            node, links, on_path = stack.pop()
-            for e in out_edges.get(node, []):
-                if e.dst_id in on_path or len(links) + 1 + togo[e.dst_id] > max_depth:
-                    continue
-                if e.dst_id == dst:
-                    found.append([*links, e.link_id])
-                else:
-                    stack.append((e.dst_id, [*links, e.link_id], on_path | {e.dst_id}))
-        return sorted(found, key=len)
+        for hops in _cypher(conn, _trails_query(max_depth, relations), params):
+            nodes = [hops[0][1], *(h[2] for h in hops)]
+            if len(set(nodes)) == len(nodes):  # a trail through no memory twice: a simple path
+                found.append([str(h[0]) for h in hops])
+        return sorted(found, key=len)[:cap]

@@ -114,3 +114,22 @@ async def test_a_rolled_back_write_leaves_the_age_graph_unchanged(tmp_path: Path
         assert await svc.db.read(lambda c: c.execute("SELECT count(*) FROM am_kg_edge").fetchone()[0]) == 0
     finally:
         await svc.close()
+
+
+async def test_a_walk_back_to_its_start_is_no_neighbour_on_any_backend(tmp_path: Path, pg_dsn: str,
+                                                                      age_dsn: str) -> None:
+    """A cycle through the start: the CTEs keep its distance 0, AGE's trails reach it again at depth 3."""
+    answers = []
+    for name, storage in (("pg", {"backend": "postgres", "dsn": pg_dsn}),
+                          ("age", {"backend": "postgres", "dsn": age_dsn, "age": "on"})):
+        cfg = from_dict({"agent_id": "ai:dual@lab", "home": str(tmp_path / name), "storage": storage}, env={})
+        svc = await open_service(cfg)
+        try:
+            a, b, c = [(await svc.memory_store(f"m{i}"))["id"] for i in range(3)]
+            for src, dst in ((a, b), (b, c), (c, a)):
+                await svc.memory_link(src, dst, "r")
+            r = await svc.kg.query(a, depth=5)
+            answers.append(sorted(n["depth"] for n in r["neighbours"]))
+        finally:
+            await svc.close()
+    assert answers == [[1, 2], [1, 2]]
