@@ -11,7 +11,6 @@ peer refuses the connection, ``last_error`` carries the peer's own code and mess
 from __future__ import annotations
 
 import asyncio
-import enum
 import heapq
 import itertools
 import logging
@@ -43,6 +42,7 @@ from a2a import (
     plan_batches,
 )
 from mesh.errors import MeshCode, MeshError
+from mesh.linkstate import LinkState
 from mesh.receive import Resumed
 from mesh.routes import MESSAGES_PATH, WS_PATH
 from mesh.tls import verify_peer
@@ -137,13 +137,6 @@ class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
     def end(self, error: BaseException | None) -> None:
         if not self.ended.done():
             self.ended.set_result(error)
-
-
-class LinkState(enum.StrEnum):
-    CONNECTING = "connecting"
-    UP = "up"
-    DOWN = "down"
-    CLOSED = "closed"
 
 
 @dataclass
