@@ -150,7 +150,11 @@ class Node:
         # Each peer's link and catch-up tasks, so that a reload can stop a removed peer's.
         self._peer_tasks: dict[str, list[asyncio.Task[None]]] = {}
         # SQLite's integrity check (at start and every storage.integrity_check_interval_s) and the full-disk probe.
-        self.watch = StoreWatch(store.db, integrity_every_s=cfg.storage.integrity_check_interval_s)
+        # A store past storage.start_check_max_bytes is checked by the watch's first tick, once the node serves:
+        # the check reads the whole file, and start-up must not grow with the store.
+        self.check_at_start = store.db.bytes_used() <= cfg.storage.start_check_max_bytes
+        self.watch = StoreWatch(store.db, integrity_every_s=cfg.storage.integrity_check_interval_s,
+                                check_first=not self.check_at_start)
         self.extra_services: list[Any] = []
         # Set on drain: the approval sweep and the webhooks stop at their next turn.
         self._closing = False
@@ -202,7 +206,8 @@ class Node:
             progress = await prepare(cfg, store.db, requested=restore, now_ms=now_ms())
             node = cls(cfg, store, contexts, load, progress)
             # Before anything is served: a damaged file is not ready from the first /readyz on.
-            await node.watch.check()
+            if node.check_at_start:
+                await node.watch.check()
         except BaseException:
             await store.close()
             raise
