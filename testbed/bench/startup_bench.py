@@ -153,10 +153,13 @@ def node_home(root: Path, store: Path | None) -> tuple[Path, int]:
     if store is not None:
         data = load_config(config, env={}).db_path
         data.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(store, data)
-        except OSError:
-            shutil.copyfile(store, data)
+        for suffix in ("", "-wal"):  # the WAL too, when the store was left with one
+            src, dst = Path(f"{store}{suffix}"), Path(f"{data}{suffix}")
+            if src.exists():
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copyfile(src, dst)
     return config, spec.health_port
 
 
