@@ -50,3 +50,14 @@ def test_recall_store_get_and_status_load_no_http_client_websocket_or_mcp_sdk(tm
     memory_id = json.loads(listed.stdout)[0]["id"]
     assert _loaded(home, "get", memory_id) == []
     assert _loaded(home, "status") == []
+
+
+def test_the_mcp_server_loads_no_service_until_it_opens_one_embedded() -> None:
+    # Joined to a running node, `ai-memory mcp` only forwards calls: the store's service is the node's.
+    probe = ("import json, sys, node.mcp.server; print(json.dumps(sorted(m for m in sys.argv[1].split(',') "
+             "if m in sys.modules)))")
+    service = "node.assemble,node.service,node.federation.facade,node.writepath,aiohttp,mesh.link"
+    r = subprocess.run([sys.executable, "-c", probe, service], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []
