@@ -183,7 +183,7 @@ async def rounds(args: argparse.Namespace, tmp: Path) -> dict[str, list[Timed]]:
     cli = ai_memory()
     nodes = {"empty": node_home(tmp / "serve-empty", None)}
     if args.store is not None:
-        nodes["store"] = node_home(tmp / "serve-store", args.store)
+        nodes["given"] = node_home(tmp / "serve-given", args.store)
     cfg = load_config(None, env={"AI_MEMORY_HOME": str(home)})
     svc = await open_service(cfg)
     joined_home = tmp / "joined"
