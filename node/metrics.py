@@ -54,6 +54,8 @@ class Scrape:
     storage: Mapping[str, StorageScrape] = field(default_factory=dict)
     # Seconds the last integrity check of the store took; None before the first (or on a backend without one).
     integrity_check_s: float | None = None
+    # MCP calls by agent (this node's agents and the node itself) and outcome.
+    agent_calls: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 LINK_STATES = ("connecting", "up", "down", "closed")
@@ -105,6 +107,11 @@ class _Collector(Collector):
         for (tool, outcome), n in sorted(s.mcp_calls.items()):
             calls.add_metric([tool, outcome], n)
         yield calls
+        by_agent = CounterMetricFamily(f"{PREFIX}_mcp_agent_calls", "MCP tool calls by agent (this node's agents, "
+                                       "the node itself) and outcome", labels=["agent", "outcome"])
+        for (agent, outcome), n in sorted(s.agent_calls.items()):
+            by_agent.add_metric([agent, outcome], n)
+        yield by_agent
         yield CounterMetricFamily(f"{PREFIX}_delivered", "Outbox messages ACKed since start", value=s.delivered)
         yield CounterMetricFamily(f"{PREFIX}_dead_lettered", "Outbox messages dead-lettered since start",
                                   value=s.dead_lettered)

@@ -54,6 +54,7 @@ from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
 from node.pause import StoragePause
 from node.permissions.gate import load_rules_file
+from node.sdnotify import Notifier
 from node.service import now_ms
 from node.trust import load_node_identity
 from storage.errors import StorageCode, StorageError
@@ -215,8 +216,10 @@ class Node:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self, signals: Signals) -> None:
-        """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration."""
+    async def run(self, signals: Signals, notifier: Notifier | None = None) -> None:
+        """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration.
+        ``notifier`` tells systemd (``Type=notify``) when the node serves, reloads and drains."""
+        notifier = notifier or Notifier(None)
         try:
             # Every listener is bound before any task starts: a port or socket in use is one plain error.
             port = await self.server.start()
@@ -231,11 +234,13 @@ class Node:
                               # Cancelled on drain: a lifecycle pass is one transaction, safe to cut short.
                               tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"),
                               tg.create_task(self.watch.run(), name="storage:watch"),
-                              tg.create_task(self._reloads(signals, tg), name="config:reload")]
+                              tg.create_task(self._reloads(signals, tg, notifier), name="config:reload")]
                 self._write_status(port)
                 self.ready = True
                 log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
+                notifier.ready(self._serving_status())
                 await signals.stop.wait()
+                notifier.stopping(signals.reason)
                 log.info("node_draining", extra={"ev": {"reason": signals.reason,
                                                         "timeout_s": self.cfg.mesh.drain_timeout_s}})
                 await self._drain(sender, background)
@@ -274,11 +279,17 @@ class Node:
 
     # ---- configuration reload (SIGHUP) ----------------------------------------------------
 
-    async def _reloads(self, signals: Signals, tg: asyncio.TaskGroup) -> None:
+    async def _reloads(self, signals: Signals, tg: asyncio.TaskGroup, notifier: Notifier) -> None:
         while True:
             await signals.reload.wait()
             signals.reload.clear()
-            await self.reload_config(tg)
+            notifier.reloading()
+            await self.reload_config(tg)  # a file that does not load is refused: the node serves on either way
+            notifier.ready(self._serving_status())
+
+    def _serving_status(self) -> str:
+        """systemd's one-line STATUS (``systemctl status``) while the node serves."""
+        return f"serving on {self.cfg.mesh.listen_host}:{self.server.port}, {len(self.links)} peer(s) configured"
 
     async def reload_config(self, tg: asyncio.TaskGroup) -> None:
         """Read the configuration again and put its live settings in force (``node.reload``); a file that does not
@@ -348,8 +359,11 @@ class Node:
         backend = self.backend = ServiceBackend(self.svc, runtime=self)
         self.extra_services.append(await start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
+            from mesh.agentkeys import AgentTokens
+            # A request carrying an agent's bearer token acts as that agent (docs/mcp.md, "Agents").
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
-                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile))
+                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile,
+                                                                   tokens=AgentTokens(self.cfg.keys_dir)))
 
     async def _stop_extras(self) -> None:
         for handle in reversed(self.extra_services):
@@ -443,7 +457,8 @@ class Node:
                       mcp_calls=dict(self.backend.calls) if self.backend else {}, ready=self.readiness()[0],
                       writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
                       dead_lettered=self.sender.dead_lettered, storage=storage,
-                      integrity_check_s=None if last is None else last.seconds)
+                      integrity_check_s=None if last is None else last.seconds,
+                      agent_calls=dict(self.svc.agents.calls))
 
     def _sync_age_s(self, peer: str, now: float) -> float | None:
         """Seconds since ``peer``'s last completed pull (time.monotonic() ``now``); None before the first."""
@@ -521,11 +536,12 @@ async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     A start that fails raises (the CLI's one line) and leaves none of the files it created."""
     signals = Signals()
     signals.install()
+    notifier = Notifier.from_environment()  # before any hook program starts: they must not inherit it
     created = _created_by_start(cfg)
     node: Node | None = None
     try:
         node = await Node.open(cfg, load, restore=restore)
-        await node.run(signals)
+        await node.run(signals, notifier)
     except Exception as e:
         exc = _explained(e, cfg.home)
         if node is None or not node.ready:
