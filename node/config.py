@@ -75,10 +75,6 @@ FTS_MERGE_PAGES = 16
 # storage.integrity_check_interval_s' default: one quick_check reads the whole file, 0.09 s of one core at 100k
 # memories (docs/operations.md, "A damaged database"): every 10 minutes is 0.015% of a core.
 INTEGRITY_CHECK_INTERVAL_S = 600.0
-# storage.start_check_max_bytes' default: the check at start reads the whole file before the node serves
-# (~1 s a GB in the page cache, 10x that from disk): past this size it runs just after the node is ready instead,
-# so start-up does not grow with the store (docs/operations.md, "A damaged database").
-START_CHECK_MAX_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -94,9 +90,8 @@ class StorageConfig:
     fts_merge_pages: int = FTS_MERGE_PAGES
     # SQLite: seconds between two integrity checks (PRAGMA quick_check) while the node runs; 0 = only at start.
     integrity_check_interval_s: float = INTEGRITY_CHECK_INTERVAL_S
-    # SQLite: a store (file and WAL) up to this many bytes is checked before the node serves; a larger one by
-    # the store's watch right after the node is ready.
-    start_check_max_bytes: int = START_CHECK_MAX_BYTES
+    # SQLite: a store (file and WAL) up to this size is checked before the node serves, a larger one just after.
+    start_check_max_bytes: int = 256 * 1024 * 1024
     # "sqlite" (the file at ``path``) or "postgres" (the database at ``dsn``).
     backend: str = "sqlite"
     dsn: str = ""
@@ -730,12 +725,9 @@ def _validate_sync_mode_and_backoff(cfg: NodeConfig) -> None:
     if not 0 <= cfg.storage.fts_merge_pages <= 1_000_000:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"storage.fts_merge_pages must be in 0..1000000, got {cfg.storage.fts_merge_pages!r}")
-    if not cfg.storage.integrity_check_interval_s >= 0:
-        raise ConfigError(ConfigCode.CONFIG_INVALID, "storage.integrity_check_interval_s must be >= 0 (0 = only at "
-                                                     f"start), got {cfg.storage.integrity_check_interval_s!r}")
-    if not cfg.storage.start_check_max_bytes >= 0:
-        raise ConfigError(ConfigCode.CONFIG_INVALID, "storage.start_check_max_bytes must be >= 0, got "
-                                                     f"{cfg.storage.start_check_max_bytes!r}")
+    for key in ("integrity_check_interval_s", "start_check_max_bytes"):  # interval 0 = only at start
+        if not (value := getattr(cfg.storage, key)) >= 0:
+            raise ConfigError(ConfigCode.CONFIG_INVALID, f"storage.{key} must be >= 0, got {value!r}")
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "
