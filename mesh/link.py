@@ -11,7 +11,6 @@ peer refuses the connection, ``last_error`` carries the peer's own code and mess
 from __future__ import annotations
 
 import asyncio
-import enum
 import heapq
 import itertools
 import logging
@@ -41,6 +40,7 @@ from a2a import (
     plan_batches,
 )
 from mesh.errors import MeshCode, MeshError
+from mesh.linkstate import LinkState
 from mesh.receive import Resumed
 from mesh.routes import MESSAGES_PATH, WS_PATH
 from mesh.tls import PeerRefused, pinned_to
@@ -78,13 +78,6 @@ class _Reading:
 
     def on_frame(self, data: bytes) -> None:
         self.link.on_ack_frame(data)
-
-
-class LinkState(enum.StrEnum):
-    CONNECTING = "connecting"
-    UP = "up"
-    DOWN = "down"
-    CLOSED = "closed"
 
 
 @dataclass

@@ -19,8 +19,8 @@ from node import priority
 from node.agents.book import AgentBook
 from node.config import NodeConfig
 from node.events.webhooks import Webhooks
-from node.federation import Delivery, Federation, NoDelivery, peer_rate_of
-from node.federation.outbound import AckSignal, PeerAccepts
+from node.federation.facade import Federation, peer_rate_of
+from node.federation.outbound import AckSignal, Delivery, NoDelivery, PeerAccepts
 from node.hooks import Hooks
 from node.hooks.pipeline import HookPipeline
 from node.permissions.approvals import Approvals, signer

@@ -90,6 +90,8 @@ class StorageConfig:
     fts_merge_pages: int = FTS_MERGE_PAGES
     # SQLite: seconds between two integrity checks (PRAGMA quick_check) while the node runs; 0 = only at start.
     integrity_check_interval_s: float = INTEGRITY_CHECK_INTERVAL_S
+    # SQLite: a store (file and WAL) up to this size is checked before the node serves, a larger one just after.
+    start_check_max_bytes: int = 256 * 1024 * 1024
     # "sqlite" (the file at ``path``) or "postgres" (the database at ``dsn``).
     backend: str = "sqlite"
     dsn: str = ""
@@ -723,9 +725,9 @@ def _validate_sync_mode_and_backoff(cfg: NodeConfig) -> None:
     if not 0 <= cfg.storage.fts_merge_pages <= 1_000_000:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"storage.fts_merge_pages must be in 0..1000000, got {cfg.storage.fts_merge_pages!r}")
-    if not cfg.storage.integrity_check_interval_s >= 0:
-        raise ConfigError(ConfigCode.CONFIG_INVALID, "storage.integrity_check_interval_s must be >= 0 (0 = only at "
-                                                     f"start), got {cfg.storage.integrity_check_interval_s!r}")
+    for key in ("integrity_check_interval_s", "start_check_max_bytes"):  # interval 0 = only at start
+        if not (value := getattr(cfg.storage, key)) >= 0:
+            raise ConfigError(ConfigCode.CONFIG_INVALID, f"storage.{key} must be >= 0, got {value!r}")
     if cfg.mesh.reconnect_min_s > cfg.mesh.reconnect_max_s:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"mesh.reconnect_min_s ({cfg.mesh.reconnect_min_s}) must not exceed "

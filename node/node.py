@@ -34,12 +34,14 @@ from base.errors import ProjectError, describe
 from mesh import tls
 from mesh.heap import keep_tls_reads_on_the_heap
 from mesh.keys import Identity
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 from mesh.receive import Receiver
 from mesh.server import MeshServer, ServerHooks
 from node import files, reload
 from node.assemble import Store, assemble, open_store
 from node.config import NodeConfig, PeerConfig
+from node.events.delivery import WebhookDelivery
 from node.federation.outbound import AckSignal, DeliveryFeedback, PeerAccepts
 from node.federation.restore import RestoreProgress, prepare
 from node.federation.sender import OutboxSender
@@ -134,6 +136,7 @@ class Node:
                                    window_bytes=cfg.federation.send_window_bytes)
         built = assemble(store, clock=now_ms, delivery=self.sender, accepts=accepts, acks=acks)
         self.svc, self.fed, self.webhooks = built.service, built.federation, built.webhooks
+        self.webhook_delivery = WebhookDelivery(built.webhooks)
         self.seen = SeenCache(maxsize=cfg.a2a.seen_cache_size, on_evict=self._seen_evicted)
         self.receiver = Receiver(ident.agent_id, self.seen, self.fed.apply, max_bytes=cfg.a2a.max_message_bytes,
                                  clock_ms=now_ms, apply_timeout_s=cfg.a2a.apply_timeout_s,
@@ -148,7 +151,11 @@ class Node:
         # Each peer's link and catch-up tasks, so that a reload can stop a removed peer's.
         self._peer_tasks: dict[str, list[asyncio.Task[None]]] = {}
         # SQLite's integrity check (at start and every storage.integrity_check_interval_s) and the full-disk probe.
-        self.watch = StoreWatch(store.db, integrity_every_s=cfg.storage.integrity_check_interval_s)
+        # A store past storage.start_check_max_bytes is checked by the watch's first tick, once the node serves:
+        # the check reads the whole file, and start-up must not grow with the store.
+        self.check_at_start = store.db.bytes_used() <= cfg.storage.start_check_max_bytes
+        self.watch = StoreWatch(store.db, integrity_every_s=cfg.storage.integrity_check_interval_s,
+                                check_first=not self.check_at_start)
         self.extra_services: list[Any] = []
         # Set on drain: the approval sweep and the webhooks stop at their next turn.
         self._closing = False
@@ -200,7 +207,8 @@ class Node:
             progress = await prepare(cfg, store.db, requested=restore, now_ms=now_ms())
             node = cls(cfg, store, contexts, load, progress)
             # Before anything is served: a damaged file is not ready from the first /readyz on.
-            await node.watch.check()
+            if node.check_at_start:
+                await node.watch.check()
         except BaseException:
             await store.close()
             raise
@@ -222,7 +230,7 @@ class Node:
                     self._start_peer(peer, tg)
                 sender = tg.create_task(self.sender.run(), name="outbox")
                 background = [tg.create_task(self._sweep_loop(), name="approvals:sweep"),
-                              tg.create_task(self.webhooks.run(lambda: self._closing), name="webhooks"),
+                              tg.create_task(self.webhook_delivery.run(lambda: self._closing), name="webhooks"),
                               # Cancelled on drain: a lifecycle pass is one transaction, safe to cut short.
                               tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"),
                               tg.create_task(self.watch.run(), name="storage:watch"),

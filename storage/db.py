@@ -119,6 +119,7 @@ class Database:
         if batch_max < 1 or readers < 1:
             raise ValueError("batch_max and readers must be >= 1")
         self.path = path
+        self._wal_path = path.with_name(path.name + "-wal")
         self._batch_max = batch_max
         self._readers_n = readers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -201,8 +202,7 @@ class Database:
 
     def bytes_used(self) -> int:
         """Bytes the database holds on disk now: the file and its WAL (what ``limits.max_db_bytes`` bounds)."""
-        return sum(p.stat().st_size for p in (self.path, self.path.with_name(self.path.name + "-wal"))
-                   if p.exists())
+        return _size(self.path) + _size(self._wal_path)
 
     def _after_commit(self, conn: Any) -> None:
         """Called on the writer thread after each successful COMMIT (a backend's bookkeeping)."""
@@ -580,6 +580,14 @@ class Database:
         if ended is not None:
             log.warning(event, extra={"ev": {"path": str(self.path), "after_s": round(time.monotonic() - ended.since,
                                                                                         3)}})
+
+
+def _size(path: Path) -> int:
+    """A file's size, 0 when it does not exist (one stat: every memory_store asks, on the event loop)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _probe_write(conn: Any) -> None:

@@ -21,13 +21,17 @@ TICK_S = 1.0
 
 
 class StoreWatch:
-    """Checks ``db`` every ``integrity_every_s`` seconds (0: never; the first check is the node's own at start)
-    and probes a full disk every ``tick_s``. ``clock`` is time.monotonic unless a test drives it."""
+    """Checks ``db`` every ``integrity_every_s`` seconds (0: never; the first check is the node's own at start,
+    or, ``check_first``, this watch's at its first tick) and probes a full disk every ``tick_s``. ``clock`` is
+    time.monotonic unless a test drives it."""
 
-    def __init__(self, db: Database, *, integrity_every_s: float, tick_s: float = TICK_S,
+    def __init__(self, db: Database, *, integrity_every_s: float, check_first: bool = False, tick_s: float = TICK_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.db = db
         self.integrity_every_s = integrity_every_s
+        # The first check is the watch's own, at its first tick (the node did not check before serving: a
+        # store past storage.start_check_max_bytes), whatever the interval.
+        self.check_first = check_first
         self.tick_s = tick_s
         self.clock = clock
         self.checks = 0
@@ -37,15 +41,19 @@ class StoreWatch:
         self._failing: str | None = None
 
     async def run(self) -> None:
-        due = self.clock() + self.integrity_every_s
+        due = self.clock() if self.check_first else self._next_due()
         while True:
             await asyncio.sleep(self.tick_s)
             self.db.check_file()
             if StorageCode.STORAGE_FULL in self.db.health:
                 await self.db.recheck_full()
-            if self.integrity_every_s > 0 and self.clock() >= due:
+            if due is not None and self.clock() >= due:
                 await self.check()
-                due = self.clock() + self.integrity_every_s
+                due = self._next_due()
+
+    def _next_due(self) -> float | None:
+        """When the next scheduled check is due (None: never, an interval of 0)."""
+        return self.clock() + self.integrity_every_s if self.integrity_every_s > 0 else None
 
     async def check(self) -> None:
         """One integrity check now; a check that cannot run is logged once until one runs again."""

@@ -16,7 +16,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mesh import agentkeys
 from mesh import keys as mesh_keys
@@ -28,9 +28,11 @@ from node.agents.book import DELEGATE_REF, REVOKE_REF, AgentBook, DelegationStat
 from node.attest import AttestLevel, DelegationPayload, RevocationPayload
 from node.config import NodeConfig
 from node.errors import ServiceCode, ServiceError
-from node.writepath import WritePath
 from storage import agents, changelog, events
 from storage.agents import DelegationRow, RevocationRow
+
+if TYPE_CHECKING:  # the MCP doors read this module's codes; a joined door builds no write path
+    from node.writepath import WritePath
 
 log = logging.getLogger("node.agents")
 

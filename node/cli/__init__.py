@@ -11,6 +11,7 @@ import argparse
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from node import files
 from node.cli import agents, doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair, transcripts
@@ -27,7 +28,7 @@ GROUPS = (identity.add_parsers, memory.add_parsers, kg.add_parsers, transcripts.
 
 def build_parser() -> CommandParser:
     p = CommandParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    p.add_argument("--version", action=_Version, help="show the version and exit")
     p.add_argument("--config", type=Path, help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, help=f"node home directory (overrides {HOME_ENV} and the config file)")
     sub = p.add_commands(dest="cmd", required=True, metavar="COMMAND")
@@ -36,6 +37,19 @@ def build_parser() -> CommandParser:
     p.add_argument("--json", action="store_true", help="machine-readable output (where the command has it)")
     _global_options_anywhere(p)
     return p
+
+
+class _Version(argparse.Action):
+    """``--version``: the version is read when asked for, not each time the parser is built (reading the
+    installed package's metadata costs every other command start-up time)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
 
 
 def _global_options_anywhere(parser: CommandParser) -> None:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 from node.cli.common import EXIT_CHECK, EXIT_OK, check_home, emit, refuse_while_the_node_runs, run_async
 from node.config import NodeConfig
 from storage.errors import StorageCode, StorageError
-from storage.port import BATCH_ROWS, Progress, migrate
-from storage.portsides import Store
 
 if TYPE_CHECKING:
     from node.cli.common import Commands
+    from storage.port import Progress
+    from storage.portsides import Store
 
 ENGINES = ("postgres", "sqlite")
 # Off a terminal (a log, a pipe), a table's progress is a line at most this often, and one when it is done (s).
@@ -34,19 +34,24 @@ def add_parsers(sub: Commands) -> None:
     mp.add_argument("--to", choices=ENGINES, required=True, help="the engine to move the store to")
     mp.add_argument("--dsn", help="the empty Postgres database to move into (default: storage.dsn)")
     mp.add_argument("--path", type=Path, help="the SQLite file to move into (default: storage.path)")
-    mp.add_argument("--batch-rows", type=int, default=BATCH_ROWS,
-                    help=f"rows per batch, each one transaction on the target (default {BATCH_ROWS})")
+    # The default is storage.port's BATCH_ROWS, read when the command runs: importing the port (psycopg with it)
+    # to build the parser cost every other command ~30-100 ms of start-up.
+    mp.add_argument("--batch-rows", type=int, default=None,
+                    help="rows per batch, each one transaction on the target (default 5,000: storage.port.BATCH_ROWS)")
     mp.add_argument("--json", action="store_true")
     mp.set_defaults(handler=_migrate)
 
 
 def _migrate(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from storage.port import BATCH_ROWS, migrate  # psycopg loads only for this command
+
     source, target = ends(cfg, args.to, dsn=args.dsn, path=args.path)
     check_home(cfg)
     refuse_while_the_node_runs(cfg, "migrate")
     quiet = getattr(args, "json", False)
     observer: Callable[[Progress], None] = (lambda p: None) if quiet else ProgressLines(sys.stderr)
-    report = run_async(migrate(source, target, observer=observer, batch_rows=args.batch_rows))
+    batch_rows = BATCH_ROWS if args.batch_rows is None else args.batch_rows
+    report = run_async(migrate(source, target, observer=observer, batch_rows=batch_rows))
     result = {**report.as_dict(), "next": next_step(target, report.ok, source)}
     emit(args, result, _lines)
     return EXIT_OK if report.ok else EXIT_CHECK
@@ -54,6 +59,8 @@ def _migrate(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 def ends(cfg: NodeConfig, to: str, *, dsn: str | None, path: Path | None) -> tuple[Store, Store]:
     """The configured store (the source) and the one ``to`` names (the target)."""
+    from storage.portsides import Store  # psycopg loads only for this command
+
     backend = cfg.storage.backend
     if to == backend:
         raise StorageError(StorageCode.BAD_SETTING, f"the store is already on {backend} (storage.backend): --to names "

@@ -1,6 +1,7 @@
-"""Webhook subscriptions: events (approval requested/decided, memory stored, link made) POSTed to
-subscribed URLs, each delivery HMAC-signed, retried on ``subscriptions.retry_delays_s``, then
-dead-lettered; a dead delivery can be replayed.
+"""Webhook subscriptions: events (approval requested/decided, memory stored, link made) queued for
+subscribed URLs in the database, POSTed by the node (``node.events.delivery``: the HTTP client lives there, so
+a process that only queues, the CLI, never imports it), each delivery HMAC-signed, retried on
+``subscriptions.retry_delays_s``, then dead-lettered; a dead delivery can be replayed.
 
 A delivery is ``POST url`` with the JSON body ``{"event", "data", "delivery_id", "created_at"}`` and the
 headers ``X-Webhook-Event``, ``X-Webhook-Delivery``, ``X-Webhook-Timestamp`` (unix ms) and
@@ -19,8 +20,6 @@ import secrets
 import time
 from collections.abc import Callable
 from typing import Any
-
-import aiohttp
 
 from node.config import NodeConfig
 from node.errors import ServiceError
@@ -60,16 +59,13 @@ class Webhooks:
         self.cfg = cfg
         self.db = db
         self.clock = clock
-        self.delivered = 0
-        self.dead = 0
         self._wake = asyncio.Event()
         self._subscribed: tuple[float, bool] = (0.0, False)
         # The subscriber check in progress: every publish that finds the answer stale awaits this one read
         # (the links of one batch publish in one turn: each used to make its own reader-thread hop).
         self._checking: asyncio.Future[bool] | None = None
         self._subscribed_changes = 0
-        # The database refusing the delivery loop, or an event's queueing: logged once while it lasts.
-        self.pause = StoragePause("webhooks", log)
+        # The database refusing an event's queueing: logged once while it lasts.
         self._publish_pause = StoragePause("webhooks:publish", log)
 
     async def subscribe(self, url: str, events: list[str]) -> dict[str, Any]:
@@ -135,43 +131,24 @@ class Webhooks:
             raise ServiceError("not_found", f"no dead delivery with id {delivery_id}")
         self._wake.set()
 
-    async def run(self, stopping: Callable[[], bool]) -> None:
-        """Deliver due rows until ``stopping()``; each POST bounded by ``subscriptions.timeout_s``."""
-        timeout = aiohttp.ClientTimeout(total=self.cfg.subscriptions.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            while not stopping():
-                wait_s = self.cfg.subscriptions.poll_s
-                try:
-                    for d in await self.db.read(subs.due, self.clock(), DUE_MAX):
-                        await self._attempt(http, d)
-                except StorageError as e:  # the database away, full or damaged: the deliveries stay due
-                    wait_s = self.pause.failed(e, "deliveries")
-                else:
-                    self.pause.ok()
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), wait_s)
-                except TimeoutError:
-                    pass
+    async def due(self) -> list[Delivery]:
+        """The deliveries due now (at most DUE_MAX), for the node's delivery loop."""
+        return await self.db.read(subs.due, self.clock(), DUE_MAX)
 
-    async def _attempt(self, http: aiohttp.ClientSession, d: Delivery) -> None:
-        ts = self.clock()
-        body = d.body
-        headers = {"Content-Type": "application/json", "X-Webhook-Event": d.event,
-                   "X-Webhook-Delivery": str(d.id), "X-Webhook-Timestamp": str(ts),
-                   "X-Webhook-Signature": signature(d.secret, ts, body)}
-        try:
-            async with http.post(d.url, data=body, headers=headers) as r:
-                error = None if 200 <= r.status < 300 else f"HTTP {r.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            error = f"{type(e).__name__}: {e}"
+    async def settle(self, d: Delivery, error: str | None) -> bool:
+        """Record one attempt at ``d`` (``error`` None: delivered); whether it was dead-lettered."""
         attempts = d.attempts + 1
         if error is None:
             await self.db.write(subs.delivered, d.id, attempts, self.clock())
-            self.delivered += 1
-            return
+            return False
         nxt = next_attempt(attempts, self.cfg.subscriptions.retry_delays_s, self.clock())
         await self.db.write(subs.failed, d.id, attempts, nxt, error)
-        if nxt is None:
-            self.dead += 1
-            log.warning("webhook_dead_letter", extra={"ev": {"delivery": d.id, "url": d.url, "error": error}})
+        return nxt is None
+
+    async def wait_queued(self, timeout_s: float) -> None:
+        """Until an event is queued or replayed, or ``timeout_s`` passes."""
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except TimeoutError:
+            pass

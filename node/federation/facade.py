@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a import Ack, Envelope
-from mesh.server import SyncQuery
 from node.agents.book import AgentBook
 from node.config import NodeConfig
 from node.events import EventSink, NoEvents
@@ -29,6 +28,9 @@ from node.ratelimit import RateLimiter
 from node.trust import Keyring
 from storage.db import Database
 from storage.memories import MemoryRow
+
+if TYPE_CHECKING:  # the mesh server (and its HTTP stack) is the node's, not a CLI command's
+    from mesh.server import SyncQuery
 
 
 def peer_rate_of(cfg: NodeConfig) -> RateLimiter | None:

@@ -28,7 +28,7 @@ from a2a import ProtocolError
 from a2a.envelope import RETRYABLE_REJECT_CODES
 from a2a.kinds import AGENT_DELEGATE, AGENT_KINDS, AGENT_REVOKE, MEMORY_PUT_V2
 from mesh.errors import MeshError
-from mesh.link import LinkState
+from mesh.linkstate import LinkState
 from mesh.routes import SYNC_PATH
 from node.agents.book import DELEGATE_REF, REVOKE_REF, AgentBook, ref_kind
 from node.attest import SIGNED_SET_SHARED

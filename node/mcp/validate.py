@@ -4,14 +4,15 @@ reaches the service."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
-from jsonschema.exceptions import ValidationError, best_match  # type: ignore[import-untyped]
 
 from node.errors import ServiceError
 from node.mcp.registry import Args, ToolSpec
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError  # type: ignore[import-untyped]
 
 
 class ArgValidator:
@@ -22,18 +23,20 @@ class ArgValidator:
     whose error names the argument, so a refusal and its message are jsonschema's. The two agree on the
     keywords the tool schemas use (tests/mcp/test_arg_validator.py checks that the fast one accepts
     nothing jsonschema refuses); the fast one is ~30x cheaper: 5.7 ms -> 0.19 ms for a 100-link
-    memory_link_many, 86 -> 3 us for a memory_store (docs/perf-history.md, issue 16)."""
+    memory_link_many, 86 -> 3 us for a memory_store (docs/perf-history.md, issue 16). jsonschema is imported
+    at the first refusal, not before: its import is ~40 ms of every ``ai-memory mcp`` start (PERFORMANCE.md,
+    "Start-up"), and a session whose calls are all valid never needs it."""
 
     def __init__(self, specs: Iterable[ToolSpec[Any]]) -> None:
         self.specs = {s.name: s for s in specs}
-        self._validators = {name: Draft202012Validator(s.schema) for name, s in self.specs.items()}
+        self._validators: dict[str, Any] = {}
         self._fast = {name: fastjsonschema.compile(s.schema, use_default=False, use_formats=False,
                                                    detailed_exceptions=False) for name, s in self.specs.items()}
 
     def check(self, name: str, args: Any) -> Args:
         """A fresh copy of ``args`` when tool ``name`` takes them (nothing filled in); ServiceError
         (unknown_tool, bad_input or too_large) naming the tool and the argument otherwise."""
-        if name not in self._validators:
+        if name not in self.specs:
             raise ServiceError("unknown_tool", f"no tool named {name!r}; tools: {', '.join(self.specs)}")
         if args is None:
             args = {}
@@ -42,10 +45,20 @@ class ArgValidator:
         try:
             self._fast[name](args)
         except fastjsonschema.JsonSchemaException:
-            error = best_match(self._validators[name].iter_errors(args))
+            error = self._refusal(name, args)
             if error is not None:
                 raise _arg_error(name, error) from None
         return dict(args)
+
+    def _refusal(self, name: str, args: dict[str, Any]) -> ValidationError | None:
+        """jsonschema's best error for ``args`` (None: it accepts them), its validator built once a tool."""
+        from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+        from jsonschema.exceptions import best_match
+
+        validator = self._validators.get(name)
+        if validator is None:
+            validator = self._validators[name] = Draft202012Validator(self.specs[name].schema)
+        return best_match(validator.iter_errors(args))
 
 
 def _arg_error(tool: str, e: ValidationError) -> ServiceError:

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from a2a import Backoff, new_envelope
 from mesh import keys, tls
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 from testbed.bench import floor as echo_floor  # the bare TLS echo server every bench compares with
 from testbed.mesh.build import build_layout
 from testbed.mesh.local import LocalMesh

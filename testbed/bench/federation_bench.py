@@ -46,7 +46,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from a2a import Backoff, new_envelope
 from mesh import keys, tls
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 from node.config import MIN_SEND_WINDOW_BYTES, load_config
 from testbed.mesh.build import MeshLayout, NodeSpec, agent_id_for, build_layout
 from testbed.mesh.local import LocalMesh

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from a2a import Backoff, new_envelope
 from mesh import keys, tls
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 from node.config import load_config
 from testbed.bench.figures import Measured
 from testbed.errors import TestbedError

@@ -11,7 +11,8 @@ import pytest
 
 from a2a import Backoff
 from mesh import keys, tls
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import pytest
 
 from a2a import Ack, Envelope, new_envelope
 from mesh.errors import MeshError
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, pair, until
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from a2a import Backoff, SeenCache
 from mesh import ca, keys, tls
-from mesh.link import LinkState, PeerLink
+from mesh.link import PeerLink
+from mesh.linkstate import LinkState
 from mesh.receive import Apply, Receiver
 from mesh.server import MeshServer, ServerHooks
 

@@ -27,7 +27,7 @@ from mesh.receive import Receiver
 from node.assemble import assemble, open_store
 from node.config import load_config
 from node.errors import ServiceError
-from node.federation import Federation
+from node.federation.facade import Federation
 from node.service import Service
 from testbed.mesh import NodeSpec
 from tests.integration.peer_play import TTL_MS, now_ms

@@ -97,6 +97,7 @@ def test_namespaces_and_peers_parse() -> None:
     ({"storage": {"synchronous": "off"}}, "storage.synchronous"),
     ({"storage": {"fts_merge_pages": -1}}, "storage.fts_merge_pages"),
     ({"storage": {"integrity_check_interval_s": -1}}, "storage.integrity_check_interval_s"),
+    ({"storage": {"start_check_max_bytes": -1}}, "storage.start_check_max_bytes"),
     ({"storage": {"integrity_check_interval_s": float("nan")}}, "storage.integrity_check_interval_s"),
 ])
 def test_inconsistent_settings_are_refused(raw: dict, needle: str) -> None:

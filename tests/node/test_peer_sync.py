@@ -13,9 +13,10 @@ import pytest
 
 from a2a.kinds import KNOWN_KINDS
 from mesh.errors import MeshError
-from mesh.link import LinkState
+from mesh.linkstate import LinkState
 from mesh.routes import SYNC_PATH
-from node.federation import Applied, RejectCode
+from node.federation.codes import RejectCode
+from node.federation.inbound.common import Applied
 from node.federation.sync import SYNCED_KINDS, PeerSync, PullSettings
 from node.service import Service
 from storage import changelog

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,24 @@ async def filled_node(root: Path) -> tuple[Path, NodeConfig, list[str]]:
         await svc.close()
     checkpointed(cfg.db_path)
     return config, cfg, ids
+
+
+async def test_a_store_past_the_start_check_size_is_checked_just_after_the_node_serves(tmp_path: Path) -> None:
+    # storage.start_check_max_bytes: start-up does not read the whole of a large store; its watch does at once.
+    config, _, _ = await filled_node(tmp_path)
+    with config.open("a", encoding="utf-8") as f:
+        f.write("start_check_max_bytes = 0\n")  # the [storage] table is the file's last
+    cfg = load_config(config, env={})
+    damage(cfg.db_path, "memories_ns_created", pages=2)
+    async with running_node(cfg) as node:
+        assert not node.check_at_start
+        deadline = time.monotonic() + 30.0
+        while node.watch.checks == 0:
+            assert time.monotonic() < deadline, "the watch did not check the store"
+            await asyncio.sleep(0.05)
+        ready = await http_get(cfg.mesh.health_port, "/readyz")
+        assert ready is not None and ready[0] == 503
+        assert [r["code"] for r in json.loads(ready[1])["reasons"]] == ["storage_corrupt"]
 
 
 async def test_a_node_on_a_damaged_store_is_not_ready_says_so_once_and_doctor_names_it(

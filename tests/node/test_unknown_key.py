@@ -21,7 +21,7 @@ from node import attest
 from node.assemble import open_service
 from node.attest import AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
-from node.federation import RejectCode
+from node.federation.codes import RejectCode
 from node.federation.sync import PeerSync, PullSettings
 from node.federation.verify import SignatureCheck, decide
 from node.mcp.capabilities import capabilities

@@ -31,7 +31,7 @@ def test_version_falls_back_to_pyproject_without_package_metadata(monkeypatch: p
     def not_installed(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(version_mod.metadata, "version", not_installed)
+    monkeypatch.setattr(metadata, "version", not_installed)
     assert version_mod.version() == pyproject_version()
 
 
@@ -39,6 +39,6 @@ def test_version_without_metadata_or_pyproject_is_unknown(monkeypatch: pytest.Mo
     def not_installed(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(version_mod.metadata, "version", not_installed)
+    monkeypatch.setattr(metadata, "version", not_installed)
     monkeypatch.setattr(version_mod, "PYPROJECT", tmp_path / "absent.toml")
     assert version_mod.version() == "unknown"

@@ -17,6 +17,7 @@ from aiohttp import web
 from node import assemble
 from node.config import NodeConfig
 from node.errors import ServiceError
+from node.events.delivery import WebhookDelivery
 from node.events.webhooks import next_attempt
 from storage import subscriptions
 from tests.node.conftest import AGENT, make_config
@@ -80,7 +81,7 @@ async def node(tmp_path) -> AsyncIterator[tuple[Any, NodeConfig]]:
     cfg.permissions_path.write_text(ASK_TEAM, encoding="utf-8")
     svc = await assemble.open_service(cfg, require_identity=True)
     stop = [False]
-    sender = asyncio.create_task(svc.webhooks.run(lambda: stop[0]))
+    sender = asyncio.create_task(WebhookDelivery(svc.webhooks).run(lambda: stop[0]))
     try:
         yield svc, cfg
     finally:

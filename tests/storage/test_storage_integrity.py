@@ -141,6 +141,23 @@ async def test_the_watch_checks_when_due_and_finds_damage_done_while_the_store_i
         await db.close()
 
 
+async def test_a_watch_told_to_check_first_checks_at_its_first_tick_even_with_no_interval(store: Path) -> None:
+    # A node whose store is past storage.start_check_max_bytes serves first and leaves the check to its watch.
+    await asyncio.to_thread(damage, store, "memories_fts_data", 2)
+    db = await Database.open(store)
+    watch = StoreWatch(db, integrity_every_s=0.0, check_first=True, tick_s=0.01)
+    task = asyncio.create_task(watch.run())
+    try:
+        await poll(lambda: _true(watch.checks == 1), "the first tick's check")
+        assert [c.code for c in db.health.conditions()] == [StorageCode.STORAGE_CORRUPT]
+        await asyncio.sleep(0.05)
+        assert watch.checks == 1  # an interval of 0: no check after that one
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await db.close()
+
+
 async def _true(value: bool) -> bool:
     return value
 

@@ -1,0 +1,63 @@
+"""A CLI command imports only what it runs: recall, store, get and status open the store without the HTTP client,
+the WebSocket link, the mesh server or the MCP SDK (their import was most of a command's start-up time). The
+import graph is pinned here, not the time (that is testbed/bench/startup_bench.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mesh import keys
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = "ai:imports@test"
+# Modules a command that only opens the store must not load.
+HEAVY = ("aiohttp", "mcp", "mesh.link", "mesh.server", "uvicorn", "starlette", "importlib.metadata",
+         "node.events.delivery", "node.federation.sender", "node.mcp.server", "node.node")
+# Runs one command in a fresh interpreter and prints which of HEAVY it loaded.
+PROBE = """
+import json, sys
+from node.cli import main
+heavy = sys.argv[1].split(",")
+try:
+    main(sys.argv[2:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in heavy if m in sys.modules)))
+"""
+
+
+def _loaded(home: Path, *args: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", PROBE, ",".join(HEAVY), "--home", str(home), *args, "--json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_recall_store_get_and_status_load_no_http_client_websocket_or_mcp_sdk(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    keys.generate_identity(home / "keys", AGENT)
+    assert _loaded(home, "store", "a memory to read back") == []
+    assert _loaded(home, "recall", "memory") == []
+    env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
+    listed = subprocess.run([sys.executable, "-m", "node.cli", "--home", str(home), "list", "--json"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    memory_id = json.loads(listed.stdout)[0]["id"]
+    assert _loaded(home, "get", memory_id) == []
+    assert _loaded(home, "status") == []
+
+
+def test_the_mcp_server_loads_no_service_until_it_opens_one_embedded() -> None:
+    # Joined to a running node, `ai-memory mcp` only forwards calls: the store's service is the node's.
+    probe = ("import json, sys, node.mcp.server; print(json.dumps(sorted(m for m in sys.argv[1].split(',') "
+             "if m in sys.modules)))")
+    service = "node.assemble,node.service,node.federation.facade,node.writepath,aiohttp,mesh.link"
+    r = subprocess.run([sys.executable, "-c", probe, service], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []
