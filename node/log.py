@@ -20,6 +20,11 @@ def iso_time(created: float) -> str:
     return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def iso_ms(unix_ms: int) -> str:
+    """``unix_ms`` (unix milliseconds) as ``iso_time`` writes it: the one time format of the log and the CLI."""
+    return iso_time(unix_ms / 1000)
+
+
 class JsonLines(logging.Formatter):
     def __init__(self, agent_id: str) -> None:
         super().__init__()

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from node.service import Service
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
+# stdout's reader went away (128 + SIGPIPE, what a shell reports for a tool the signal ended).
+EXIT_PIPE_CLOSED = 141
 
 # A command: its parsed arguments and the config in force -> its exit code. Bound to its parser with
 # ``set_defaults(handler=...)``.

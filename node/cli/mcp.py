@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from node.cli.common import EXIT_OK
+from node.cli.common import EXIT_OK, refuse_unreachable_home
 from node.config import HOME_ENV, NodeConfig
+from node.errors import ServiceError
 
 if TYPE_CHECKING:
     from node.cli.common import Commands
@@ -45,6 +46,7 @@ def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
     """Run the stdio MCP server until the client closes stdin; 0 on a clean end."""
     from node.mcp.server import run_stdio  # the MCP SDK loads only for this command
 
+    _check_home_option(args, cfg)
     logging.basicConfig(stream=sys.stderr, level=cfg.log.level.upper(),
                         format="ai-memory mcp: %(levelname)s %(name)s: %(message)s")
     try:
@@ -52,3 +54,16 @@ def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
+
+
+def _check_home_option(args: argparse.Namespace, cfg: NodeConfig) -> None:
+    """A --home that does not exist is the mistake to name, before any socket is tried or store opened (unless
+    the node's socket lives outside it: ``[mcp] socket``)."""
+    given = getattr(args, "home", None)
+    if given is None or not cfg.socket_path.is_relative_to(cfg.home):
+        return
+    refuse_unreachable_home(cfg)
+    if not cfg.home.is_dir():
+        raise ServiceError("home_not_found", f"--home {given}: there is no such directory, so no node home and no "
+                                             "node socket there (mistyped? `ai-memory --home DIR identity generate "
+                                             "--agent-id ...` makes a new home)")

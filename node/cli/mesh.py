@@ -172,6 +172,7 @@ async def _post(args: argparse.Namespace, cfg: NodeConfig, svc: Service, env: En
 
 
 def _dead_letters(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from node.log import iso_ms
     from storage import outbox
 
     async def go(svc: Service) -> int:
@@ -181,8 +182,8 @@ def _dead_letters(args: argparse.Namespace, cfg: NodeConfig) -> int:
         data = [{"id": d.id, "peer": d.peer, "kind": d.kind, "correlation_id": d.correlation_id,
                  "attempts": d.attempts, "last_error": d.last_error, "dead_at": d.dead_at} for d in rows]
         emit(args, data, lambda rows: "\n".join(
-            f"{r['id']:>6}  {r['peer']}  {r['kind']}  attempts={r['attempts']}  {r['last_error']}" for r in rows)
-            or "no dead letters")
+            f"{r['id']:>6}  {iso_ms(r['dead_at'])}  {r['peer']}  {r['kind']}  attempts={r['attempts']}  "
+            f"{r['last_error']}" for r in rows) or "no dead letters")
         return EXIT_OK
     return with_service(go, cfg)
 

@@ -338,6 +338,10 @@ class OutboxSender:
             live = [r for r in rows if r.expires_at > now]
             if not live:
                 return
+            for r in live:
+                if r.replayed_from is not None and r.attempts == 0:
+                    log.info("dead_letter_replayed", extra={"ev": {"peer": peer, "dead_letter": r.replayed_from,
+                                                                   "correlation_id": r.correlation_id, "kind": r.kind}})
             sent = time.perf_counter()
             answers = await self.links[peer].send_many([(r.correlation_id, r.envelope) for r in live])
             took = time.perf_counter() - sent

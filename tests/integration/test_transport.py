@@ -134,6 +134,9 @@ def test_dead_letter_is_kept_after_the_peer_comes_back_until_replayed(mesh_facto
     mesh.start([2])  # both links up: node 2 has pulled node 1's change log
     new_cid = _replay_all(cli, n1, dead_row)
     _assert_delivered(cli, wait_for, n1, n2, new_cid)
+    # The node that sent it says so: which dead letter went out again, under which correlation id.
+    assert node_log.has(n1, "dead_letter_replayed", dead_letter=dead_row["id"], correlation_id=new_cid,
+                        peer=n2.agent_id)
 
 
 MEMORIES = 50
