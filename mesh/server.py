@@ -162,9 +162,12 @@ def _peer_identity(hooks: ServerHooks) -> Middleware:
         try:
             peer = verify_peer(der, expected_agent_id=None, pinned=hooks.pinned())
         except MeshError as e:
+            # Refused before any message is read, and counted with the messages' refusals (aimem_rejections_total).
+            hooks.receiver.counters[f"rejected:{e.code}"] += 1
             log.warning(e.code, extra={"ev": {"remote": request.remote, "detail": e.message}})
             return json_error(e.code, e.message)
         if hooks.member is not None and not hooks.member(peer):
+            hooks.receiver.counters["rejected:not_a_member"] += 1
             log.warning("not_a_member", extra={"ev": {"remote": request.remote, "peer": peer}})
             return json_error("not_a_member",
                               f"{peer} holds a mesh certificate but is not a member of this node's federation "
