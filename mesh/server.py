@@ -82,8 +82,8 @@ SYNC_ACCEPTS_KIND_MAX = 64
 HealthHandler = Callable[[], Mapping[str, Any]]
 # (ready, JSON body saying why): /readyz answers 200 when ready, 503 otherwise.
 ReadyHandler = Callable[[], tuple[bool, Mapping[str, Any]]]
-# (exposition bytes, content type) for /metrics.
-MetricsHandler = Callable[[], Awaitable[tuple[bytes, str]]]
+# The request's Accept header -> (exposition bytes, content type) for /metrics.
+MetricsHandler = Callable[[str], Awaitable[tuple[bytes, str]]]
 
 
 def json_error(code: str, message: str) -> web.Response:
@@ -147,7 +147,7 @@ def _ready(ready: ReadyHandler) -> Handler:
 
 def _metrics(metrics: MetricsHandler) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        body, content_type = await metrics()
+        body, content_type = await metrics(request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
     return handler
 
@@ -577,12 +577,13 @@ class MeshServer:
     """Runs the app on host:port with the mTLS context (and optionally a plain health port)."""
 
     def __init__(self, hooks: ServerHooks, ssl_context: ssl.SSLContext, host: str, port: int,
-                 health_port: int = 0) -> None:
+                 health_port: int = 0, health_host: str = "127.0.0.1") -> None:
         self.hooks = hooks
         self.ssl_context = ssl_context
         self.host = host
         self.port = port
         self.health_port = health_port
+        self.health_host = health_host
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> int:
@@ -597,8 +598,8 @@ class MeshServer:
             health = web.AppRunner(build_health_app(self.hooks), access_log=None, handle_signals=False)
             await health.setup()
             self._runners.append(health)
-            await _bind(web.TCPSite(health, "127.0.0.1", self.health_port), "mesh.health_port", "127.0.0.1",
-                        self.health_port)
+            await _bind(web.TCPSite(health, self.health_host, self.health_port), "mesh.health_port",
+                        self.health_host, self.health_port)
         return self.port
 
     async def stop_accepting(self) -> None:

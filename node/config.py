@@ -176,6 +176,9 @@ class MeshConfig:
     listen_port: int = 7443
     # 0 = no separate health port; /healthz is then served behind mTLS only.
     health_port: int = 0
+    # Where the health port listens (/healthz, /readyz, /metrics: plain HTTP, no client certificate): loopback by
+    # default; an address a Prometheus on another host reaches (or 0.0.0.0 / ::) to be scraped from there.
+    health_host: str = "127.0.0.1"
     ca_cert: Path = Path("tls/ca.crt")
     cert: Path = Path("tls/node.crt")
     peers: tuple[PeerConfig, ...] = ()
@@ -693,6 +696,8 @@ def _validate_listen_addresses(cfg: NodeConfig) -> None:
         port = getattr(cfg.mesh, key)
         if not 0 <= port <= MAX_PORT:
             raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
+    if not cfg.mesh.health_host.strip():
+        raise ConfigError(ConfigCode.CONFIG_INVALID, "mesh.health_host must be an address or host name, got ''")
     _positive("mcp.join_wait_s", cfg.mcp.join_wait_s)
     if not 0 <= cfg.mcp.http_port <= MAX_PORT:
         raise ConfigError(ConfigCode.CONFIG_INVALID,

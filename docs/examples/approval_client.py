@@ -57,7 +57,8 @@ def main() -> int:
     if args.what == "list":
         status, answer = call(args.url, key, "GET", "/v1/approvals?status=pending")
     else:
-        status, answer = call(args.url, key, "POST", f"/v1/approvals/{args.action}/{args.what}", {"decided_by": args.by})
+        path = f"/v1/approvals/{args.action}/{args.what}"
+        status, answer = call(args.url, key, "POST", path, {"decided_by": args.by})
     print(json.dumps({"status": status, "answer": answer}))
     return 0 if status == 200 else 1
 

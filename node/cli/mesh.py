@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.cli.common import EXIT_CHECK, EXIT_OK, emit, resolve_config, with_service
+from node.cli.common import EXIT_CHECK, EXIT_OK, config_file, emit, resolve_config, with_service
 from node.config import NodeConfig
 from node.errors import ServiceError
 
@@ -78,7 +78,7 @@ def _serve(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node.node import run_serve
     log.setup(cfg.agent_id or "?", cfg.log.level, cfg.log.format)
     # SIGHUP reads the same file again.
-    return run_serve(cfg, lambda: resolve_config(args), restore=args.restore)
+    return run_serve(cfg, lambda: resolve_config(args), restore=args.restore, config_path=config_file(args))
 
 
 def _ca_init(args: argparse.Namespace, cfg: NodeConfig) -> int:

@@ -4,11 +4,13 @@ runs calls on a ``Service`` in this process (the node's own doors, or an embedde
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node.config import LimitsConfig
 from node.errors import describe
+from node.latency import LatencyTally
 from node.mcp.capabilities import V3, capabilities
 from node.mcp.peers import peers
 from node.mcp.registry import JSON, Args, tool_specs
@@ -43,15 +45,20 @@ class ServiceBackend:
         self.validator = ArgValidator(specs)
         # (tool, "ok" or the error code) -> calls; an unknown tool name counts as "unknown" (bounded labels).
         self.calls: Counter[tuple[str, str]] = Counter()
+        # Seconds each call took, by tool (aimem_mcp_call_seconds), whatever its outcome.
+        self.latency = LatencyTally()
 
     async def call(self, name: str, args: Args) -> JSON:
         tool = name if name in self.tools else "unknown"
+        started = time.perf_counter()
         try:
             checked = self.validator.check(name, args)  # unknown_tool for a name the table lacks
             result = await self.tools[name].handler(self, checked)
         except Exception as exc:
             self.calls[tool, describe(exc).code] += 1
             raise
+        finally:
+            self.latency.observe(tool, time.perf_counter() - started)
         self.calls[tool, "ok"] += 1
         return result
 
