@@ -46,7 +46,7 @@ from mesh.errors import MeshCode, MeshError
 from mesh.receive import Resumed
 from mesh.routes import MESSAGES_PATH, WS_PATH
 from mesh.tls import verify_peer
-from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
+from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.link")
 
@@ -206,6 +206,9 @@ class PeerLink:
         # "code: message" of the last failure; a refusal carries the peer's own code and message.
         self.last_error: str | None = None
         self.last_error_code: str | None = None
+        # How the last open connection ended: True the peer stopped (a clean close), False it crashed (the socket
+        # dropped, 1006, or broke), None no connection was open (a failed dial).
+        self._ended_cleanly: bool | None = None
         self.last_delay_s: float | None = None
         self.last_ack_at: float | None = None  # unix seconds
         self.connected_at: float | None = None
@@ -276,7 +279,10 @@ class PeerLink:
         self.last_delay_s = self.backoff.next_delay(self.health.failures)
         ev = {"peer": self.agent_id, "code": error.code, "error": self.last_error, "outages": self.health.outages,
               "failures": self.health.failures, "retry_in_s": round(self.last_delay_s, 3)}
-        level = logging.WARNING if error.code in _TRUST_CODES else logging.INFO
+        crashed = self._ended_cleanly is False
+        ev["peer_stopped"] = "cleanly" if self._ended_cleanly else ("crashed" if crashed else None)
+        self._ended_cleanly = None
+        level = logging.WARNING if error.code in _TRUST_CODES or crashed else logging.INFO
         if new_outage:
             log.log(level, "link_down", extra={"ev": ev})
         elif error.code != previous_code:  # by code: messages may differ from one attempt to the next
@@ -339,10 +345,12 @@ class PeerLink:
         finally:
             heartbeat.stop()
         if error is not None:
+            self._ended_cleanly = False
             # 1011 rather than 1006, which RFC 6455 forbids in a close frame
             await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.INTERNAL_ERROR))
             raise MeshError(MeshCode.WS_ERROR, str(error))
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
+        self._ended_cleanly = self.closed or ws.close_code in CLEAN_CLOSE_CODES
         raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {ws.close_code})")
 
     def on_ack_frame(self, data: bytes) -> None:

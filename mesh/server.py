@@ -32,7 +32,7 @@ from mesh.errors import MeshCode, MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.routes import HEALTHZ_PATH, MESSAGES_PATH, METRICS_PATH, READYZ_PATH, SYNC_PATH, WS_PATH
 from mesh.tls import verify_peer
-from mesh.wsframes import HEARTBEAT_S, FrameQueue, Heartbeat, send_now
+from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, FrameQueue, Heartbeat, send_now
 
 log = logging.getLogger("mesh.server")
 
@@ -219,7 +219,10 @@ def _websocket(hooks: ServerHooks) -> Handler:
             log.info("ws_reset", extra={"ev": {"peer": peer, "error": str(e)}})
         finally:
             sockets.discard(ws)
-        log.info("ws_closed", extra={"ev": {"peer": peer, "code": ws.close_code}})
+        clean = ws.close_code in CLEAN_CLOSE_CODES
+        # A peer that stopped closes cleanly (info); one whose socket dropped (1006: its process died) is a warning.
+        log.log(logging.INFO if clean else logging.WARNING, "ws_closed",
+                extra={"ev": {"peer": peer, "code": ws.close_code, "peer_stopped": "cleanly" if clean else "crashed"}})
         return ws
     return handler
 

@@ -14,8 +14,12 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from aiohttp import WSMsgType
+from aiohttp import WSCloseCode, WSMsgType
 from aiohttp._websocket.reader import WebSocketDataQueue
+
+# A peer that stops cleanly closes with one of these (1000, 1001: its drain); anything else that ends an open
+# socket (1006: the connection dropped with no close frame, as when the peer's process dies) is a crash.
+CLEAN_CLOSE_CODES = frozenset({WSCloseCode.OK, WSCloseCode.GOING_AWAY})
 
 log = logging.getLogger("mesh.wsframes")
 
