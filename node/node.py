@@ -20,7 +20,7 @@ import ssl
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -210,8 +210,9 @@ class Node:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self, signals: Signals) -> None:
-        """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration."""
+    async def run(self, signals: Signals, started: Mapping[str, Any] | None = None) -> None:
+        """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration.
+        ``started``: fields the ``node_ready`` line carries besides the bound port (``banner()``)."""
         try:
             # Every listener is bound before any task starts: a port or socket in use is one plain error.
             port = await self.server.start()
@@ -230,7 +231,8 @@ class Node:
                               tg.create_task(self._readiness_watch(), name="readiness")]
                 self._write_status(port)
                 self.ready = True
-                log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
+                log.info("node_ready", extra={"ev": {**(started or {}), "port": port, "peers": list(self.links),
+                                                     "pid": os.getpid()}})
                 await signals.stop.wait()
                 log.info("node_draining", extra={"ev": {"reason": signals.reason,
                                                         "timeout_s": self.cfg.mesh.drain_timeout_s}})
@@ -529,7 +531,7 @@ def _remove_created(paths: list[Path]) -> None:
                 p.unlink(missing_ok=True)
 
 
-async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
+async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False, config_path: Path | None = None) -> int:
     """Run the node until SIGTERM/SIGINT; 0 after a clean stop, 1 after a crash (logged ``node_crashed``).
     A start that fails raises (the CLI's one line) and leaves none of the files it created."""
     signals = Signals()
@@ -538,7 +540,7 @@ async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     node: Node | None = None
     try:
         node = await Node.open(cfg, load, restore=restore)
-        await node.run(signals)
+        await node.run(signals, banner(cfg, config_path))
     except Exception as e:
         exc = _explained(e, cfg.home)
         if node is None or not node.ready:
@@ -553,8 +555,8 @@ async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
 
 
 def banner(cfg: NodeConfig, config_path: Path | None) -> dict[str, Any]:
-    """The start-up line's fields (``node_starting``): what runs, from which file, on what, where it listens and
-    whom it trusts. The DSN without its password."""
+    """The start-up line's fields (``node_ready``, once everything is bound: a start that fails is one error line):
+    what runs, from which file, on what, where it listens and whom it trusts. The DSN without its password."""
     from storage.pglink import redact
 
     st = cfg.storage
@@ -566,14 +568,13 @@ def banner(cfg: NodeConfig, config_path: Path | None) -> dict[str, Any]:
             "health": f"{mesh.health_host}:{mesh.health_port}" if mesh.health_port else None,
             "mcp_socket": str(cfg.socket_path),
             "mcp_http": f"{cfg.mcp.http_host}:{cfg.mcp.http_port}" if cfg.mcp.http_port else None,
-            "trust": mesh.trust, "peers": len(mesh.peers), "pid": os.getpid()}
+            "trust": mesh.trust}
 
 
 def run_serve(cfg: NodeConfig, load: Load, *, restore: bool = False, config_path: Path | None = None) -> int:
     """Run the node until a stop signal, under uvloop when it is installed; ``load`` reads the configuration
     again on SIGHUP; ``restore``: ``serve --restore``; ``config_path``: the file it came from, for the start-up
-    line (``node_starting``)."""
-    log.info("node_starting", extra={"ev": banner(cfg, config_path)})
+    line (``node_ready``)."""
     # The event loop hands work to the storage writer, the readers and the verifier thread; with the
     # default 5 ms GIL switch interval each hand-off can wait that long. bench/storage_bench.py
     # --switch-interval shows the effect (group-commit inserts/s roughly 1.7x at 0.5 ms here).
@@ -582,5 +583,5 @@ def run_serve(cfg: NodeConfig, load: Load, *, restore: bool = False, config_path
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(cfg, load, restore=restore))
-    return uvloop.run(serve(cfg, load, restore=restore))
+        return asyncio.run(serve(cfg, load, restore=restore, config_path=config_path))
+    return uvloop.run(serve(cfg, load, restore=restore, config_path=config_path))

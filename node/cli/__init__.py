@@ -15,7 +15,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from node import files
+from node import files, log
 from node.cli import doctor, identity, kg, mcp, memory, mesh, permissions, repair, transcripts
 from node.cli.common import EXIT_FAILED, EXIT_PIPE_CLOSED, CommandParser, Handler, error_line, resolve_config
 from node.config import HOME_ENV
@@ -66,6 +66,7 @@ def _parser() -> CommandParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    log.setup_cli()  # a warning a command meets is a readable line on stderr (`serve` and `mcp` set their own)
     handler: Handler = args.handler
     home: Path | None = None
     try:

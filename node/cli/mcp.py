@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from node import log
 from node.cli.common import EXIT_OK, refuse_unreachable_home
 from node.config import HOME_ENV, NodeConfig
 from node.errors import ServiceError
@@ -47,8 +46,7 @@ def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node.mcp.server import run_stdio  # the MCP SDK loads only for this command
 
     _check_home_option(args, cfg)
-    logging.basicConfig(stream=sys.stderr, level=cfg.log.level.upper(),
-                        format="ai-memory mcp: %(levelname)s %(name)s: %(message)s")
+    log.setup_cli("ai-memory mcp", cfg.log.level)
     try:
         asyncio.run(run_stdio(cfg, embedded=args.embedded))
     except KeyboardInterrupt:

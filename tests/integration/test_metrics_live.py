@@ -106,6 +106,6 @@ async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wa
     wait_for(lambda: node_log.has(n1, "not_ready", reasons=["no_peer_link"]), "the switch to not ready logged")
     assert node_log.has(n1, "ready", not_ready_s=None) or node_log.has(n1, "ready")
     # The start-up line says what runs, from which file, on what, where it listens and whom it trusts.
-    [start] = [e for e in node_log(n1) if e["event"] == "node_starting"]
+    [start] = [e for e in node_log(n1) if e["event"] == "node_ready"]
     assert start["config"] == str(n1.config_path.absolute()) and start["backend"] == "sqlite"
     assert start["health"] == f"127.0.0.1:{n1.health_port}" and start["trust"] == "pinned" and start["version"]
