@@ -76,6 +76,8 @@ _SEGMENT_PAGES_SQL = ("SELECT id >> 37, count(*) FROM memories_fts_data WHERE id
 # unprivileged writer) and a small write commits (``recheck_full``): room for a few batches' WAL frames.
 FULL_CLEAR_FREE_BYTES = 1024 * 1024
 # The errors that say something about the store as a whole (its condition), not about one write.
+# An SQLite file shorter than its header has lost its first page (truncated).
+SQLITE_HEADER_BYTES = 100
 _CONDITION_CODES = (StorageCode.STORAGE_FULL, StorageCode.STORAGE_CORRUPT, StorageCode.STORAGE_UNAVAILABLE)
 
 
@@ -134,6 +136,8 @@ class Database:
         self._close_task: asyncio.Future[None] | None = None
         # What is wrong with the store now (away, damaged, full): the node's readiness reads it.
         self.health = Health()
+        # The file the writer opened (device, inode), so ``check_file`` sees it deleted or replaced underneath.
+        self._file_id: tuple[int, int] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -169,6 +173,8 @@ class Database:
             raise
         db._reader_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=readers, thread_name_prefix=f"storage-reader:{db.path.name}")
+        st = os.stat(db.path)
+        db._file_id = (st.st_dev, st.st_ino)
         return db
 
     @property
@@ -487,6 +493,28 @@ class Database:
         else:
             self._damaged(findings.summary(), findings.messages)
         return findings
+
+    def check_file(self) -> bool:
+        """Whether the file the node opened is still the one at its path, whole: deleted, replaced or truncated
+        under the running node (the open connections would go on writing into a file nobody will read again),
+        it sets storage_corrupt, which refuses writes and makes the node not ready. A cheap stat, each tick."""
+        if self._file_id is None or StorageCode.STORAGE_CORRUPT in self.health:
+            return StorageCode.STORAGE_CORRUPT not in self.health
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            what = "the file was deleted under the running node"
+        except OSError as e:
+            what = f"the file cannot be looked at ({e.strerror})"
+        else:
+            if (st.st_dev, st.st_ino) != self._file_id:
+                what = "the file was replaced under the running node (another file is at its path now)"
+            elif st.st_size < SQLITE_HEADER_BYTES:
+                what = f"the file was truncated under the running node ({st.st_size} bytes)"
+            else:
+                return True
+        self._damaged(f"{what}; writes since then would be lost", ())
+        return False
 
     async def recheck_full(self) -> bool:
         """While storage_full is in force: clear it (logged once) when the file's filesystem has room again and a

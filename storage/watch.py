@@ -1,5 +1,6 @@
-"""A running node's watch over its store: SQLite's integrity check every ``storage.integrity_check_interval_s``
-and, while the disk is full, a probe for space each tick, so that readiness returns without waiting for a
+"""A running node's watch over its store: SQLite's integrity check every ``storage.integrity_check_interval_s``,
+a look each tick that the file opened is still the one at its path (``Database.check_file``) and, while the disk
+is full, a probe for space each tick, so that readiness returns without waiting for a
 client's write. The node's TaskGroup owns ``run``; it ends when cancelled."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class StoreWatch:
         due = self.clock() + self.integrity_every_s
         while True:
             await asyncio.sleep(self.tick_s)
+            self.db.check_file()
             if StorageCode.STORAGE_FULL in self.db.health:
                 await self.db.recheck_full()
             if self.integrity_every_s > 0 and self.clock() >= due:

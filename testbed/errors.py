@@ -41,6 +41,7 @@ class TestbedCode(StrEnum):
     PORT_IN_USE = "port_in_use"
     STALE_STATE = "stale_state"
     STOP_FAILED = "stop_failed"
+    TMPFS_REFUSED = "tmpfs_refused"
     UNKNOWN_NODE = "unknown_node"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import shutil
 import socket
@@ -24,6 +23,9 @@ import pytest
 from mesh import ca, keys
 from node.config import NodeConfig
 from node.node import Node, Signals
+from testbed.env import disk
+from testbed.env.disk import fill as fill  # the tests that fill a disk import it from here
+from testbed.errors import TestbedError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,37 +94,14 @@ def checkpointed(path: Path) -> None:
 
 @contextlib.contextmanager
 def tmpfs(where: Path, size_bytes: int) -> Iterator[Path]:
-    """A tmpfs of ``size_bytes`` mounted at ``where`` for the block; skips the test (saying why) where mounting
-    is refused (not root, no CAP_SYS_ADMIN in a container)."""
-    where.mkdir(parents=True, exist_ok=True)
-    mount = shutil.which("mount")
-    if mount is None:
-        pytest.skip("no `mount` command: a full filesystem needs a tmpfs (apt-get install mount; run as root)")
-    done = subprocess.run([mount, "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(where)],
-                          capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs was refused ({done.stderr.strip()}): the full-disk tests need root "
-                    "(CAP_SYS_ADMIN), as in CI")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30, check=False)
-
-
-def fill(path: Path, chunk: int = 64 * 1024) -> int:
-    """Write ``path`` until its filesystem has no byte left (ENOSPC); returns the bytes written."""
-    written = 0
-    block = b"\0" * chunk
-    with open(path, "wb", buffering=0) as f:
-        while chunk:
-            try:
-                written += f.write(block[:chunk])
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                chunk //= 2  # the last blocks, smaller and smaller, until not one byte fits
-        os.fsync(f.fileno())
-    return written
+    """A tmpfs of ``size_bytes`` mounted at ``where`` for the block (testbed/env/disk.py); skips the test (saying
+    why) where mounting is refused (not root, no CAP_SYS_ADMIN in a container)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            fs = stack.enter_context(disk.tmpfs(where, size_bytes))
+        except TestbedError as e:
+            pytest.skip(e.message)
+        yield fs
 
 
 def free_port() -> int:

@@ -85,14 +85,18 @@ class Tally:
 
 
 class Writers:
-    """``n`` clients of node-1's local socket, each storing memories one after another; a refused call is counted
-    by its code and the client goes on."""
+    """``n`` clients of a node's local socket, each storing memories one after another (``interval_s`` apart: 0,
+    without pause); a refused call is counted by its code and the client goes on."""
 
-    def __init__(self, socket: Path, n: int, name: str = "writer") -> None:
+    def __init__(self, socket: Path, n: int, name: str = "writer", interval_s: float = 0.0) -> None:
         self.socket = socket
         self.n = n
         self.name = name
+        self.interval_s = interval_s
         self.acked: list[str] = []
+        # Each acknowledged write's call: seconds, and when it was answered (time.monotonic); [k] is acked[k]'s.
+        self.latencies_s: list[float] = []
+        self.acked_at: list[float] = []
         self.refused: Counter[str] = Counter()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,16 +116,24 @@ class Writers:
             while not self._stop.is_set():
                 k += 1
                 content = f"{CONTENT_PREFIX} {self.name} {i} write {k}"
+                sent = time.monotonic()
                 try:
                     await client.call("memory_store", {"content": content})
                 except ServiceError as e:
                     self.refused[e.code] += 1
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), 0.02)
+                    await self._pause(max(self.interval_s, 0.02))
                 else:
                     self.acked.append(content)
+                    self.acked_at.append(time.monotonic())
+                    self.latencies_s.append(self.acked_at[-1] - sent)
+                    if self.interval_s:
+                        await self._pause(self.interval_s)
         finally:
             await client.close()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def more_than(self, n: int, within_s: float = READY_WITHIN_S) -> None:
         """Wait until more than ``n`` writes are acknowledged (bounded)."""
@@ -258,8 +270,8 @@ async def tally(r: Rig, writers: Writers, sending: Writers) -> Tally:
     """Count every acknowledged write on node-1's database and on node-2's, once each has caught up."""
     deadline = time.monotonic() + REPLICATED_WITHIN_S
     while True:
-        stored = await asyncio.to_thread(_pg_counts, r.current_dsn())
-        peer = await asyncio.to_thread(_sqlite_counts, r.peer.home / "data" / "memory.db")
+        stored = await asyncio.to_thread(pg_counts, r.current_dsn())
+        peer = await asyncio.to_thread(sqlite_counts, r.peer.home / "data" / "memory.db")
         caught_up = all(peer[c] for c in writers.acked) and all(stored[c] for c in sending.acked)
         if caught_up or time.monotonic() > deadline:
             break
@@ -272,14 +284,16 @@ async def tally(r: Rig, writers: Writers, sending: Writers) -> Tally:
                  from_peer_duplicated=sum(1 for c in sending.acked if stored[c] > 1), refused=dict(writers.refused))
 
 
-def _pg_counts(dsn: str) -> Counter[str]:
+def pg_counts(dsn: str) -> Counter[str]:
+    """The run's memories stored in the database at ``dsn``: content -> rows."""
     with psycopg.connect(dsn) as c:
         return Counter({content: n for content, n in c.execute(
             "SELECT content, count(*) FROM memories WHERE content LIKE %s GROUP BY content",
             (f"{CONTENT_PREFIX} %",)).fetchall()})
 
 
-def _sqlite_counts(path: Path) -> Counter[str]:
+def sqlite_counts(path: Path) -> Counter[str]:
+    """The run's memories stored in the SQLite file at ``path`` (read-only, beside its node): content -> rows."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         return Counter({content: n for content, n in conn.execute(

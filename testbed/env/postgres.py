@@ -4,7 +4,8 @@ always. The server binaries are found where testbed/env/doctor.py says (``PG_BIN
 
 The fault tests (tests/storage/test_pg_faults.py, tests/integration/test_postgres_faults.py) and
 testbed/bench/pg_faults.py also stop, restart and ``kill -9`` a cluster, and fail it over to a standby made with
-``pg_basebackup -R`` (``standby``) and promoted.
+``pg_basebackup -R`` (``standby``) and promoted; testbed/bench/storage_faults.py then makes the old primary a
+standby of the new one (``rebuild_standby``) to fail over again.
 """
 
 from __future__ import annotations
@@ -171,17 +172,33 @@ def standby(primary: Cluster, *, synchronous: bool = True) -> Iterator[Cluster]:
     root = _new_root("am-pg-standby-")
     cluster = Cluster(root, options=_options(root, synchronous_commit=True))
     try:
-        _run([str(doctor.PG_BIN / "pg_basebackup"), "-D", str(cluster.data), "-R", "-X", "stream", "-c", "fast",
-              "-h", str(primary.root), "-p", str(primary.port), "-U", "postgres"])
-        cluster.start()
-        if synchronous:
-            with psycopg.connect(primary.dsn(), autocommit=True) as c:
-                c.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-                c.execute("SELECT pg_reload_conf()")
-        _wait_streaming(primary, synchronous)
+        _follow(cluster, primary, synchronous)
         yield cluster
     finally:
         _remove(cluster)
+
+
+def rebuild_standby(old: Cluster, primary: Cluster) -> None:
+    """After a failover: ``old`` (the primary failed over from, stopped or killed) made a synchronous standby of
+    ``primary`` (the promoted one) in place, on its own socket dir and port, so a DSN naming both still holds;
+    its data is replaced by a new base backup (what ``pg_rewind`` or ``pg_basebackup`` does by hand)."""
+    subprocess.run(_as_postgres([str(doctor.PG_BIN / "pg_ctl"), "-D", str(old.data), "-m", "immediate", "-w",
+                                 "-t", "60", "stop"]), capture_output=True, timeout=PG_CMD_TIMEOUT_S)
+    shutil.rmtree(old.data)
+    _follow(old, primary, synchronous=True)
+
+
+def _follow(cluster: Cluster, primary: Cluster, synchronous: bool) -> None:
+    """Base-back ``primary`` up into ``cluster``'s (absent) data dir as its streaming standby, start it, and wait
+    until it streams (counted synchronous with ``synchronous``)."""
+    _run([str(doctor.PG_BIN / "pg_basebackup"), "-D", str(cluster.data), "-R", "-X", "stream", "-c", "fast",
+          "-h", str(primary.root), "-p", str(primary.port), "-U", "postgres"])
+    cluster.start()
+    if synchronous:
+        with psycopg.connect(primary.dsn(), autocommit=True) as c:
+            c.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            c.execute("SELECT pg_reload_conf()")
+    _wait_streaming(primary, synchronous)
 
 
 def _wait_streaming(primary: Cluster, synchronous: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,47 @@ async def test_the_watch_checks_when_due_and_finds_damage_done_while_the_store_i
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _replace(path: Path) -> None:
+    """Another file at ``path``: a copy put in its place, as a restore over a running node does."""
+    copy = path.with_name("other.db")
+    copy.write_bytes(path.read_bytes())
+    copy.replace(path)
+
+
+@pytest.mark.parametrize(("fault", "said"), [
+    (lambda p: [f.unlink() for f in p.parent.glob(p.name + "*")], "deleted"),
+    (lambda p: p.open("r+b").truncate(0), "truncated"),
+    (_replace, "replaced"),
+])
+async def test_a_file_deleted_replaced_or_truncated_under_the_node_stops_its_writes(
+        store: Path, fault: Callable[[Path], object], said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The open connections would go on committing into a file no one reads again (acked writes lost): the watch's
+    next tick sees the file is not the one opened, and the store refuses writes, not ready, logged once."""
+    db = await Database.open(store)
+    watch = StoreWatch(db, integrity_every_s=0, tick_s=0.01)
+    task = asyncio.create_task(watch.run())
+    try:
+        await db.write(memories.insert, make_memory())
+        with caplog.at_level(logging.INFO, logger="storage"):
+            fault(store)
+            await poll(lambda: _true(StorageCode.STORAGE_CORRUPT in db.health), "the watch to see the file")
+            with pytest.raises(StorageError) as refused:
+                await db.write(memories.insert, make_memory())
+        assert refused.value.code == StorageCode.STORAGE_CORRUPT and said in refused.value.message
+        assert str(store) in refused.value.message
+        assert [r.getMessage() for r in caplog.records] == ["storage_corrupt"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await db.close()
+
+
+async def test_a_sound_file_passes_the_look_each_tick(store: Path) -> None:
+    db = await Database.open(store)
+    try:
+        assert all(db.check_file() for _ in range(3))
+        assert db.health.conditions() == []
+    finally:
+        await db.close()
