@@ -5,7 +5,8 @@ and its fields. One time format: the line's ``ts``, and every field named ``*_at
 (``next_attempt_at``, ...), are ISO 8601 UTC with milliseconds. Libraries' own lines (the MCP SDK, psycopg,
 uvicorn) go through the same formatter, their free text as the event.
 
-A warning repeated from one source (the same logger, event and peer or remote address) is written once per
+A warning repeated from one source (the same logger, event and peer or remote address, about no message in
+particular: a line naming a correlation_id is about that message, and always written) is written once per
 ``REPEAT_WINDOW_S``; the next one written after the window says how many were left out (``repeated``).
 The CLI's commands write their warnings as ``ai-memory: warning <event> key=value ...`` (``setup_cli``).
 """
@@ -108,10 +109,10 @@ class RepeatLimit(logging.Filter):
         self._last: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.WARNING:
-            return True
         fields = getattr(record, "ev", None)
         fields = fields if isinstance(fields, dict) else {}
+        if record.levelno != logging.WARNING or "correlation_id" in fields:
+            return True  # an error, or a line about one message: each is news
         source = next((str(fields[k]) for k in SOURCE_FIELDS if fields.get(k) is not None), "")
         key = (record.name, record.getMessage(), source)
         last = self._last.get(key)

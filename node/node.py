@@ -257,8 +257,9 @@ class Node:
             task.cancel()
 
     def _link_up(self, peer: str) -> None:
-        """A link came up: its outbox worker looks in the database, and its catch-up pulls now."""
-        self.sender.wake(peer)
+        """A link came up: its outbox worker sends what waited for it and looks in the database, and its catch-up
+        pulls now."""
+        self.sender.link_up(peer)
         self.syncs[peer].want()
 
     def _warn_unpinned_peers(self, peers: list[str]) -> None:

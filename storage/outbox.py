@@ -130,6 +130,14 @@ def pending_for_peer(conn: sqlite3.Connection, peer: str, limit: int = 100) -> l
     return [_out(r) for r in rows]
 
 
+def due_now(conn: sqlite3.Connection, peer: str, now_ms: int, error_prefix: str) -> int:
+    """Make ``peer``'s rows waiting for a retry after a failure whose error starts with ``error_prefix`` due at
+    ``now_ms`` (what they waited for is back: a link came up); returns how many."""
+    return conn.execute("UPDATE a2a_outbox SET next_attempt_at = ? WHERE peer = ? AND next_attempt_at > ? "
+                        "AND substr(last_error, 1, ?) = ?",
+                        (now_ms, peer, now_ms, len(error_prefix), error_prefix)).rowcount
+
+
 def mark_attempt(conn: sqlite3.Connection, id: int, attempts: int, next_attempt_at: int,
                  last_error: str | None) -> bool:
     """Record a failed attempt; False when the row is gone (ACKed meanwhile)."""

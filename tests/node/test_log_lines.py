@@ -38,6 +38,7 @@ def test_a_warning_repeated_from_one_source_is_written_once_per_window_with_its_
     assert limit.filter(record("not_a_member", at=T0 + 1, remote="10.0.0.7"))  # another source: its own line
     assert limit.filter(record("peer_key_mismatch", at=T0 + 1, remote="10.0.0.9"))  # another event
     assert limit.filter(record("not_a_member", level=logging.ERROR, at=T0 + 2, remote="10.0.0.9"))  # not a warning
+    assert all(limit.filter(record("expired", at=T0 + 2, peer="ai:b", correlation_id=str(i))) for i in range(3))
     later = record("not_a_member", at=T0 + 10, remote="10.0.0.9")
     assert limit.filter(later) and later.ev == {"remote": "10.0.0.9", "repeated": 13}
     again = record("not_a_member", at=T0 + 21, remote="10.0.0.9")
