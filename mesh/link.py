@@ -24,8 +24,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp.helpers import DEFAULT_CHUNK_SIZE
-from aiohttp.http_websocket import WebSocketReader
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import (
@@ -45,8 +43,8 @@ from a2a import (
 from mesh.errors import MeshCode, MeshError
 from mesh.receive import Resumed
 from mesh.routes import MESSAGES_PATH, WS_PATH
-from mesh.tls import verify_peer
-from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, FrameQueue, Heartbeat, send_now
+from mesh.tls import PeerRefused, pinned_to
+from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, Heartbeat, read_frames, send_now
 
 log = logging.getLogger("mesh.link")
 
@@ -64,79 +62,22 @@ _ERROR_CODE = re.compile(r"[a-z][a-z0-9_:]{0,63}")
 DEADLINE_SLACK = 64
 # A deadline timer may fire this early (libuv's timers run in whole milliseconds): sends due within it are due.
 DEADLINE_EARLY_S = 0.001
+# Bound on a connection's reader task ending once cancelled (it ends within a loop turn). Seconds.
+READER_STOP_S = 2.0
 _TRUST_CODES = frozenset({"peer_key_mismatch", "peer_identity_mismatch", "not_a_member", "no_agent_san",
                           "ambiguous_agent_san", "no_client_certificate", "refused"})
 
 
-class PinnedConnector(aiohttp.TCPConnector):
-    """A TCP connector that checks every new TLS connection's peer before any byte is sent on it:
-    the agent_id in its certificate must be ``expected_agent_id`` and its key the pinned .pub (if any).
+class _Reading:
+    """What one connection's reader hears: ACK frames go to the link; ``heard`` is the heartbeat's."""
 
-    aiohttp may release a small response's connection before the caller sees it, so checking per
-    response is unreliable; checking at connection creation covers WebSocket, GET and POST alike.
-    """
+    __slots__ = ("link", "peer", "heard")
 
-    def __init__(self, *, expected_agent_id: str, pinned: Callable[[], Mapping[str, Ed25519PublicKey]],
-                 ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
-        super().__init__(ssl=ssl_context, **kwargs)
-        self.expected_agent_id = expected_agent_id
-        self.pinned = pinned
-
-    async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
-        transport, proto = await super()._wrap_create_connection(*args, **kwargs)
-        try:
-            verify_peer(transport, expected_agent_id=self.expected_agent_id, pinned=self.pinned())
-        except MeshError as e:
-            log.warning(e.code, extra={"ev": {"peer": self.expected_agent_id, "detail": e.message}})
-            transport.close()
-            raise
-        return transport, proto
-
-
-class _LinkWebSocket(aiohttp.ClientWebSocketResponse):
-    """The link's client WebSocket: aiohttp's, with the parser the session gives it reading into a
-    ``FrameQueue`` (mesh/wsframes.py), so each ACK frame reaches ``PeerLink.on_ack_frame`` in the parser's call
-    (no queue, no task wake-up, no ``receive()`` per frame). The frames on the wire are the same. It replaces
-    aiohttp's private ``_parser`` and ``_reader`` (pinned version in constraints.txt; tests/mesh drive it).
-    ``link`` is set on a subclass per PeerLink (``_socket_class``)."""
-
-    link: PeerLink
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        self.peer = self.link.agent_id
-        self.heard = False  # a message was read since the heartbeat last looked
-        # Set when the socket ends: None for the peer's close or the end of the stream, else the parse error.
-        self.ended: asyncio.Future[BaseException | None] = loop.create_future()
-        connection = self._response.connection
-        assert connection is not None  # a WebSocket response holds its connection until it closes
-        self._reader = FrameQueue(self, connection.protocol, DEFAULT_CHUNK_SIZE, loop)
-
-    @property
-    def _parser(self) -> WebSocketReader | None:
-        return self.__dict__.get("_mesh_parser")
-
-    @_parser.setter
-    def _parser(self, parser: WebSocketReader | None) -> None:
-        if parser is not None:  # the session's parser for its own queue: read into ours instead
-            parser = WebSocketReader(self._reader, self.link.ws_max_msg_size, compress=False, decode_text=False)
-        self.__dict__["_mesh_parser"] = parser
+    def __init__(self, link: PeerLink) -> None:
+        self.link, self.peer, self.heard = link, link.agent_id, False
 
     def on_frame(self, data: bytes) -> None:
         self.link.on_ack_frame(data)
-
-    def on_ping(self, data: bytes) -> None:
-        if not self.closed:
-            send_now(self.pong(data))
-
-    def send_ping(self) -> None:
-        if not self.closed:
-            send_now(self.ping(b""))
-
-    def end(self, error: BaseException | None) -> None:
-        if not self.ended.done():
-            self.ended.set_result(error)
 
 
 class LinkState(enum.StrEnum):
@@ -225,6 +166,7 @@ class PeerLink:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_at = 0.0
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # run()'s
         self._on_up: list[Callable[[], None]] = []
 
     def on_up(self, callback: Callable[[], None]) -> None:
@@ -247,10 +189,10 @@ class PeerLink:
 
     async def run(self) -> None:
         """Keep the link up until ``close()``; owned by the node's task group."""
-        connector = PinnedConnector(expected_agent_id=self.agent_id, pinned=self.pinned,
-                                    ssl_context=self.ssl_context, limit=0)
-        socket_class = type("LinkWebSocket", (_LinkWebSocket,), {"link": self})
-        self._session = aiohttp.ClientSession(connector=connector, ws_response_class=socket_class)
+        self._loop = asyncio.get_running_loop()
+        # Every TLS connection of this session checks the peer in its handshake, before any byte is sent on it.
+        connector = aiohttp.TCPConnector(ssl=pinned_to(self.ssl_context, self.agent_id, self.pinned), limit=0)
+        self._session = aiohttp.ClientSession(connector=connector)
         try:
             while self.state is not LinkState.CLOSED:
                 error: MeshError | None = None
@@ -293,6 +235,10 @@ class PeerLink:
         """The failure as a MeshError; a refused WebSocket upgrade as the peer's own code and message."""
         if isinstance(e, MeshError):
             return e
+        refused = PeerRefused.within(e)
+        if refused is not None:
+            log.warning(refused.code, extra={"ev": {"peer": self.agent_id, "detail": refused.message}})
+            return refused
         if isinstance(e, aiohttp.WSServerHandshakeError) and 400 <= e.status < 600:
             return await self._refusal(e.status)
         return MeshError(MeshCode.CONNECT_FAILED, f"{type(e).__name__}: {e}")
@@ -323,8 +269,7 @@ class PeerLink:
                             "\"pinned\": not dialled until its .pub is imported")
         ws = await self._session.ws_connect(self.url + WS_PATH, timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
                                             max_msg_size=self.ws_max_msg_size, heartbeat=None, compress=0,
-                                            autoping=True, protocols=(BATCH_SUBPROTOCOL,))
-        assert isinstance(ws, _LinkWebSocket)
+                                            autoping=False, protocols=(BATCH_SUBPROTOCOL,))
         self._ws = ws
         self.batch_frames = ws.protocol == BATCH_SUBPROTOCOL
         self.state = LinkState.UP
@@ -338,12 +283,7 @@ class PeerLink:
         log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
-        heartbeat = Heartbeat(ws, ws.send_ping, lambda: ws.end(TimeoutError(
-            f"no pong from {self.agent_id} within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
-        try:
-            error = await ws.ended  # ACK frames arrive meanwhile, in the parser's call (on_ack_frame)
-        finally:
-            heartbeat.stop()
+        error = await self._read_until_ended(ws)
         if error is not None:
             self._ended_cleanly = False
             # 1011 rather than 1006, which RFC 6455 forbids in a close frame
@@ -352,6 +292,31 @@ class PeerLink:
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
         self._ended_cleanly = self.closed or ws.close_code in CLEAN_CLOSE_CODES
         raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {ws.close_code})")
+
+    async def _read_until_ended(self, ws: aiohttp.ClientWebSocketResponse) -> BaseException | None:
+        """Read ACK frames (to ``on_ack_frame``) in a task of this one until the socket ends or the heartbeat gives
+        up on the peer; None for the peer's close or the end of the stream, else the error."""
+        reading = _Reading(self)
+        ended: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+        def end(error: BaseException | None) -> None:
+            if not ended.done():
+                ended.set_result(error)
+
+        reader = asyncio.create_task(self._read(ws, reading, end))
+        heartbeat = Heartbeat(reading, lambda: None if ws.closed else send_now(ws.ping(b"")), lambda: end(
+            TimeoutError(f"no pong from {self.agent_id} within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
+        try:
+            return await ended
+        finally:
+            heartbeat.stop()
+            reader.cancel()  # a reader still waiting (the heartbeat gave up): close() reads what is left
+            await asyncio.wait({reader}, timeout=READER_STOP_S)
+
+    @staticmethod
+    async def _read(ws: aiohttp.ClientWebSocketResponse, reading: _Reading,
+                    end: Callable[[BaseException | None], None]) -> None:
+        end(await read_frames(ws, reading))
 
     def on_ack_frame(self, data: bytes) -> None:
         """One frame the peer sent on this link's socket: an ACK or a batch of them."""
@@ -417,9 +382,9 @@ class PeerLink:
         ws = self._ws
         if ws is None or ws.closed or not self._up.is_set():
             return self._send_wire_waiting(correlation_id, frame, timeout)
-        # the socket's loop (its end future's): asyncio.get_running_loop() is a getpid() system call in 3.11,
-        # once per peer per envelope here
-        loop = ws.ended.get_loop() if isinstance(ws, _LinkWebSocket) else asyncio.get_running_loop()
+        # the loop run() keeps: asyncio.get_running_loop() is a getpid() system call in 3.11, once per peer per
+        # envelope here
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + timeout
         fut = self._future(correlation_id, loop)
         sending = ws.send_bytes(frame)
@@ -627,15 +592,21 @@ async def post_envelope(url: str, env: Envelope, ssl_context: ssl.SSLContext, *,
                         max_bytes: int) -> tuple[int, Ack | None, dict[str, Any] | None]:
     """POST one envelope to ``/a2a/v1/messages``: returns (HTTP status, ACK or None, JSON error or None)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    connector = PinnedConnector(expected_agent_id=expected_agent_id, pinned=lambda: pinned, ssl_context=ssl_context)
+    connector = aiohttp.TCPConnector(ssl=pinned_to(ssl_context, expected_agent_id, lambda: pinned))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
-        async with s.post(url + MESSAGES_PATH, data=env.to_wire(),
-                          headers={"Content-Type": "application/cbor"}) as resp:
-            body = await resp.read()
-            if resp.content_type == "application/cbor":
-                ack = decode_frame(body, max_bytes)
-                return resp.status, ack if isinstance(ack, Ack) else None, None
-            try:
-                return resp.status, None, orjson.loads(body)
-            except orjson.JSONDecodeError:
-                return resp.status, None, {"error": {"code": "http", "message": body[:200].decode(errors="replace")}}
+        try:
+            async with s.post(url + MESSAGES_PATH, data=env.to_wire(),
+                              headers={"Content-Type": "application/cbor"}) as resp:
+                body = await resp.read()
+        except aiohttp.ClientConnectorError as e:
+            refused = PeerRefused.within(e)  # the peer is not who we meant to reach: its MeshError
+            if refused is None:
+                raise
+            raise refused from None
+    if resp.content_type == "application/cbor":
+        ack = decode_frame(body, max_bytes)
+        return resp.status, ack if isinstance(ack, Ack) else None, None
+    try:
+        return resp.status, None, orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return resp.status, None, {"error": {"code": "http", "message": body[:200].decode(errors="replace")}}

@@ -19,11 +19,8 @@ from typing import Any
 
 import cbor2
 import orjson
-from aiohttp import WSCloseCode, web
-from aiohttp.helpers import DEFAULT_CHUNK_SIZE
-from aiohttp.http_websocket import WebSocketError, WebSocketReader, WebSocketWriter
+from aiohttp import WebSocketError, WSCloseCode, web
 from aiohttp.typedefs import Handler, Middleware
-from aiohttp.web_request import BaseRequest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from a2a import BATCH_MAX_BYTES, BATCH_SUBPROTOCOL, Envelope, Outcome, encode_batch, plan_batches
@@ -32,7 +29,7 @@ from mesh.errors import MeshCode, MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.routes import HEALTHZ_PATH, MESSAGES_PATH, METRICS_PATH, READYZ_PATH, SYNC_PATH, WS_PATH
 from mesh.tls import verify_peer
-from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, FrameQueue, Heartbeat, send_now
+from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, Heartbeat, read_frames, send_now
 
 log = logging.getLogger("mesh.server")
 
@@ -205,10 +202,11 @@ def _websocket(hooks: ServerHooks) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         protocols = (BATCH_SUBPROTOCOL,) if hooks.batch_frames else ()
         peer = request[PEER_KEY]
-        sock = _Socket(hooks, peer)
-        ws = sock.ws = _FrameSinkResponse(sock, heartbeat=None, protocols=protocols, compress=False,
-                                          max_msg_size=max(hooks.receiver.max_bytes, BATCH_MAX_BYTES) * WS_READ_SLACK)
+        # autoping off: pings and pongs come to the socket's own reader (read_frames), which the heartbeat hears.
+        ws = web.WebSocketResponse(heartbeat=None, autoping=False, protocols=protocols, compress=False,
+                                   max_msg_size=max(hooks.receiver.max_bytes, BATCH_MAX_BYTES) * WS_READ_SLACK)
         await ws.prepare(request)
+        sock = _Socket(hooks, peer, ws)
         sockets = request.app[SOCKETS_KEY]
         sockets.add(ws)
         log.info("ws_accepted", extra={"ev": {"peer": peer, "batch_frames": sock.batch}})
@@ -227,85 +225,34 @@ def _websocket(hooks: ServerHooks) -> Handler:
     return handler
 
 
-class _FrameSinkResponse(web.WebSocketResponse):
-    """aiohttp's WebSocket response (handshake, frame parser and writer) with its message queue replaced by
-    ``FrameQueue`` (mesh/wsframes.py); the heartbeat is ``wsframes.Heartbeat``, run by ``_Socket.serve``.
-    The frames on the wire are the same. This overrides aiohttp's private ``_post_start`` (pinned version in
-    constraints.txt; tests/mesh drive it over real sockets)."""
-
-    def __init__(self, sock: _Socket, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._sock = sock
-
-    def _post_start(self, request: BaseRequest, protocol: str | None, writer: WebSocketWriter) -> None:
-        self._sock.batch = protocol == BATCH_SUBPROTOCOL
-        self._ws_protocol = protocol
-        self._writer = writer
-        self._reset_heartbeat()
-        loop = self._loop
-        assert loop is not None
-        self._reader = FrameQueue(self._sock, request.protocol, DEFAULT_CHUNK_SIZE, loop)
-        self._parser = WebSocketReader(self._reader, self._max_msg_size, compress=False, decode_text=False)
-        self._sock.reading = request.protocol
-        # The connection calls whatever parser it is given through feed_data/feed_eof, as WebSocketReader.
-        request.protocol.set_parser(_FlushAfterParse(self._parser, self._sock))  # type: ignore[arg-type]
-        request.protocol.keep_alive(False)
-
-
-class _FlushAfterParse:
-    """The parser as the connection calls it, writing the ACKs of what one read carried once it is parsed
-    (rather than from a loop callback a turn later)."""
-
-    __slots__ = ("parser", "sock")
-
-    def __init__(self, parser: WebSocketReader, sock: _Socket) -> None:
-        self.parser, self.sock = parser, sock
-
-    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
-        sock = self.sock
-        sock.heard = True  # any bytes count: a large frame arriving slowly is not silence
-        sock.parsing = True
-        try:
-            return self.parser.feed_data(data)
-        finally:
-            sock.parsing = False
-            if sock.acks:
-                sock.flush()
-
-    def feed_eof(self) -> None:
-        self.parser.feed_eof()
-
-
 class _Socket:
-    """One inbound WebSocket: takes frames in order from the parser, applies their envelopes and writes the ACKs.
+    """One inbound WebSocket: reads its frames in order (``read_frames``), applies their envelopes and writes the
+    ACKs.
 
     A message whose apply needs no waiting is answered inline (no task, no timer); one that waits (on
-    storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the socket stops reading and
-    the rest of what was read waits in ``backlog``, which pushes back on the sender over TCP). ACKs produced
-    in one read (or, for applies that waited, one loop turn) are written together, as one batch frame when the
-    peer negotiated them. An ACK write
-    the transport cannot take (the peer does not read) stops reading until it drains, bounded by
-    ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
+    storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the rest of the frame's envelopes
+    wait in ``backlog`` and the socket reads nothing more, which pushes back on the sender over TCP once
+    aiohttp's read buffer is full). ACKs produced in one loop turn are written together, as one batch frame
+    when the peer negotiated them. An ACK write the transport cannot take (the peer does not read) stops
+    reading until it drains, bounded by ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
     """
 
-    def __init__(self, hooks: ServerHooks, peer: str) -> None:
+    def __init__(self, hooks: ServerHooks, peer: str, ws: web.WebSocketResponse) -> None:
         self.receiver = hooks.receiver
         self.member = hooks.member
         self.member_generation = hooks.member_generation
         self.peer = peer
-        self.ws: _FrameSinkResponse | None = None
-        # Set by serve(): frames the parser hands over before it (with the upgrade) wait in the backlog.
-        self.tg: asyncio.TaskGroup | None = None
-        self.batch = False
-        self.reading: Any = None  # the connection's protocol: pause_reading / resume_reading
+        self.ws = ws
+        self.batch = ws.ws_protocol == BATCH_SUBPROTOCOL
+        self.tg: asyncio.TaskGroup | None = None  # set by serve(), which starts the reading
         self.loop = asyncio.get_running_loop()
         self.acks: list[bytes] = []
         self.flush_at_turn_end = False
-        self.parsing = False  # inside the parser's call: the ACKs are written when it returns
         self.draining: asyncio.Task[None] | None = None
         self.waiting_applies = 0
         self.backlog: deque[Envelope | Received] = deque()
-        self.paused = False
+        # The reader waits on this for room (the backlog taken, no ACK write draining) before reading on.
+        self.room: asyncio.Future[None] | None = None
         self.heard = False
         self.ended: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.close_with: tuple[int, bytes] | None = None
@@ -313,24 +260,20 @@ class _Socket:
         self.member_recheck_at = 0.0
 
     async def serve(self, tg: asyncio.TaskGroup) -> None:
-        """Apply frames (tasks in ``tg``) until the socket ends (the peer closed or went away, a parse error, or
-        we close it), then close it."""
+        """Read and apply frames (tasks in ``tg``) until the socket ends (the peer closed or went away, a parse
+        error, or we close it), then close it."""
         self.tg = tg
-        self._resume()
+        reading = tg.create_task(self._read())
         heartbeat = Heartbeat(self, self._ping, lambda: self.end(TimeoutError(
             f"no pong within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
         try:
             error = await self.ended
         finally:
             heartbeat.stop()
-        ws = self.ws
-        assert ws is not None
-        # Nothing more is applied (on_frame ignores frames once ended); read again so that the peer's close
-        # frame reaches aiohttp's close() instead of it waiting out its timeout on a paused socket.
+            reading.cancel()  # nothing more is applied; aiohttp's close() reads the peer's close frame itself
+        await asyncio.wait({reading}, timeout=ACK_SEND_TIMEOUT_S)
         self.backlog.clear()
-        if self.paused and self.reading is not None:
-            self.paused = False
-            self.reading.resume_reading()
+        ws = self.ws
         if self.close_with is not None:
             await ws.close(code=self.close_with[0], message=self.close_with[1])
         elif isinstance(error, WebSocketError):
@@ -342,34 +285,31 @@ class _Socket:
         else:
             await ws.close(drain=False)
 
+    async def _read(self) -> None:
+        self.end(await read_frames(self.ws, self))
+
     def end(self, error: BaseException | None) -> None:
         if not self.ended.done():
             self.ended.set_result(error)
 
     def _ping(self) -> None:
-        assert self.ws is not None
         if not self.ws.closed:
             send_now(self.ws.ping(b""))
 
-    def on_ping(self, data: bytes) -> None:
-        """Answer a ping now, without waiting for the transport to drain (a task per ping is not worth it)."""
-        assert self.ws is not None
-        if not self.ws.closed:
-            send_now(self.ws.pong(data))
-
-    def on_frame(self, data: bytes) -> None:
-        """One data frame, in the parser's call."""
-        if self.ended.done():
-            return
-        if not self._member_or_end():
-            return
-        units = self.receiver.units(data, self.peer)
-        if self.backlog or self.tg is None:
-            self.backlog.extend(units)
-        else:
-            self._take(units)
+    def on_frame(self, data: bytes) -> Awaitable[None] | None:
+        """One data frame, from the reader; returns what to await before reading the next (room for more)."""
+        if self.ended.done() or not self._member_or_end():
+            return None
+        self._take(self.receiver.units(data, self.peer))
         if self.draining is not None or self.backlog:
-            self._pause()
+            return self._room()
+        return None
+
+    async def _room(self) -> None:
+        """Until the backlog is taken and no ACK write drains (a socket that ends cancels the reader)."""
+        while self.backlog or self.draining is not None:
+            self.room = room = self.loop.create_future()
+            await room
 
     def _member_or_end(self) -> bool:
         """Membership is read again when peers/ changes: a removed member's open socket ends, and what it sent
@@ -401,21 +341,17 @@ class _Socket:
             self.waiting_applies += 1
             self.tg.create_task(self._finish(result))
 
-    def _pause(self) -> None:
-        if not self.paused and self.reading is not None:
-            self.paused = True
-            self.reading.pause_reading()
-
     def _resume(self) -> None:
-        """Take the backlog while there is room; read again once it is empty and no ACK write waits."""
-        if self.backlog and self.tg is not None and self.waiting_applies < WS_INFLIGHT and not self.ended.done() \
-                and self._member_or_end():
+        """Take the backlog while there is room; let the reader read on once it is empty and no ACK write waits."""
+        if self.backlog and self.waiting_applies < WS_INFLIGHT and not self.ended.done() and self._member_or_end():
             backlog = self.backlog  # taken from the front while there is room: no copy per finished apply
             while backlog and (isinstance(backlog[0], Received) or self.waiting_applies < WS_INFLIGHT):
                 self._take_one(backlog.popleft())
-        if self.paused and not self.backlog and self.draining is None and self.reading is not None:
-            self.paused = False
-            self.reading.resume_reading()
+        room = self.room
+        if room is not None and not self.backlog and self.draining is None:
+            self.room = None
+            if not room.done():
+                room.set_result(None)
 
     def _still_member(self) -> bool:
         """Ask the membership check when the keyring may have changed: its generation moved (someone read a
@@ -437,14 +373,14 @@ class _Socket:
             self._answer(await pending)
         finally:
             self.waiting_applies -= 1
-            if self.paused:
+            if self.backlog or self.room is not None:
                 self._resume()
 
     def _answer(self, result: Received) -> None:
         if result.ack is None:
             return
         self.acks.append(result.ack.to_wire())
-        if not self.parsing and not self.flush_at_turn_end:
+        if not self.flush_at_turn_end:
             self.flush_at_turn_end = True
             self.loop.call_soon(self._flush_at_turn_end)
 
@@ -453,12 +389,11 @@ class _Socket:
             self.flush()
 
     def flush(self) -> None:
-        """Write the ACKs gathered so far (at the end of a read, or of a loop turn for applies that waited)."""
+        """Write the ACKs gathered so far (at the end of the loop turn that made them)."""
         self.flush_at_turn_end = False
         if self.draining is not None:
             return  # the drain task writes them once the transport takes data again
         ws = self.ws
-        assert ws is not None
         if ws.closed:
             log.info("ack_not_sent", extra={"ev": {"peer": self.peer, "error": "socket closed",
                                                    "acks": len(self.acks)}})
@@ -480,7 +415,6 @@ class _Socket:
             # and read nothing more until it is done.
             assert self.tg is not None  # ACKs exist only for frames taken after serve() began
             self.draining = self.tg.create_task(self._drain(Resumed(sending, yielded), frames[i + 1:]))
-            self._pause()
             return
 
     def _frames(self, acks: list[bytes]) -> list[bytes]:
@@ -491,7 +425,6 @@ class _Socket:
 
     async def _drain(self, sending: Awaitable[Any], rest: list[bytes]) -> None:
         ws = self.ws
-        assert ws is not None
         try:
             async with asyncio.timeout(ACK_SEND_TIMEOUT_S):
                 await sending
@@ -510,8 +443,7 @@ class _Socket:
             self.end(None)
         finally:
             self.draining = None
-            if self.paused:
-                self._resume()
+            self._resume()
 
 
 def _sync(hooks: ServerHooks) -> Handler:

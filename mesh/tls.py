@@ -5,8 +5,9 @@ identity key (mesh.ca); TLS 1.3 only; client certificates are required.
 
 Identity is NOT the host name. The client context has ``check_hostname=False``
 because a node's address varies (loopback, container namespaces, NAT) while
-its identity does not: after the handshake the caller runs
-:func:`verify_peer`, which reads the agent_id from the certificate's SAN URI
+its identity does not: :func:`verify_peer` (run inside the client's
+handshake by a :func:`pinned_to` context, and by the server on each request)
+reads the agent_id from the certificate's SAN URI
 ``urn:ai-memory:agent:<agent_id>``, checks it against the agent_id it meant
 to reach (client side) and, where that peer's ``.pub`` is pinned in
 ``peers/``, requires the certificate's key to equal it: a compromised CA
@@ -23,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,70 @@ def client_context(cert_path: Path, key_path: Path, ca_path: Path) -> ssl.SSLCon
     checked by :func:`verify_peer` after the handshake (pass the agent_id you
     meant to reach as ``expected_agent_id``). IP/DNS SANs are not relied on.
     """
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx = MeshClientContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False  # must precede verify_mode changes; see docstring
     _configure(ctx, cert_path, key_path, ca_path)
+    ctx.material = (Path(cert_path), Path(key_path), Path(ca_path))
     return ctx
+
+
+class MeshClientContext(ssl.SSLContext):
+    """A client context that remembers the files it was made from (``material``: cert, key, CA), so that
+    :func:`pinned_to` can make a peer's own copy of it."""
+
+    material: tuple[Path, Path, Path]
+
+
+class PeerRefused(ssl.SSLCertVerificationError):
+    """A handshake whose peer :func:`verify_peer` refused (raised inside the handshake, so the TLS stack and
+    the HTTP client pass it on as a certificate error); ``error`` is the MeshError saying why."""
+
+    def __init__(self, error: MeshError) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+    @staticmethod
+    def within(exc: BaseException) -> MeshError | None:
+        """The MeshError of a PeerRefused that ``exc`` is or was caused by (the HTTP client wraps it), else
+        None. Looks a bounded way down the chain."""
+        seen: BaseException | None = exc
+        for _ in range(8):
+            if seen is None:
+                return None
+            if isinstance(seen, PeerRefused):
+                return seen.error
+            seen = seen.__cause__ or seen.__context__
+        return None
+
+
+class _PeerCheckedSSLObject(ssl.SSLObject):
+    """An SSLObject (``SSLContext.sslobject_class``, the stdlib's hook for it) that runs :func:`verify_peer`
+    once its handshake completes, before the connection carries a byte; a refusal fails the handshake as a
+    ``PeerRefused``. A subclass per peer sets the two class attributes (:func:`pinned_to`)."""
+
+    expected_agent_id: str
+    pinned: Callable[[], Mapping[str, Ed25519PublicKey]]
+
+    def do_handshake(self) -> None:
+        super().do_handshake()  # SSLWantReadError until the handshake is through
+        try:
+            verify_peer(self, expected_agent_id=self.expected_agent_id, pinned=type(self).pinned())
+        except MeshError as e:
+            raise PeerRefused(e) from None
+
+
+def pinned_to(ctx: ssl.SSLContext, expected_agent_id: str,
+              pinned: Callable[[], Mapping[str, Ed25519PublicKey]]) -> ssl.SSLContext:
+    """A copy of the client context ``ctx`` (made by :func:`client_context`) whose every connection checks, in
+    its handshake, that the peer is ``expected_agent_id`` and holds the key ``pinned()`` has for it (if any):
+    :func:`verify_peer`, before any byte of a request is sent. MeshError ``tls_config`` for another context."""
+    if not isinstance(ctx, MeshClientContext):
+        raise MeshError(MeshCode.TLS_CONFIG, "a peer's TLS context is made from a mesh client context "
+                                             "(mesh.tls.client_context)")
+    peer_ctx = client_context(*ctx.material)
+    peer_ctx.sslobject_class = type("PeerCheckedSSLObject", (_PeerCheckedSSLObject,),
+                                    {"expected_agent_id": expected_agent_id, "pinned": staticmethod(pinned)})
+    return peer_ctx
 
 
 def _configure(ctx: ssl.SSLContext, cert_path: Path, key_path: Path, ca_path: Path) -> None:

@@ -1,21 +1,19 @@
-"""Frames from aiohttp's WebSocket parser, handed to the mesh socket in the parser's own call.
+"""What both mesh sockets (mesh/server.py's inbound one, mesh/link.py's outbound one) share beside aiohttp's
+public WebSocket API: the heartbeat, and writing a control frame without a task.
 
-aiohttp reads a WebSocket through a message queue: the C parser puts each message in it and the
-socket's task wakes up in ``receive()`` to take it. ``FrameQueue`` replaces that queue on the mesh
-sockets (both ends): a data frame goes to ``FrameSink.on_frame`` at once, a ping is answered at once,
-and only what aiohttp's own ``close()`` reads (a close frame, the end of the stream, a parse error) is
-queued as before, and ends the sink. The frames on the wire do not change.
+Each socket reads with ``receive()`` (``autoping=False``: pings, pongs and closes come to the socket's own
+loop), sets ``heard`` on every message, and answers a ping with its pong at once. The frames on the wire are
+aiohttp's, unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from aiohttp import WSCloseCode, WSMsgType
-from aiohttp._websocket.reader import WebSocketDataQueue
+from aiohttp import ClientWebSocketResponse, WSCloseCode, WSMsgType, web
 
 # A peer that stops cleanly closes with one of these (1000, 1001: its drain); anything else that ends an open
 # socket (1006: the connection dropped with no close frame, as when the peer's process dies) is a crash.
@@ -23,56 +21,48 @@ CLEAN_CLOSE_CODES = frozenset({WSCloseCode.OK, WSCloseCode.GOING_AWAY})
 
 log = logging.getLogger("mesh.wsframes")
 
-
 # Seconds a mesh socket may stay silent before it is pinged; no answer within half of it ends the socket.
 HEARTBEAT_S = 15.0
 
 
-class FrameSink(Protocol):
-    peer: str
+class Heard(Protocol):
     heard: bool  # set on every message read (the heartbeat clears it)
 
-    def on_frame(self, data: bytes) -> None:
-        """One binary message, in the parser's call (it must not block)."""
 
-    def on_ping(self, data: bytes) -> None:
-        """A ping to answer with a pong carrying ``data``."""
+class FrameSink(Heard, Protocol):
+    peer: str
 
-    def end(self, error: BaseException | None) -> None:
-        """The socket is ending: the peer's close or the end of the stream (None), or a parse error."""
+    def on_frame(self, data: bytes) -> Awaitable[None] | None:
+        """One binary message; what it returns (if anything) is awaited before the next is read (room to take
+        more)."""
 
 
-class FrameQueue(WebSocketDataQueue):
-    """aiohttp's WebSocket message queue, with data frames and pings handed to ``sink`` at once."""
-
-    def __init__(self, sink: FrameSink, protocol: Any, limit: int, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(protocol, limit, loop=loop)
-        self.sink = sink
-
-    def feed_data(self, data: Any, size: int) -> None:
-        self.sink.heard = True
-        kind = data[0]
+async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[Any], sink: FrameSink) \
+        -> BaseException | None:
+    """Read ``ws`` (opened with ``autoping=False``) until it ends: each binary message to ``sink.on_frame``, each
+    ping answered with its pong at once, a text frame logged and ignored. Returns None when the peer closed or
+    the stream ended (aiohttp has answered the close), else the error (a parse error, an oversized frame; aiohttp
+    has closed the socket with its code)."""
+    while True:
+        msg = await ws.receive()
+        sink.heard = True
+        kind = msg.type
         if kind is WSMsgType.BINARY:
-            self.sink.on_frame(data[1])
+            room = sink.on_frame(msg.data)
+            if room is not None:
+                await room
         elif kind is WSMsgType.PING:
-            self.sink.on_ping(data[1])
+            if not ws.closed:
+                send_now(ws.pong(msg.data))
         elif kind is WSMsgType.PONG:
             pass  # any message read counts for the heartbeat
         elif kind is WSMsgType.TEXT:
-            log.warning("protocol_error", extra={"ev": {"peer": self.sink.peer, "code": "text_frame"}})
-        else:  # close, closing, error: for aiohttp's close() to read
-            super().feed_data(data, size)
-            if kind is WSMsgType.CLOSE:
-                self.sink.end(None)
-
-    def feed_eof(self) -> None:
-        super().feed_eof()
-        self.sink.end(None)
-
-    def set_exception(self, exc: BaseException, *args: Any) -> None:
-        super().set_exception(exc, *args)
-        self.sink.end(exc)
-
+            log.warning("protocol_error", extra={"ev": {"peer": sink.peer, "code": "text_frame"}})
+        elif kind is WSMsgType.ERROR:
+            error = msg.data
+            return error if isinstance(error, BaseException) else RuntimeError(str(error))
+        else:  # close, closing, closed
+            return None
 
 
 class Heartbeat:
@@ -81,7 +71,7 @@ class Heartbeat:
     timer per socket, re-armed once an interval; reading only sets ``sink.heard`` (aiohttp's own heartbeat
     schedules a callback per read)."""
 
-    def __init__(self, sink: FrameSink, ping: Callable[[], None], dead: Callable[[], None],
+    def __init__(self, sink: Heard, ping: Callable[[], None], dead: Callable[[], None],
                  interval_s: float) -> None:
         self.sink, self.ping, self.dead, self.interval_s = sink, ping, dead, interval_s
         self.loop = asyncio.get_running_loop()

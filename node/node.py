@@ -53,6 +53,7 @@ from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
 from node.pause import StoragePause
 from node.permissions.gate import load_rules_file
 from node.readiness import WATCH_S, ReadyLog
+from node.sdnotify import Notifier
 from node.service import now_ms
 from node.trust import load_node_identity
 from node.version import version
@@ -210,9 +211,12 @@ class Node:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self, signals: Signals, started: Mapping[str, Any] | None = None) -> None:
+    async def run(self, signals: Signals, notifier: Notifier | None = None,
+                  started: Mapping[str, Any] | None = None) -> None:
         """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration.
-        ``started``: fields the ``node_ready`` line carries besides the bound port (``banner()``)."""
+        ``notifier`` tells systemd (``Type=notify``) when the node serves, reloads and drains; ``started``: fields
+        the ``node_ready`` line carries besides the bound port (``banner()``)."""
+        notifier = notifier or Notifier(None)
         try:
             # Every listener is bound before any task starts: a port or socket in use is one plain error.
             port = await self.server.start()
@@ -227,13 +231,15 @@ class Node:
                               # Cancelled on drain: a lifecycle pass is one transaction, safe to cut short.
                               tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"),
                               tg.create_task(self.watch.run(), name="storage:watch"),
-                              tg.create_task(self._reloads(signals, tg), name="config:reload"),
+                              tg.create_task(self._reloads(signals, tg, notifier), name="config:reload"),
                               tg.create_task(self._readiness_watch(), name="readiness")]
                 self._write_status(port)
                 self.ready = True
                 log.info("node_ready", extra={"ev": {**(started or {}), "port": port, "peers": list(self.links),
                                                      "pid": os.getpid()}})
+                notifier.ready(self._serving_status())
                 await signals.stop.wait()
+                notifier.stopping(signals.reason)
                 log.info("node_draining", extra={"ev": {"reason": signals.reason,
                                                         "timeout_s": self.cfg.mesh.drain_timeout_s}})
                 await self._drain(sender, background)
@@ -273,11 +279,17 @@ class Node:
 
     # ---- configuration reload (SIGHUP) ----------------------------------------------------
 
-    async def _reloads(self, signals: Signals, tg: asyncio.TaskGroup) -> None:
+    async def _reloads(self, signals: Signals, tg: asyncio.TaskGroup, notifier: Notifier) -> None:
         while True:
             await signals.reload.wait()
             signals.reload.clear()
-            await self.reload_config(tg)
+            notifier.reloading()
+            await self.reload_config(tg)  # a file that does not load is refused: the node serves on either way
+            notifier.ready(self._serving_status())
+
+    def _serving_status(self) -> str:
+        """systemd's one-line STATUS (``systemctl status``) while the node serves."""
+        return f"serving on {self.cfg.mesh.listen_host}:{self.server.port}, {len(self.links)} peer(s) configured"
 
     async def reload_config(self, tg: asyncio.TaskGroup) -> None:
         """Read the configuration again and put its live settings in force (``node.reload``); a file that does not
@@ -537,11 +549,12 @@ async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False, config_pa
     A start that fails raises (the CLI's one line) and leaves none of the files it created."""
     signals = Signals()
     signals.install()
+    notifier = Notifier.from_environment()  # before any hook program starts: they must not inherit it
     created = _created_by_start(cfg)
     node: Node | None = None
     try:
         node = await Node.open(cfg, load, restore=restore)
-        await node.run(signals, banner(cfg, config_path))
+        await node.run(signals, notifier, banner(cfg, config_path))
     except Exception as e:
         exc = _explained(e, cfg.home)
         if node is None or not node.ready:

@@ -35,6 +35,11 @@ class StorageCode(StrEnum):
     AGE_UNAVAILABLE = "age_unavailable"
     # Another process holds the file (``ai-memory repair`` needs it alone).
     IN_USE = "in_use"
+    # ``ai-memory migrate`` (storage/port.py): the target holds rows; the source changed under a run under way;
+    # the two ends are not at this build's schema.
+    TARGET_NOT_EMPTY = "target_not_empty"
+    SOURCE_CHANGED = "source_changed"
+    SCHEMA_MISMATCH = "schema_mismatch"
     # The store as a whole (storage/health.py): away, damaged, full. Each answers a client retryably.
     STORAGE_UNAVAILABLE = "storage_unavailable"
     STORAGE_CORRUPT = "storage_corrupt"

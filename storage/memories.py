@@ -79,6 +79,8 @@ _K1_PLUS_1 = _K1 + 1.0
 # words, so such queries read mostly the same rows again. 16 MiB holds ~3,000 rows of ~300 bytes of text
 # (several windows of 500), fewer of longer ones.
 TERM_VECTOR_BYTES = 16 * 1024 * 1024
+# Rows a Postgres store's mean row length is measured on (DocFreqs.avgdl): within ~1% at 100k rows, a few ms.
+AVGDL_SAMPLE_ROWS = 5_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,7 +282,7 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
     if not tokens or limit <= 0:
         return []
     if getattr(conn, "dialect", "sqlite") == "postgres":
-        return recall_pg(conn, tokens, limit, namespace, rank_window)
+        return recall_pg(conn, tokens, limit, namespace, doc_freqs, rank_window)
     n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens)
     common = _common(n, counts)
     # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
@@ -534,6 +536,8 @@ class DocFreqs:
         self._clock = clock
         self._lock = threading.Lock()
         self._rows: tuple[int, float] | None = None      # (row count, measured at)
+        self._avgdl: tuple[float, float] | None = None   # (mean row length in tokens, measured at): Postgres
+        self._elems: tuple[dict[str, float], float] | None = None  # (pg_stats' lexeme shares, read at): Postgres
         self._counts: dict[str, tuple[int, float]] = {}  # word (casefolded literal) -> (rows, measured at)
 
     def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
@@ -552,10 +556,7 @@ class DocFreqs:
         for t in tokens:
             hit = cached[t] if rows else None
             if hit is None or now - hit[1] >= self._ttl_s:
-                # Counting stops at half the rows: a common word costs half its posting list, once.
-                k = conn.execute("SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? "
-                                 "LIMIT ?)", (t, (n + 1) // 2)).fetchone()[0]
-                hit = (int(k), now)
+                hit = (self._count(conn, t, n, now), now)
                 fresh[t.casefold()] = hit
             out.append(hit[0])
         with self._lock:
@@ -568,6 +569,66 @@ class DocFreqs:
         return n, out
 
 
+    def _count(self, conn: Any, token: str, n: int, now: float) -> int:
+        """The rows holding ``token``, up to half of ``n``. Counting stops at half the rows: on SQLite a common
+        word costs half its posting list, once. On Postgres, where counting visits every matching row, a word
+        the planner's statistics track (pg_stats' most common elements of the tsvector, from ANALYZE's sample)
+        is taken from them; only the others, the rarer words, are counted."""
+        if getattr(conn, "dialect", "sqlite") != "postgres":
+            return int(conn.execute(_DF_COUNT["sqlite"], (token, (n + 1) // 2)).fetchone()[0])
+        share = self._elem_freqs(conn, now).get(token[1:-1].replace('""', '"').lower())
+        if share is not None:
+            return min(round(share * n), (n + 1) // 2)
+        return int(conn.execute(_DF_COUNT["postgres"], (_pg_word(token), (n + 1) // 2)).fetchone()[0])
+
+    def _elem_freqs(self, conn: Any, now: float) -> dict[str, float]:
+        """The tsvector's most common lexemes and the share of rows holding each (pg_stats), kept DF_TTL_S."""
+        with self._lock:
+            if self._elems is not None and now - self._elems[1] < self._ttl_s:
+                return self._elems[0]
+        r = conn.execute("SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
+                         "WHERE schemaname = current_schema() AND tablename = 'memories' AND attname = 'fts'"
+                         ).fetchone()
+        # The freqs hold three more entries than the elements (their min, max and the nulls' share).
+        freqs = dict(zip(r[0], map(float, r[1]), strict=False)) if r and r[0] is not None else {}
+        with self._lock:
+            self._elems = (freqs, now)
+        return freqs
+
+    def avgdl(self, conn: Any) -> float:
+        """A Postgres store's mean row length in tokens (what FTS5's averages record holds on SQLite), from a
+        sample of about AVGDL_SAMPLE_ROWS rows, kept for DF_TTL_S seconds."""
+        now = self._clock()
+        with self._lock:
+            if self._avgdl is not None and now - self._avgdl[1] < self._ttl_s:
+                return self._avgdl[0]
+        rows = max(1, int(conn.execute("SELECT greatest(reltuples, 1) FROM pg_class "
+                                       "WHERE oid = 'memories'::regclass").fetchone()[0]))
+        share = min(100.0, 100.0 * AVGDL_SAMPLE_ROWS / rows)
+        # A row's tokens are its tsvector's positions (the 'simple' configuration keeps every word).
+        sample = "" if share >= 100.0 else f" TABLESAMPLE SYSTEM ({share:.6f}) REPEATABLE (0)"
+        r = conn.execute("SELECT avg((SELECT sum(array_length(positions, 1)) FROM unnest(fts))) "
+                         f"FROM memories{sample}").fetchone()
+        if r[0] is None and sample:
+            r = conn.execute("SELECT avg((SELECT sum(array_length(positions, 1)) FROM unnest(fts))) "
+                             "FROM memories").fetchone()
+        avgdl = float(r[0] or 0.0)
+        with self._lock:
+            self._avgdl = (avgdl, now)
+        return avgdl
+
+
+def _pg_word(token: str) -> str:
+    """An FTS5 literal of fts_tokens as a tsquery lexeme (words are letters and digits: only the quotes)."""
+    return "'" + token[1:-1].replace('""', '"').replace("'", "''") + "'"
+
+
+# A word's rows, counted up to a bound (DocFreqs.counts), per engine.
+_DF_COUNT = {"sqlite": "SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)",
+             "postgres": "SELECT count(*) FROM (SELECT 1 FROM memories WHERE fts @@ to_tsquery('simple', ?) "
+                         "LIMIT ?) AS k"}
+
+
 def rebuild_fts(conn: sqlite3.Connection) -> None:
     """Rebuild the FTS index from the memories table (needed after a VACUUM, which may renumber rowids).
     On Postgres the tsvector is a generated column, always in step: nothing to do."""
@@ -576,24 +637,94 @@ def rebuild_fts(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
 
 
-def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None,
+def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None, doc_freqs: DocFreqs | None,
               rank_window: int = RANK_WINDOW) -> list[tuple[MemoryRow, float]]:
-    """Postgres recall: the same words (quoted FTS5 literals from fts_tokens), ANDed then ORed, matched
-    against the weighted tsvector column (title A 1.0, tags B 0.75, content C 0.5: the ratios of the FTS5
-    bm25 weights) over its GIN index, ranked by ts_rank (higher is better). As on SQLite, only the
-    ``rank_window`` most recently inserted matches are ranked."""
-    # Words are letters and digits only, so as tsquery lexemes they need no escaping beyond the quotes.
-    words = ["'" + t[1:-1].replace('""', '"').replace("'", "''") + "'" for t in tokens]
-    cols = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
-    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
-    # The window is found on the index alone (rowids only); only its rows are fetched and ranked.
-    sql = ("WITH q AS (SELECT to_tsquery('simple', ?) AS q), "
-           f"w AS (SELECT m.rowid FROM memories AS m, q WHERE m.fts @@ q.q {ns_where} "
-           "ORDER BY m.rowid DESC LIMIT ?) "
-           f"SELECT {cols}, ts_rank('{{0.05, 0.5, 0.75, 1.0}}', m.fts, q.q) AS score "
-           "FROM w JOIN memories AS m ON m.rowid = w.rowid, q ORDER BY score DESC, m.rowid DESC LIMIT ?")
-    for op in (" & ", " | ") if len(words) > 1 else (" & ",):
-        rows = conn.execute(sql, (op.join(words), *ns_args, rank_window, limit)).fetchall()
-        if rows:
-            return [(_row(r[:-1]), float(r[-1])) for r in rows]
+    """Postgres recall, ranked as SQLite's: the words ANDed (then ORed); the window (the ``rank_window`` most
+    recent matches) found through the tsvector's GIN index or the rowid index, whichever the planner's statistics
+    say is cheaper; ranked by FTS5's bm25 (title 2.0, content 1.0, tags 1.5), each row's word counts and length
+    read from its tsvector by ts_rank_cd (pg_window), each word's idf from its row count (DocFreqs) and the mean
+    row length from a sample of the table (DocFreqs.avgdl). Equal scores: the older memory first."""
+    freqs = doc_freqs or DocFreqs()
+    n, counts = freqs.counts(conn, tokens)
+    common = _common(n, counts)
+    for op in (" & ", " | ") if len(tokens) > 1 else (" & ",):
+        # As on SQLite: ANDed, the common words only filter (bm25 clamps their idf to ~0); ORed, every word ranks.
+        ranked = [i for i, c in enumerate(common) if not c or op == " | "] or list(range(len(tokens)))
+        # How many rows match, were the words independent (the common ones counted only to half the rows).
+        guess = min(n, sum(counts)) if op == " | " else n * math.prod(k / n for k in counts) if n else 0.0
+        sql, args = pg_window(tokens, op, namespace, rank_window, [tokens[i] for i in ranked],
+                              by_index=guess <= math.sqrt(rank_window * max(n, 1)))
+        window = conn.execute(sql, args).fetchall()
+        if not window:
+            continue
+        idfs = [_idf(n, counts[i]) for i in ranked]
+        best = _bm25_window(window, idfs, freqs.avgdl(conn), limit, ored=op == " | ")
+        marks_sql = ",".join("?" * len(best))
+        found = {r[-1]: _row(r[:-1]) for r in conn.execute(
+            f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
+        return [(found[rowid], -score) for score, rowid in best if rowid in found]
     return []
+
+
+def pg_window(tokens: list[str], op: str, namespace: str | None, rank_window: int, ranked: list[str], *,
+              by_index: bool) -> tuple[str, tuple[Any, ...]]:
+    """The statement of the window and its arguments: per row its rowid, ts_rank_cd with normalization 2 (which
+    divides by the row's length in tokens) and without it, and each of the ``ranked`` words' ts_rank_cd, which for
+    one word is its weighted count in the row (_PG_RANK_WEIGHTS: title 1.0, tags 0.75, content 0.5, half bm25's).
+    The length pair is of the first ranked word ANDed (every row holds it: its count is the pair's second), of
+    the window's query ORed. The tsquery is a literal of the statement, never a parameter: the planner sees how
+    many rows it matches (a prepared statement's generic plan would not).
+
+    ``by_index``: the matches are few, so all of them are read through the GIN index and the newest kept (a
+    bitmap scan and a top-N sort); else the newest rows are walked through the rowid index until the window is
+    full, which reads about rank_window * rows / matches of them. The two cost the same at about
+    sqrt(rank_window * rows) matches (the caller's guess, from DocFreqs' exact counts), where the planner puts
+    the line far too low (a word in 2% of 100k rows was walked through 24k rows in 9 ms rather than read in 2).
+    Few matches: the sort key ``rowid + 0``, which no index gives, leaves the planner the GIN index. Many: the
+    planner's choice, which is the walk."""
+    query = f"to_tsquery('simple', {_sql_text(op.join(_pg_word(t) for t in tokens))})"
+    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
+    words = [f"to_tsquery('simple', {_sql_text(_pg_word(t))})" for t in ranked]
+    length_q = query if op == " | " else words[0]
+    ranks = [f"ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {q}, {norm})"
+             for q, norm in [(length_q, 2), *([(query, 0)] if op == " | " else []), *((q, 0) for q in words)]]
+    order = "m.rowid + 0" if by_index else "m.rowid"
+    sql = (f"SELECT w.rowid, {', '.join(ranks)} FROM (SELECT m.rowid, m.fts FROM memories "
+           f"AS m WHERE m.fts @@ {query} {ns_where} ORDER BY {order} DESC LIMIT ?) AS w")
+    return sql, (*ns_args, rank_window)
+
+
+def _sql_text(text: str) -> str:
+    """``text`` as an SQL string literal (standard_conforming_strings: only the quote is doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _idf(n: int, k: int) -> float:
+    """FTS5's idf of a word in ``k`` of ``n`` rows: one in at least half of them is clamped to ~0."""
+    idf = math.log((n - k + 0.5) / (k + 0.5)) if n else 0.0
+    return idf if idf > 0.0 else _CLAMPED_IDF
+
+
+# ts_rank_cd's weights of the tsvector's D, C (content), B (tags), A (title): bm25's 1.0, 1.5, 2.0 halved (a weight
+# is at most 1), D unused. For a one-word query ts_rank_cd without normalization is the sum of the weights of the
+# word's positions: its weighted count, halved.
+_PG_RANK_WEIGHTS = "'{0.05, 0.5, 0.75, 1.0}'"
+
+
+def _bm25_window(window: list[Row], idfs: list[float], avgdl: float, limit: int, *,
+                 ored: bool) -> list[tuple[float, int]]:
+    """The best ``limit`` of the window's rows (pg_window's, of an ``ored`` query or not) by FTS5's bm25 over the
+    ranked words whose ``idfs`` are given, as (-score, rowid), equal scores older first."""
+    avgdl = avgdl if avgdl > 0 else 1.0
+    scored = []
+    for rowid, normed, *rest in window:
+        halves = rest[1:] if ored else rest
+        length = rest[0] / normed if normed else avgdl
+        d = _K1 * (1 - _B + _B * round(length) / avgdl)
+        score = 0.0
+        # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+        for half, idf in zip(halves, idfs, strict=True):
+            x = 2.0 * half
+            score += idf * ((x * _K1_PLUS_1) / (x + d))
+        scored.append((-score, int(rowid)))
+    return heapq.nsmallest(limit, scored)

@@ -350,7 +350,7 @@ def pg_statements(migration: Migration) -> list[str]:
                 out.append(f"CREATE UNIQUE INDEX IF NOT EXISTS {name}_rowid ON {name} (rowid)")
             continue
         out.append(_types(_ADD_COLUMN.sub(r"ALTER TABLE \1 ADD COLUMN IF NOT EXISTS ", s)))
-    return out
+    return out + list(migration.postgres)
 
 
 def _stored_version(raw: psycopg.Connection[Any]) -> int | None:

@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--backend", choices=("local", "docker"), default="local",
                     help="local: node subprocesses (default); docker: one host-network container per node "
                          "(needs `testbed image base`; see docs/testbed.md)")
+    up.add_argument("--compose", choices=docker.COMPOSE_CHOICES, default="auto",
+                    help="docker backend: start the containers with the compose plugin (`docker compose`), the "
+                         "standalone `docker-compose` (1.x), whichever answers (auto, the default), or `docker run` "
+                         "(run); a compose that is absent or refuses DIR/compose.yaml falls back to `docker run`")
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
     up.add_argument("--base-port", type=int, default=None,
                     help="use ports P..P+3N-1 (mesh, health, MCP HTTP per node); default: free ephemeral ports")
@@ -133,7 +137,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if getattr(args, "netns", False):
             raise TestbedError("bad_option", "--netns applies to the local backend only (containers share the "
                                              "host network here)")
-        state, already = docker.up(args.dir, args.nodes, base_port=args.base_port, ready_timeout_s=args.timeout)
+        state, already = docker.up(args.dir, args.nodes, base_port=args.base_port, ready_timeout_s=args.timeout,
+                                   compose_choice=args.compose)
     elif getattr(args, "netns", False) and _netns_ok():
         state, already = control.up_netns(args.dir, args.nodes, base_port=args.base_port,
                                           ready_timeout_s=args.timeout, say=lambda m: print(m, file=sys.stderr))
@@ -175,9 +180,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"dir": state.root, "nodes": rows}, indent=2))
     else:
+        docker_health = state.backend == "docker"  # Docker's own health check state, beside ours
         print(_table([[str(r["node"]), r["agent_id"], str(r["pid"]), "yes" if r["alive"] else "no", r["health"],
-                       f"{r['links_up']}/{r['links']}", r["mcp"]] for r in rows],
-                     ["node", "agent_id", "pid", "alive", "health", "links up", "MCP endpoint"]))
+                       *([r["docker_health"]] if docker_health else []), f"{r['links_up']}/{r['links']}", r["mcp"]]
+                      for r in rows],
+                     ["node", "agent_id", "pid", "alive", "health", *(["docker health"] if docker_health else []),
+                      "links up", "MCP endpoint"]))
     healthy = all(r["alive"] and r["health"] == "ok" and r["links_up"] == r["links"] for r in rows)
     return 0 if healthy else EXIT_FAILED
 

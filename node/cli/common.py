@@ -118,6 +118,41 @@ def refuse_unreachable_home(cfg: NodeConfig) -> None:
     files.check(cfg.home, [files.HomeFile(cfg.home, "the node home", files.Need.ENTER)])
 
 
+def refuse_while_the_node_runs(cfg: NodeConfig, command: str) -> None:
+    """Refuse (``in_use``) while this home's node runs: its local socket answers, or ``run/node.json`` names a
+    process that is alive (a node stopped cleanly removes the file; one killed leaves it, naming a pid now gone)."""
+    from node.mcp.registry import CAPABILITIES
+    from node.mcp.socket import ask_node
+    from storage.errors import StorageCode, StorageError
+
+    stop = (f"stop it first (`systemctl stop ai-memory`, or SIGTERM to the pid in {cfg.status_path}), then run "
+            f"`ai-memory {command}` again")
+    if run_async(ask_node(cfg, CAPABILITIES)) is not None:
+        raise StorageError(StorageCode.IN_USE, f"the node is running (it answers on {cfg.socket_path}): {stop}")
+    pid = _status_pid(cfg.status_path)
+    if pid is not None and _alive(pid):
+        raise StorageError(StorageCode.IN_USE, f"the node is running (pid {pid}, {cfg.status_path}): {stop}")
+
+
+def _status_pid(path: Path) -> int | None:
+    """The pid a node's ``run/node.json`` names (None: no such file, or none readable in it)."""
+    try:
+        pid = json.loads(path.read_bytes()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 

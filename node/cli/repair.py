@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from node.cli.common import EXIT_CHECK, EXIT_OK, check_home, emit, run_async
+from node.cli.common import EXIT_CHECK, EXIT_OK, check_home, emit, refuse_while_the_node_runs
 from node.config import NodeConfig
 from storage.errors import StorageCode, StorageError
 
@@ -32,22 +32,10 @@ def _repair(args: argparse.Namespace, cfg: NodeConfig) -> int:
                            f"`ai-memory repair` rebuilds a SQLite store; this node's storage.backend is "
                            f"{cfg.storage.backend!r} (Postgres checks and repairs its own pages: amcheck, REINDEX)")
     check_home(cfg)
-    _refuse_while_the_node_runs(cfg)
+    refuse_while_the_node_runs(cfg, "repair")
     result = repair(cfg.db_path)
     emit(args, result.as_dict(), _lines)
     return EXIT_CHECK if result.outcome == "not_repaired" else EXIT_OK
-
-
-def _refuse_while_the_node_runs(cfg: NodeConfig) -> None:
-    """The node's own socket answering says who holds the file (the repair's lock would refuse it too)."""
-    from node.mcp.registry import CAPABILITIES
-    from node.mcp.socket import ask_node
-
-    if run_async(ask_node(cfg, CAPABILITIES)) is not None:
-        raise StorageError(StorageCode.IN_USE,
-                           f"the node is running (it answers on {cfg.socket_path}): stop it first (`systemctl stop "
-                           f"ai-memory`, or SIGTERM to the pid in {cfg.home / 'run' / 'node.json'}), then run "
-                           "`ai-memory repair` again")
 
 
 def _lines(r: dict[str, Any]) -> str:

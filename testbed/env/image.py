@@ -1,4 +1,4 @@
-"""Images for the Docker backend, built with no image registry (DESIGN.md section 7).
+"""Images for the Docker backend, built with no image registry (docs/testbed.md).
 
 * engine: the Docker daemon must answer `docker info` (testbed/env/engine.py); `testbed image engine` says
   whether it does and, with --start, starts Debian's dockerd.
@@ -41,6 +41,8 @@ from testbed.paths import ROOT
 DOCKERFILE = ROOT / "configs" / "Dockerfile"
 BASE_TAG = "attested-mesh-base:bookworm"
 NODE_REPO = "attested-mesh-node"
+# The id of the base image a node image was built on (`image node --base X` never keeps one built on another).
+BASE_ID_LABEL = "attested-mesh.base-id"
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -168,9 +170,10 @@ def build_base(tag: str = BASE_TAG, *, force: bool = False, mirror: str | None =
 
 # --- node image -----------------------------------------------------------------------------------
 
-def source_digest() -> str:
-    """A digest of what goes into the node image: pyproject, the Dockerfile and every package's .py files."""
-    h = hashlib.sha256()
+def source_digest(base_id: str = "") -> str:
+    """A digest of what goes into the node image: the base image's id, pyproject, the Dockerfile and every
+    package's .py files."""
+    h = hashlib.sha256(base_id.encode() + b"\0")
     files = [ROOT / "pyproject.toml", DOCKERFILE]
     for d in SOURCE_DIRS:
         files += sorted(p for p in (ROOT / d).rglob("*.py") if "__pycache__" not in p.parts)
@@ -179,20 +182,34 @@ def source_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def node_tag() -> str:
-    return f"{NODE_REPO}:{version()}-{source_digest()}"
+def node_tag(base_id: str = "") -> str:
+    """attested-mesh-node:<version>-<digest>: a changed source tree or another base image is another tag."""
+    return f"{NODE_REPO}:{version()}-{source_digest(base_id)}"
+
+
+def release_tag() -> str:
+    """attested-mesh-node:<version>, also given to every node image built (configs/compose.yaml names it)."""
+    return f"{NODE_REPO}:{version()}"
 
 
 def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = False, say: Say = say_stderr) -> str:
-    """Build the node image from configs/Dockerfile on ``base``; returns the tag. Kept when it exists."""
+    """Build the node image from configs/Dockerfile on ``base``; returns the tag. Kept when it exists and was built
+    on ``base`` as it is now (the default tag's digest covers the base image's id; a given ``tag`` built on another
+    base is rebuilt)."""
     require_engine()
-    tag = tag or node_tag()
-    if image_id(tag) and not force:
-        say(f"image node: {tag} already exists; kept")
-        return tag
-    if image_id(base) is None:
+    base_id = image_id(base)
+    if base_id is None:
         raise TestbedError("no_base_image", f"base image {base} does not exist; build it with "
                                             f"`testbed image base --tag {base}`")
+    tag = tag or node_tag(base_id)
+    built_on = _label(tag, BASE_ID_LABEL)
+    if built_on == base_id and not force:
+        say(f"image node: {tag} already exists, built on {base} ({base_id[:19]}); kept")
+        docker("tag", tag, release_tag(), timeout=INFO_TIMEOUT_S)
+        return tag
+    if built_on is not None and not force:
+        say(f"image node: {tag} exists but was built on another base ({built_on[:19] or 'unknown'}, not {base} "
+            f"{base_id[:19]}); rebuilding")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="am-node-ctx-") as ctx_s:
         ctx = Path(ctx_s)
@@ -207,11 +224,22 @@ def build_node(tag: str | None = None, *, base: str = BASE_TAG, force: bool = Fa
             f"(+{time.monotonic() - t0:.0f}s)")
         # The classic builder: no buildx plugin is needed, and the build uses no network.
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-        docker("build", "--network", "none", "--build-arg", f"BASE_IMAGE={base}", "-t", tag,
-                   "--label", f"attested-mesh.source={source_digest()}", str(ctx),
-                   timeout=BUILD_TIMEOUT_S, env=env)
-    say(f"image node: {tag} built (+{time.monotonic() - t0:.0f}s)")
+        docker("build", "--network", "none", "--build-arg", f"BASE_IMAGE={base}", "--build-arg",
+               f"VERSION={version()}", "-t", tag, "-t", release_tag(), "--label", f"{BASE_ID_LABEL}={base_id}",
+               "--label", f"attested-mesh.source={source_digest(base_id)}", str(ctx), timeout=BUILD_TIMEOUT_S,
+               env=env)
+    say(f"image node: {tag} (also {release_tag()}) built on {base} (+{time.monotonic() - t0:.0f}s)")
     return tag
+
+
+def _label(tag: str, label: str) -> str | None:
+    """Image ``tag``'s ``label`` ("" when it has none), or None when there is no such image."""
+    r = docker("image", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}', tag, check=False,
+               timeout=INFO_TIMEOUT_S)
+    if r.returncode != 0:
+        return None
+    value = r.stdout.decode().strip()
+    return "" if value == "<no value>" else value
 
 
 # --- CLI (`testbed image ...`) ------------------------------------------------------------------

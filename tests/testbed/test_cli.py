@@ -132,4 +132,7 @@ def test_bench_smoke_writes_percentiles_for_ours_and_floor(tmp_path: Path, short
         assert {"p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_msg_s"} <= row[side].keys()
         assert row[side]["samples"] == 20
     assert "| 3 |" in r.stdout
+    assert report["backend"]["name"] == "local" and "bench 3 nodes [1/3] starting the mesh, local backend" in r.stderr
+    assert "bench 3 nodes [3/3] 20 messages each, in 5 rounds" in r.stderr
+    assert "Backend: local backend" in (out / "bench.md").read_text()
     assert list((short_tmp / "work").iterdir()) == []

@@ -55,9 +55,9 @@ def test_doctor_table_says_missing_and_how_to_install(tmp_path: Path) -> None:
     assert r.stdout.rstrip().endswith("missing")
 
 
-def test_system_deps_installs_every_apt_package_the_table_names_but_docker() -> None:
+def test_system_deps_installs_every_apt_package_the_table_names() -> None:
     script = (ROOT / "scripts" / "system-deps").read_text()
     listed = set(script.split("packages=(", 1)[1].split(")", 1)[0].split())
     named = {pkg for t in doctor.TOOLS for pkg in t.apt}
-    assert named - listed == {"docker.io"}  # CI starts no Docker engine (docs/testbed.md)
+    assert named <= listed
     assert all(" ".join(t.apt) in t.install for t in doctor.TOOLS)

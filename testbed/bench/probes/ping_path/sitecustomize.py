@@ -38,15 +38,14 @@ if _dir and "serve" in sys.argv and any(_node in arg for arg in sys.argv):
     def _note_names() -> None:
         _names.update((t.native_id, t.name) for t in threading.enumerate())
 
-    def _timed(self: "mesh.server._Socket", data: bytes) -> None:
+    def _timed(self: "mesh.server._Socket", data: bytes):  # what on_frame returns: room to wait for, or None
         if len(data) > _max:
-            _on_frame(self, data)
-            return
+            return _on_frame(self, data)
         if not len(_times) % 768:  # every 256 frames: the names of threads that may be gone by the exit
             _note_names()
         taken = time.monotonic_ns()
         try:
-            _on_frame(self, data)
+            return _on_frame(self, data)
         finally:
             _times.extend((taken, time.monotonic_ns(), zlib.crc32(data)))
 
