@@ -71,10 +71,11 @@ _TRUST_CODES = frozenset({"peer_key_mismatch", "peer_identity_mismatch", "not_a_
 class _Reading:
     """What one connection's reader hears: ACK frames go to the link; ``heard`` is the heartbeat's."""
 
-    __slots__ = ("link", "peer", "heard")
+    __slots__ = ("link", "peer", "heard", "peer_close_code")
 
     def __init__(self, link: PeerLink) -> None:
         self.link, self.peer, self.heard = link, link.agent_id, False
+        self.peer_close_code: int | None = None
 
     def on_frame(self, data: bytes) -> None:
         self.link.on_ack_frame(data)
@@ -283,19 +284,21 @@ class PeerLink:
         log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
-        error = await self._read_until_ended(ws)
+        error, peer_code = await self._read_until_ended(ws)
         if error is not None:
             self._ended_cleanly = False
             # 1011 rather than 1006, which RFC 6455 forbids in a close frame
             await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.INTERNAL_ERROR))
             raise MeshError(MeshCode.WS_ERROR, str(error))
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
-        self._ended_cleanly = self.closed or ws.close_code in CLEAN_CLOSE_CODES
-        raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {ws.close_code})")
+        code = peer_code or ws.close_code
+        self._ended_cleanly = self.closed or code in CLEAN_CLOSE_CODES
+        raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {code})")
 
-    async def _read_until_ended(self, ws: aiohttp.ClientWebSocketResponse) -> BaseException | None:
+    async def _read_until_ended(self, ws: aiohttp.ClientWebSocketResponse) -> tuple[BaseException | None, int | None]:
         """Read ACK frames (to ``on_ack_frame``) in a task of this one until the socket ends or the heartbeat gives
-        up on the peer; None for the peer's close or the end of the stream, else the error."""
+        up on the peer; (None for the peer's close or the end of the stream, else the error; the code of the
+        peer's close frame, None without one)."""
         reading = _Reading(self)
         ended: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
 
@@ -307,7 +310,7 @@ class PeerLink:
         heartbeat = Heartbeat(reading, lambda: None if ws.closed else send_now(ws.ping(b"")), lambda: end(
             TimeoutError(f"no pong from {self.agent_id} within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
         try:
-            return await ended
+            return await ended, reading.peer_close_code
         finally:
             heartbeat.stop()
             reader.cancel()  # a reader still waiting (the heartbeat gave up): close() reads what is left

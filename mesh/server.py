@@ -217,10 +217,11 @@ def _websocket(hooks: ServerHooks) -> Handler:
             log.info("ws_reset", extra={"ev": {"peer": peer, "error": str(e)}})
         finally:
             sockets.discard(ws)
-        clean = ws.close_code in CLEAN_CLOSE_CODES
+        code = sock.peer_close_code or ws.close_code
+        clean = code in CLEAN_CLOSE_CODES
         # A peer that stopped closes cleanly (info); one whose socket dropped (1006: its process died) is a warning.
         log.log(logging.INFO if clean else logging.WARNING, "ws_closed",
-                extra={"ev": {"peer": peer, "code": ws.close_code, "peer_stopped": "cleanly" if clean else "crashed"}})
+                extra={"ev": {"peer": peer, "code": code, "peer_stopped": "cleanly" if clean else "crashed"}})
         return ws
     return handler
 
@@ -254,6 +255,7 @@ class _Socket:
         # The reader waits on this for room (the backlog taken, no ACK write draining) before reading on.
         self.room: asyncio.Future[None] | None = None
         self.heard = False
+        self.peer_close_code: int | None = None
         self.ended: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.close_with: tuple[int, bytes] | None = None
         self.checked_generation: object = None

@@ -31,6 +31,9 @@ class Heard(Protocol):
 
 class FrameSink(Heard, Protocol):
     peer: str
+    # The code of the peer's close frame, once one came (what aiohttp's own close leaves in ``close_code`` is
+    # 1006 when the peer hung up right after it: not what the peer said).
+    peer_close_code: int | None
 
     def on_frame(self, data: bytes) -> Awaitable[None] | None:
         """One binary message; what it returns (if anything) is awaited before the next is read (room to take
@@ -62,6 +65,8 @@ async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[A
             error = msg.data
             return error if isinstance(error, BaseException) else RuntimeError(str(error))
         else:  # close, closing, closed
+            if kind is WSMsgType.CLOSE and isinstance(msg.data, int):
+                sink.peer_close_code = msg.data
             return None
 
 
