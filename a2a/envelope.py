@@ -49,7 +49,9 @@ REASON_DUPLICATE = "duplicate"
 REASON_REJECTED_PREFIX = "rejected:"
 # Rejections that a later attempt can cure (the receiver lacks something that is on its way),
 # so the sender keeps its retry schedule instead of dead-lettering.
-RETRYABLE_REJECT_CODES = frozenset({"unknown_memory", "unknown_link", "storage_full", "rate_limited"})
+RETRYABLE_REJECT_CODES = frozenset({"unknown_memory", "unknown_link", "storage_full", "rate_limited",
+                                    # an agent's item that overtook its delegation (docs/protocol.md, "Agents")
+                                    "unknown_delegation"})
 
 _ENVELOPE_KEYS = frozenset({"v", "type", "correlation_id", "sender", "recipients", "payload", "expires_at"})
 _ACK_KEYS = frozenset({"v", "type", "correlation_id", "recipient", "accepted", "reason"})

@@ -115,6 +115,16 @@ def agent_set() -> Check:
     return check
 
 
+def hex_id() -> Check:
+    """A record id: 64 lowercase hex characters (a SHA-256)."""
+
+    def check(path: str, value: Any) -> None:
+        if not isinstance(value, str) or len(value) != 64 or not all(c in "0123456789abcdef" for c in value):
+            raise _bad(path, "64 lowercase hex characters", value)
+
+    return check
+
+
 def nullable(inner: Check) -> Check:
     def check(path: str, value: Any) -> None:
         if value is not None:
@@ -195,11 +205,16 @@ LINK = {
     "confidence": Field(nullable(number()), required=False),
 }
 
+# The delegation an agent's item is signed under (outside the signature: it names the record that vouches for the
+# agent's key). Only on items an agent signed, and only to peers that list the agent kinds in "accepts".
+DELEGATION_HINT = Field(hex_id(), required=False)
+
 # One link as a link.put carries it (without "kind"): the link, its own signature and signer.
 LINK_PUT = {
     "link": Field(record(LINK)),
     "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
     "signed_by": Field(nullable(string(nonempty=True))),
+    "delegation": DELEGATION_HINT,
 }
 
 # Most links in one links.put envelope (a sender packs fewer when their bytes would pass LINKS_PUT_MAX_BYTES).
@@ -226,6 +241,25 @@ TRANSCRIPT = {
     "spans": Field(list_of(span())),
 }
 
+# A node vouching for one of its agents (node/attest.py DelegationPayload), and the end of that (RevocationPayload):
+# negotiated, sent only to a peer that lists them in "accepts".
+AGENT_DELEGATE = "agent.delegate"
+AGENT_REVOKE = "agent.revoke"
+AGENT_KINDS = (AGENT_DELEGATE, AGENT_REVOKE)
+DELEGATION = {
+    "agent_id": Field(string(nonempty=True)),
+    "agent_key": Field(byte_string(length=32)),
+    "issuer": Field(string(nonempty=True)),
+    "valid_from": Field(integer(minimum=0)),
+    "valid_until": Field(integer(minimum=0)),
+}
+REVOCATION = {
+    "delegation_id": Field(hex_id()),
+    "agent_id": Field(string(nonempty=True)),
+    "issuer": Field(string(nonempty=True)),
+    "revoked_at": Field(integer(minimum=0)),
+}
+
 # kind -> fields of the payload other than "kind" itself.
 SCHEMAS: dict[str, Mapping[str, Field]] = {
     "ping": {"sent_at": Field(integer(minimum=0), required=False)},
@@ -242,6 +276,7 @@ SCHEMAS: dict[str, Mapping[str, Field]] = {
         "memory": Field(record(MEMORY_V2)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
+        "delegation": DELEGATION_HINT,
     },
     "link.put": LINK_PUT,
     # Several links in one envelope (negotiated: sent only to a peer that lists it in its sync pages' "accepts").
@@ -250,12 +285,25 @@ SCHEMAS: dict[str, Mapping[str, Field]] = {
         "invalidation": Field(record(INVALIDATION)),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
+        "delegation": DELEGATION_HINT,
     },
     "transcript.put": {
         "transcript": Field(record(TRANSCRIPT)),
         "body": Field(any_bytes()),
         "signature": Field(nullable(byte_string(length=SIGNATURE_BYTES))),
         "signed_by": Field(nullable(string(nonempty=True))),
+        "delegation": DELEGATION_HINT,
+    },
+    # Signed by the issuer (a node), always: an unsigned delegation vouches for nothing.
+    AGENT_DELEGATE: {
+        "delegation": Field(record(DELEGATION)),
+        "signature": Field(byte_string(length=SIGNATURE_BYTES)),
+        "signed_by": Field(string(nonempty=True)),
+    },
+    AGENT_REVOKE: {
+        "revocation": Field(record(REVOCATION)),
+        "signature": Field(byte_string(length=SIGNATURE_BYTES)),
+        "signed_by": Field(string(nonempty=True)),
     },
 }
 
@@ -309,4 +357,5 @@ def validate_payload(payload: Any) -> Mapping[str, Any]:
     return payload
 
 
-__all__ = ["Field", "KNOWN_KINDS", "MEMORY_PUT_V2", "SCHEMAS", "validate_payload"]
+__all__ = ["AGENT_DELEGATE", "AGENT_KINDS", "AGENT_REVOKE", "Field", "KNOWN_KINDS", "MEMORY_PUT_V2", "SCHEMAS",
+           "validate_payload"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mesh.keys import Identity
 from node import priority
+from node.agents.book import AgentBook
 from node.config import NodeConfig
 from node.events.webhooks import Webhooks
 from node.federation import Delivery, Federation, NoDelivery, peer_rate_of
@@ -93,15 +94,17 @@ def assemble(store: Store, *, clock: Clock = now_ms, delivery: Delivery | None =
     clock)."""
     cfg, db = store.cfg, store.db
     webhooks = Webhooks(cfg, db, clock)
+    # The delegations held here: the federation verifies, sends and serves by them; the service makes its agents'.
+    agents = AgentBook(db, store.keyring)
     # Peers' memories and links reach subscribers as local ones do.
     federation = Federation(cfg, db, store.keyring, clock, delivery=delivery or NoDelivery(),
                             peer_rate=peer_rate if peer_rate is not None else peer_rate_of(cfg), events=webhooks,
-                            hooks=store.hooks, gate=store.gate, accepts=accepts, acks=acks)
+                            hooks=store.hooks, gate=store.gate, accepts=accepts, acks=acks, agents=agents)
     approvals = Approvals(cfg, db, store.hooks, clock, store.keyring.agent_id, signer(store.identity),
                           events=webhooks)
     writes = WritePath(cfg, db, store.keyring, hooks=store.hooks, gate=store.gate, approvals=approvals,
                        replicator=federation, events=webhooks)
-    return Assembled(Service(writes, clock=clock, webhooks=webhooks), federation, webhooks)
+    return Assembled(Service(writes, clock=clock, webhooks=webhooks, agents=agents), federation, webhooks)
 
 
 async def open_service(cfg: NodeConfig, *, clock: Clock = now_ms, require_identity: bool = False,

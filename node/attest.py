@@ -50,6 +50,7 @@ class AttestCode(StrEnum):
     BAD_MEMORY_FIELD = "bad_memory_field"
     BAD_INVALIDATION_FIELD = "bad_invalidation_field"
     BAD_TRANSCRIPT_FIELD = "bad_transcript_field"
+    BAD_DELEGATION_FIELD = "bad_delegation_field"
 
 
 class AttestError(ProjectError):
@@ -269,7 +270,113 @@ class TranscriptPayload:
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
 
 
-Signable = LinkPayload | MemoryPayload | InvalidationPayload | TranscriptPayload
+# The delegation and revocation records' "type" fields (docs/protocol.md, "Agents").
+DELEGATION_TYPE = "agent.delegation"
+DELEGATION_FIELDS = ("agent_id", "agent_key", "issuer", "valid_from", "valid_until")
+REVOCATION_TYPE = "agent.revocation"
+REVOCATION_FIELDS = ("delegation_id", "agent_id", "issuer", "revoked_at")
+AGENT_KEY_BYTES = 32
+_HEX_ID_CHARS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class DelegationPayload:
+    """A node vouching for one of its agents: canonical CBOR of ``{type: "agent.delegation", agent_id, agent_key,
+    issuer, valid_from, valid_until}``, signed by the issuer (the node). ``agent_key`` is the agent's raw 32-byte
+    Ed25519 public key; what the agent signs at a time in ``[valid_from, valid_until)`` (unix ms) is vouched for.
+    ``delegation_id`` is the hex SHA-256 of the canonical bytes."""
+
+    agent_id: str
+    agent_key: bytes
+    issuer: str
+    valid_from: int
+    valid_until: int
+
+    def __post_init__(self) -> None:
+        for name in ("agent_id", "issuer"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                                  f"delegation field {name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.agent_key, bytes) or len(self.agent_key) != AGENT_KEY_BYTES:
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                              f"agent_key must be the agent's raw {AGENT_KEY_BYTES}-byte Ed25519 public key")
+        if not _is_int(self.valid_from) or self.valid_from < 0:
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                              f"valid_from must be an integer >= 0 (unix ms), got {self.valid_from!r}")
+        if not _is_int(self.valid_until) or self.valid_until <= self.valid_from:
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                              f"valid_until must be an integer > valid_from (unix ms), got {self.valid_until!r}")
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> DelegationPayload:
+        missing = [f for f in DELEGATION_FIELDS if f not in m]
+        if missing:
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD, f"delegation is missing field(s) {', '.join(missing)}")
+        return cls(**{f: m[f] for f in DELEGATION_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"agent_id": self.agent_id, "agent_key": self.agent_key, "issuer": self.issuer,
+                "valid_from": self.valid_from, "valid_until": self.valid_until}
+
+    def canonical_bytes(self) -> bytes:
+        return cbor2.dumps({"type": DELEGATION_TYPE, **self.to_dict()}, canonical=True)
+
+    @property
+    def delegation_id(self) -> str:
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class RevocationPayload:
+    """The end of a delegation: canonical CBOR of ``{type: "agent.revocation", delegation_id, agent_id, issuer,
+    revoked_at}``, signed by the delegation's issuer. What the agent signed at ``revoked_at`` (unix ms) or later
+    under that delegation is refused; what it signed before keeps verifying. ``revocation_id``: the hex SHA-256
+    of the canonical bytes."""
+
+    delegation_id: str
+    agent_id: str
+    issuer: str
+    revoked_at: int
+
+    def __post_init__(self) -> None:
+        for name in ("agent_id", "issuer"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                                  f"revocation field {name} must be a non-empty string, got {value!r}")
+        if not is_hex_id(self.delegation_id):
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                              f"delegation_id must be 64 lowercase hex characters, got {self.delegation_id!r}")
+        if not _is_int(self.revoked_at) or self.revoked_at < 0:
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD,
+                              f"revoked_at must be an integer >= 0 (unix ms), got {self.revoked_at!r}")
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> RevocationPayload:
+        missing = [f for f in REVOCATION_FIELDS if f not in m]
+        if missing:
+            raise AttestError(AttestCode.BAD_DELEGATION_FIELD, f"revocation is missing field(s) {', '.join(missing)}")
+        return cls(**{f: m[f] for f in REVOCATION_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def canonical_bytes(self) -> bytes:
+        return cbor2.dumps({"type": REVOCATION_TYPE, **self.to_dict()}, canonical=True)
+
+    @property
+    def revocation_id(self) -> str:
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+
+
+def is_hex_id(value: object) -> bool:
+    """A record id: 64 lowercase hex characters (a SHA-256)."""
+    return isinstance(value, str) and len(value) == _HEX_ID_CHARS and all(c in "0123456789abcdef" for c in value)
+
+
+Signable = (LinkPayload | MemoryPayload | InvalidationPayload | TranscriptPayload | DelegationPayload
+            | RevocationPayload)
 
 
 def _is_int(v: object) -> bool:

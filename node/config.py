@@ -14,7 +14,7 @@ import dataclasses
 import os
 import sys
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +25,7 @@ from a2a.retry import RETRY_DELAYS_S
 from a2a.seen import SEEN_CACHE_SIZE
 from base.errors import ProjectError
 from mesh.receive import APPLY_TIMEOUT_S
-from node import priority
+from node import agentconfig, priority
 from node.files import HomeFile, Need, explain
 from node.priority import MAX_NICE
 
@@ -176,9 +176,7 @@ class MeshConfig:
     listen_port: int = 7443
     # 0 = no separate health port; /healthz is then served behind mTLS only.
     health_port: int = 0
-    # Where the health port listens (/healthz, /readyz, /metrics: plain HTTP, no client certificate): loopback by
-    # default; an address a Prometheus on another host reaches (or 0.0.0.0 / ::) to be scraped from there.
-    health_host: str = "127.0.0.1"
+    health_host: str = "127.0.0.1"  # where the health port listens: an address a remote Prometheus reaches
     ca_cert: Path = Path("tls/ca.crt")
     cert: Path = Path("tls/node.crt")
     peers: tuple[PeerConfig, ...] = ()
@@ -244,6 +242,11 @@ class McpConfig:
     join_wait_s: float = 30.0
     # Tool families each MCP session lists at first (docs/mcp.md): core | graph | admin | power | full.
     profile: str = "core"
+    # Agents (docs/mcp.md, "Agents"): [[mcp.agents]] quotas, which ids a client may name, how many, delegations' days.
+    agents: tuple[agentconfig.AgentConfig, ...] = ()
+    agent_ids: str = "open"
+    max_agents: int = agentconfig.MAX_AGENTS
+    agent_delegation_days: float = agentconfig.DELEGATION_DAYS
 
 
 @dataclass(frozen=True)
@@ -272,8 +275,8 @@ class PermissionsConfig:
     # How often the gate looks at the file (and at the runtime rules table) for changes.
     reload_check_s: float = 1.0
     # Per-agent storage quota: content + title bytes of the memories an agent wrote (local or peer);
-    # a new memory past it is refused (quota_exceeded). 0 = no quota.
-    max_bytes_per_agent: int = 0
+    # a new memory past it is refused (quota_exceeded). 0 = no quota. The design's 100 MB per agent.
+    max_bytes_per_agent: int = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -507,10 +510,8 @@ def _section(name: str, cls: type, raw: Any) -> Any:
 
 def _coerce(dotted: str, f: dataclasses.Field[Any], value: Any) -> Any:
     default = f.default if f.default is not dataclasses.MISSING else None
-    if dotted == "mesh.peers":
-        return _peers(value)
-    if dotted == "federation.namespaces":
-        return _namespaces(value)
+    if dotted in _TABLES:  # the keys that hold tables of their own
+        return _TABLES[dotted](value)
     if dotted == "federation.write_quorum":
         if value == "majority" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
@@ -559,6 +560,8 @@ def _namespaces(value: Any) -> dict[str, NamespacePolicy]:
     return out
 
 
+_TABLES: dict[str, Callable[[Any], Any]] = {"mesh.peers": _peers, "federation.namespaces": _namespaces,
+                                            "mcp.agents": lambda v: _agent_settings(agentconfig.parse_agents, v)}
 _TRANSCRIPTS_PASS_KEYS = ("lifecycle_batch", "lifecycle_interval_s")
 
 
@@ -677,6 +680,14 @@ def _validate(cfg: NodeConfig) -> None:
     _validate_sync_mode_and_backoff(cfg)
     _validate_peers(cfg)
     _validate_federation_trust_and_log(cfg)
+    _agent_settings(agentconfig.check_agent_settings, cfg.mcp)
+
+
+def _agent_settings(check: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return check(*args)
+    except agentconfig.AgentConfigError as e:  # the agent settings' own module names the key
+        raise ConfigError(ConfigCode.CONFIG_INVALID, str(e)) from None
 
 
 def _all_positive(cfg: NodeConfig, keys: Iterable[str]) -> None:

@@ -59,6 +59,15 @@ class ServiceCode(StrEnum):
     # A restore from the mesh (node/federation/restore.py).
     STORE_NOT_EMPTY = "store_not_empty"
     RESTORE_MARKER_INVALID = "restore_marker_invalid"
+    # Agents as principals (node/agents/).
+    AGENT_IS_NODE = "agent_is_node"
+    AGENT_CLAIMED = "agent_claimed"
+    AGENT_NOT_DECLARED = "agent_not_declared"
+    TOO_MANY_AGENTS = "too_many_agents"
+    NO_IDENTITY = "no_identity"
+    DELEGATION_EXPIRED = "delegation_expired"
+    DELEGATION_REVOKED = "delegation_revoked"
+    NODE_TOO_OLD = "node_too_old"
 
 
 class ServiceError(ProjectError):

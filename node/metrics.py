@@ -64,6 +64,8 @@ class Scrape:
     mcp_latency: Mapping[str, Latency] = field(default_factory=dict)
     # This build's version (aimem_build_info).
     version: str = ""
+    # MCP calls by agent (this node's agents and the node itself) and outcome.
+    agent_calls: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 LINK_STATES = ("connecting", "up", "down", "closed")
@@ -110,16 +112,7 @@ class _Collector(Collector):
         for (hook, outcome), n in sorted(s.hooks.items()):
             hooks.add_metric([hook, outcome], n)
         yield hooks
-        calls = CounterMetricFamily(f"{PREFIX}_mcp_calls", "MCP tool calls by tool and outcome (ok or the error code)",
-                                    labels=["tool", "outcome"])
-        for (tool, outcome), n in sorted(s.mcp_calls.items()):
-            calls.add_metric([tool, outcome], n)
-        yield calls
-        latency = HistogramMetricFamily(f"{PREFIX}_mcp_call_seconds", "MCP tool calls through the node: seconds "
-                                        "from the call to its answer, by tool", labels=["tool"])
-        for tool, lat in sorted(s.mcp_latency.items()):
-            latency.add_metric([tool], lat.cumulative(), sum_value=lat.sum_s)
-        yield latency
+        yield from _mcp_families(s)
         yield CounterMetricFamily(f"{PREFIX}_delivered", "Outbox messages ACKed since start", value=s.delivered)
         yield CounterMetricFamily(f"{PREFIX}_dead_lettered", "Outbox messages dead-lettered since start",
                                   value=s.dead_lettered)
@@ -132,6 +125,24 @@ class _Collector(Collector):
                                  labels=["version", "python"])
         info.add_metric([s.version, platform.python_version()], 1.0)
         yield info
+
+
+def _mcp_families(s: Scrape) -> Iterator[Metric]:
+    calls = CounterMetricFamily(f"{PREFIX}_mcp_calls", "MCP tool calls by tool and outcome (ok or the error code)",
+                                labels=["tool", "outcome"])
+    for (tool, outcome), n in sorted(s.mcp_calls.items()):
+        calls.add_metric([tool, outcome], n)
+    yield calls
+    latency = HistogramMetricFamily(f"{PREFIX}_mcp_call_seconds", "MCP tool calls through the node: seconds "
+                                    "from the call to its answer, by tool", labels=["tool"])
+    for tool, lat in sorted(s.mcp_latency.items()):
+        latency.add_metric([tool], lat.cumulative(), sum_value=lat.sum_s)
+    yield latency
+    by_agent = CounterMetricFamily(f"{PREFIX}_mcp_agent_calls", "MCP tool calls by agent (this node's agents, "
+                                   "the node itself) and outcome", labels=["agent", "outcome"])
+    for (agent, outcome), n in sorted(s.agent_calls.items()):
+        by_agent.add_metric([agent, outcome], n)
+    yield by_agent
 
 
 def _storage_families(s: Scrape) -> Iterator[Metric]:

@@ -359,8 +359,11 @@ class Node:
         backend = self.backend = ServiceBackend(self.svc, runtime=self)
         self.extra_services.append(await start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
+            from mesh.agentkeys import AgentTokens
+            # A request carrying an agent's bearer token acts as that agent (docs/mcp.md, "Agents").
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
-                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile))
+                                                                   self.cfg.mcp.http_port, self.cfg.mcp.profile,
+                                                                   tokens=AgentTokens(self.cfg.keys_dir)))
 
     async def _stop_extras(self) -> None:
         for handle in reversed(self.extra_services):
@@ -465,7 +468,8 @@ class Node:
                       writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
                       dead_lettered=self.sender.dead_lettered, storage=storage,
                       integrity_check_s=None if last is None else last.seconds, storage_bytes=self._storage_bytes(),
-                      mcp_latency=dict(self.backend.latency.by_key) if self.backend else {}, version=version())
+                      mcp_latency=dict(self.backend.latency.by_key) if self.backend else {}, version=version(),
+                      agent_calls=dict(self.svc.agents.calls))
 
     def _sync_last_pull(self, peer: str, now: float) -> float | None:
         """When ``peer``'s last pull completed, unix seconds (time.monotonic() ``now``); None before the first."""

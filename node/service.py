@@ -18,6 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from mesh.keys import Identity
 from node import attest
+from node.agents.acting import acting_as
+from node.agents.book import AgentBook
+from node.agents.local import LocalAgents
 from node.attest import SIGNED_SET_SHARED, AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError, describe, is_project_error
@@ -75,10 +78,14 @@ class Service:
     ``writes`` is the store's write path (its hooks, gate, approvals and replicator); ``webhooks`` the
     subscriptions the CLI manages and the node delivers (None = none: events go to ``writes``' sink only)."""
 
-    def __init__(self, writes: WritePath, *, clock: Clock = now_ms, webhooks: Webhooks | None = None) -> None:
+    def __init__(self, writes: WritePath, *, clock: Clock = now_ms, webhooks: Webhooks | None = None,
+                 agents: AgentBook | None = None) -> None:
         self.writes = writes
         self.clock = clock
         self.webhooks = webhooks
+        # This node's agents (node/agents/local.py): the principal an MCP client names, made on first use.
+        self.agents = LocalAgents(writes, agents if agents is not None else AgentBook(writes.db, writes.keyring),
+                                  clock)
         # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
         self.kg = KnowledgeGraph(writes, clock)
         # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py);
@@ -586,7 +593,7 @@ class Service:
                 ends = await self.db.read(memories.get_many, {link.src_id, link.dst_id})
                 for ns in sorted({m.namespace for m in ends.values()}):
                     await self.writes.permit(ns, Operation.VERIFY)
-            verified, reason = self._verify_link_row(link)
+            verified, reason = await self._verify_link_row(link)
             return {"link_id": link.link_id, "signature_verified": verified, "attest_level": link.attest_level,
                     "signed_by": link.signed_by, "signed_at": link.valid_from if link.signature else None,
                     "reason": reason}
@@ -594,28 +601,30 @@ class Service:
         if memory is None:
             raise ServiceError("not_found", f"no link or memory with id {id!r}")
         await self.writes.permit(memory.namespace, Operation.VERIFY)
-        verified, reason = self._verify_signature(MemoryPayload.of(memory), memory.signature, memory.signed_by,
-                                                  "memory version")
+        verified, reason = await self._verify_signature(MemoryPayload.of(memory), memory.signature,
+                                                        memory.signed_by, "memory version")
         return {"memory_id": memory.id, "version": memory.version, "signature_verified": verified,
                 "attest_level": memory.attest_level, "signed_by": memory.signed_by,
                 "signed_at": memory.updated_at if memory.signature else None, "reason": reason}
 
-    def _verify_link_row(self, row: LinkRow) -> tuple[bool, str | None]:
+    async def _verify_link_row(self, row: LinkRow) -> tuple[bool, str | None]:
         try:
             payload = LinkPayload.from_mapping(asdict(row))
         except attest.AttestError as e:
             return False, f"stored row no longer forms a valid payload: {e.message}"
         if payload.link_id != row.link_id:
             return False, "stored fields do not hash to the link_id (row altered)"
-        return self._verify_signature(payload, row.signature, row.signed_by, "link")
+        return await self._verify_signature(payload, row.signature, row.signed_by, "link")
 
-    def _verify_signature(self, payload: LinkPayload | MemoryPayload, signature: bytes | None,
+    async def _verify_signature(self, payload: LinkPayload | MemoryPayload, signature: bytes | None,
                           signed_by: str | None, what: str) -> tuple[bool, str | None]:
         if signature is None or signed_by is None:
             return False, f"{what} is unsigned"
         keys = self.keyring.keys_for(signed_by)
+        if not keys:  # an agent's: the keys delegations by nodes trusted here vouch for
+            keys = tuple(key for _, key in await self.db.read(self.agents.book.vouched_keys, signed_by))
         if not keys:
-            return False, f"signer {signed_by!r} is not a trusted key on this node"
+            return False, f"signer {signed_by!r} is not a trusted key on this node, nor an agent one vouches for"
         if not attest.verify_any(keys, payload, signature):
             return False, "signature does not verify against the signer's keys (row altered or forged)"
         return True, None
@@ -627,7 +636,12 @@ class Service:
             raise ServiceError("approvals_unavailable", "this service was built without pending actions")
         return self.approvals
 
-    async def _replay(self, call: dict[str, Any]) -> Any:
+    async def _replay(self, call: dict[str, Any], agent: str) -> Any:
+        """The parked call run again as the agent that made it (an agent revoked since fails the action)."""
+        with acting_as(await self.agents.principal(agent)):
+            return await self._run_parked(call)
+
+    async def _run_parked(self, call: dict[str, Any]) -> Any:
         method, args = call.get("method"), dict(call.get("args") or {})
         match method:
             case "memory_store":

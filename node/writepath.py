@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 from mesh.keys import Identity
 from node import attest
+from node.agents.acting import acting
 from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, TranscriptPayload
 from node.config import NodeConfig
 from node.errors import ServiceError
@@ -85,11 +86,20 @@ class WritePath:
 
     @property
     def agent_id(self) -> str:
-        return self.keyring.agent_id
+        """Who the current call acts as: the agent it runs as (``node.agents.acting``), else this node."""
+        principal = acting()
+        return principal.agent_id if principal is not None else self.keyring.agent_id
 
     @property
     def identity(self) -> Identity | None:
-        return self.keyring.identity
+        """The key the current call signs with: its agent's, else this node's."""
+        principal = acting()
+        return principal.identity if principal is not None else self.keyring.identity
+
+    @property
+    def node_id(self) -> str:
+        """This node's own agent id, whoever the current call acts as."""
+        return self.keyring.agent_id
 
     # ---- ids, fields and budgets ----------------------------------------------------------
 
@@ -165,10 +175,11 @@ class WritePath:
         return Signed(attest.sign(self.identity.private_key, payload), str(AttestLevel.SELF_SIGNED), self.agent_id)
 
     def share_with(self, namespace: str) -> tuple[str, ...] | None:
-        """The namespace's peer list (with this node, the origin: always a member) when it is restricted, sorted
-        and distinct as signed set 2 signs it; travels with its memories, inside their signatures."""
+        """The namespace's peer list (with this node, and the origin when it is one of its agents: the origin is
+        always a member) when it is restricted, sorted and distinct as signed set 2 signs it; travels with its
+        memories, inside their signatures."""
         policy = self.cfg.federation.namespaces.get(namespace)
-        return None if policy is None else tuple(sorted({*policy.peers, self.agent_id}))
+        return None if policy is None else tuple(sorted({*policy.peers, self.node_id, self.agent_id}))
 
     # ---- in the write's transaction -------------------------------------------------------
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import functools
 import logging
 import os
 import queue
@@ -259,7 +261,8 @@ class Database:
             raise StorageError(StorageCode.STORAGE_CORRUPT, f"writes are refused: {self._corrupt_message()}")
         assert self._loop is not None
         fut: asyncio.Future[T] = self._loop.create_future()
-        self._queue.put(_Job(fn, args, fut, per_commit))
+        # The job runs in its caller's context (who a call acts as is a context variable: node/agents/acting.py).
+        self._queue.put(_Job(functools.partial(contextvars.copy_context().run, fn), args, fut, per_commit))
         return await fut
 
     def _writer_main(self, opened: concurrent.futures.Future[int]) -> None:
@@ -456,7 +459,7 @@ class Database:
         if self._closed or self._reader_pool is None:
             raise StorageError(StorageCode.CLOSED, "the database is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reader_pool, self._run_read, fn, args)
+        return await loop.run_in_executor(self._reader_pool, contextvars.copy_context().run, self._run_read, fn, args)
 
     def _run_read(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)

@@ -302,6 +302,39 @@ _M10_PEER_ACCEPTS = Migration(10, "peer_accepts", (
     "ALTER TABLE peer_state ADD COLUMN accepts TEXT",
 ))
 
+# ---- agents ----------------------------------------------------------------------------------------------
+# Agents as principals (docs/security.md, "Agents"): the delegations nodes signed for their agents and the
+# revocations that end them, each a signed record kept as received; and the per-agent storage quota's read.
+_M11_AGENTS = Migration(11, "agents", (
+    """CREATE TABLE IF NOT EXISTS agent_delegations (
+        delegation_id TEXT PRIMARY KEY,
+        agent_id TEXT NOT NULL,
+        agent_key BLOB NOT NULL,
+        issuer TEXT NOT NULL,
+        valid_from INTEGER NOT NULL,
+        valid_until INTEGER NOT NULL,
+        signature BLOB NOT NULL,
+        attest_level TEXT NOT NULL CHECK (attest_level IN ('self_signed','peer_attested')),
+        received_from TEXT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_delegations_agent ON agent_delegations(agent_id, valid_from)",
+    """CREATE TABLE IF NOT EXISTS agent_revocations (
+        revocation_id TEXT PRIMARY KEY,
+        delegation_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        issuer TEXT NOT NULL,
+        revoked_at INTEGER NOT NULL,
+        signature BLOB NOT NULL,
+        attest_level TEXT NOT NULL CHECK (attest_level IN ('self_signed','peer_attested')),
+        received_from TEXT NULL,
+        created_at INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS agent_revocations_delegation ON agent_revocations(delegation_id, revoked_at)",
+    # The per-agent storage quota (on by default now) sums one writer's memories.
+    "CREATE INDEX IF NOT EXISTS memories_writer ON memories(writer)",
+))
+
 # Recall on Postgres (storage/memories.py recall_pg; PERFORMANCE.md, "Recall on Postgres"). Nothing on SQLite.
 _M14_PG_RECALL = Migration(14, "pg_recall", (), postgres=(
     # With fastupdate (the default) new rows' words wait in the GIN index's pending list, which every search
@@ -319,7 +352,7 @@ _M17_REPLAYED_FROM = Migration(17, "replayed_from", (
 
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
                                      _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING,
-                                     _M10_PEER_ACCEPTS, _M14_PG_RECALL, _M17_REPLAYED_FROM)
+                                     _M10_PEER_ACCEPTS, _M11_AGENTS, _M14_PG_RECALL, _M17_REPLAYED_FROM)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
@@ -329,6 +362,7 @@ OUR_TABLES = frozenset({
     "change_log", "peer_state", "counters", "sync_pending", "link_invalidations", "permission_rules",
     "pending_actions", "subscriptions", "subscription_deliveries", "memory_transcripts", "memory_transcripts_archive",
     "memory_transcript_links", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
+    "agent_delegations", "agent_revocations",  # migration 11 (agents)
 })
 
 

@@ -32,7 +32,8 @@ from storage.integrity import FTS_TABLE
 # memories). A table a migration adds goes here too: tests/storage/test_port.py holds the list to the schema.
 TABLES = ("memories", "memory_links", "link_invalidations", "signed_events", "change_log", "peer_state", "counters",
           "sync_pending", "a2a_outbox", "a2a_dead_letters", "permission_rules", "pending_actions", "subscriptions",
-          "subscription_deliveries", "memory_transcripts", "memory_transcripts_archive", "memory_transcript_links")
+          "subscription_deliveries", "memory_transcripts", "memory_transcripts_archive", "memory_transcript_links",
+          "agent_delegations", "agent_revocations")
 # The target's record of a run under way; its '*' row holds the source's fingerprint.
 MARKS = "am_migrate"
 RUN_ROW = "*"

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from node import files, log
-from node.cli import doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair, transcripts
+from node.cli import agents, doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair, transcripts
 from node.cli.common import EXIT_FAILED, EXIT_PIPE_CLOSED, CommandParser, Handler, error_line, resolve_config
 from node.config import HOME_ENV
 from node.errors import is_project_error
@@ -25,7 +25,7 @@ from node.version import version
 # Each group's commands, in the order `ai-memory --help` lists them.
 GROUPS = (identity.add_parsers, memory.add_parsers, kg.add_parsers, transcripts.add_parsers,
           memory.add_audit_parsers, mesh.add_parsers, mcp.add_parsers, doctor.add_parsers, probe.add_parsers,
-          repair.add_parsers, migrate.add_parsers, permissions.add_parsers)
+          repair.add_parsers, migrate.add_parsers, permissions.add_parsers, agents.add_parsers)
 
 
 def build_parser() -> CommandParser:

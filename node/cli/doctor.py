@@ -124,6 +124,10 @@ def _status_lines(d: dict[str, Any]) -> str:
     for p in d["peers"]:
         age = "-" if p["last_ack_age_s"] is None else f"{p['last_ack_age_s']:.0f}s ago"
         lines.append(f"  peer         {p['agent_id']:<28} {p['link_state']:<13} last ACK {age}")
+    for a in d.get("agents", {}).get("agents", []):
+        calls = sum(a["calls"].values())
+        lines.append(f"  agent        {a['agent_id']:<28} {a['state']:<8} memories {a['memories']}   bytes "
+                     f"{a['bytes']}/{a['quota_bytes'] or 'no quota'}   calls {calls} ({a['calls'].get('ok', 0)} ok)")
     hooks = d.get("hooks", {}).get("hooks", [])
     lines.append(f"  hooks        {len(hooks)} ({', '.join(h['name'] for h in hooks) or 'none'})")
     return "\n".join(lines)

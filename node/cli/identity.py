@@ -48,8 +48,8 @@ def add_parsers(sub: Commands) -> None:
                    help="replace a trusted key file that cannot be read (it cannot be kept in the keyring); take a "
                         "key history that does not list the key trusted now")
     i.set_defaults(handler=_import)
-    ls = isub.add_parser("list", help="this node's identity and trusted peers, with fingerprints; retired keys "
-                                      "marked")
+    ls = isub.add_parser("list", help="this node's identity, its agents' keys and trusted peers, with "
+                                      "fingerprints; retired keys marked")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(handler=_list)
     e = isub.add_parser("export-pub", help="copy this node's .pub to a directory to hand to other operators")
@@ -162,13 +162,17 @@ def _import_history(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 
 def _list(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from mesh import keys
+    from mesh import agentkeys, keys
     infos = keys.list_keys(cfg.keys_dir, cfg.peers_dir)
     validity = _validity(cfg)
     rows = [{"agent_id": k.agent_id, "fingerprint": k.fingerprint, "trust": k.trust, "retired": k.retired,
              "path": str(k.path), **dict(zip(("valid_from", "valid_until"),
                                              validity.get((k.agent_id, k.fingerprint), (None, None)), strict=True))}
             for k in infos]
+    # This node's agents (keys/agents/, made on first use): trust "agent".
+    rows += [{"agent_id": a.agent_id, "fingerprint": a.fingerprint, "trust": "agent", "retired": False,
+              "path": str(a.path), "valid_from": None, "valid_until": None}
+             for a in agentkeys.list_agent_keys(cfg.keys_dir)]
 
     def human(rows: list[dict[str, Any]]) -> str:
         if not rows:

@@ -35,6 +35,9 @@ def add_parsers(sub: Commands) -> None:
                    help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, default=argparse.SUPPRESS,
                    help=f"node home directory (overrides {HOME_ENV} and the config file)")
+    p.add_argument("--agent-id", metavar="ID",
+                   help="act as this agent of the node, e.g. ai:claude-code@laptop: its own key (made on first use "
+                        "under <home>/keys/agents/), its own rules and quotas; default: the node's own id")
     p.add_argument("--embedded", action="store_true",
                    help="open the node's store in this process even where a node is configured to serve the home "
                         "(default: join the node over its socket, waiting up to mcp.join_wait_s for it)")
@@ -48,7 +51,7 @@ def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
     _check_home_option(args, cfg)
     log.setup_cli("ai-memory mcp", cfg.log.level)
     try:
-        asyncio.run(run_stdio(cfg, embedded=args.embedded))
+        asyncio.run(run_stdio(cfg, embedded=args.embedded, agent=args.agent_id))
     except KeyboardInterrupt:
         return 130
     return EXIT_OK

@@ -33,3 +33,13 @@ class RejectCode(StrEnum):
     SHARE_WITH_UNSIGNED = "share_with_unsigned"
     SHARE_WITH_CHANGED = "share_with_changed"      # another writer than the origin changed the stored list
     SHARE_WITH_WITHOUT_ORIGIN = "share_with_without_origin"  # a list that leaves out the memory's origin
+    # Agents (docs/security.md, "Agents"): the delegation records and the items their agents sign.
+    BAD_DELEGATION = "bad_delegation"              # a delegation or revocation its issuer's key does not verify
+    UNKNOWN_ISSUER = "unknown_issuer"              # a delegation or revocation by a node this node does not trust
+    AGENT_IS_NODE = "agent_is_node"                # a delegation naming a node (or an agent item signed as one)
+    AGENT_CLAIMED = "agent_claimed"                # another node holds a live delegation for that agent here
+    REVOCATION_MISMATCH = "revocation_mismatch"    # a revocation not by the delegation's issuer, or of another agent
+    UNKNOWN_DELEGATION = "unknown_delegation"      # an agent's item whose delegation is not here yet: retryable
+    DELEGATION_MISMATCH = "delegation_mismatch"    # an item naming another agent's delegation (its key signs for it)
+    DELEGATION_EXPIRED = "delegation_expired"      # an agent's item dated outside its delegation's window
+    DELEGATION_REVOKED = "delegation_revoked"      # an agent's item dated at or after its delegation's revocation

@@ -13,9 +13,10 @@ from typing import Any
 
 from a2a import Ack, Envelope
 from mesh.server import SyncQuery
+from node.agents.book import AgentBook
 from node.config import NodeConfig
 from node.events import EventSink, NoEvents
-from node.federation.forms import MemoryForms
+from node.federation.forms import AgentForms, MemoryForms
 from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, ApplyContext, Arrivals, Clock, GateChecks
 from node.federation.outbound import ACCEPTS, AckSignal, Delivery, Outbound, PeerAccepts, Queued
@@ -42,12 +43,14 @@ class Federation:
     ``delivery`` takes the rows a write enqueued once committed (the node's outbox sender; ``NoDelivery`` in
     the CLI). ``events`` is told of each stored inbound memory and link (the webhooks). ``accepts`` and ``acks``
     are shared with the sender's listener (``DeliveryFeedback``), built before the sender. ``peer_rate``: each
-    peer's request budget, shared by its live messages and the sync pages it reads (None: no limit).
+    peer's request budget, shared by its live messages and the sync pages it reads (None: no limit). ``agents``:
+    the delegations this node holds (shared with the service's local agents).
     """
 
     def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, clock: Clock, *, delivery: Delivery,
                  peer_rate: RateLimiter | None, events: EventSink | None = None, hooks: Hooks | None = None,
-                 gate: Gate | None = None, accepts: PeerAccepts | None = None, acks: AckSignal | None = None) -> None:
+                 gate: Gate | None = None, accepts: PeerAccepts | None = None, acks: AckSignal | None = None,
+                 agents: AgentBook | None = None) -> None:
         self.agent_id = keyring.agent_id
         # Inbound outcomes by key (rejected:<code>, memory:stored, link:<level>, ...), for /metrics and status.
         self.counters: Counter[str] = Counter()
@@ -56,19 +59,23 @@ class Federation:
         self.accepts = accepts if accepts is not None else PeerAccepts()
         # The form each peer gets a memory version in (withheld ones counted with the inbound outcomes).
         self.forms = MemoryForms(keyring.identity, self.counters)
+        # The delegations held here: what agents sign is verified, sent and served by them.
+        self.agents = agents if agents is not None else AgentBook(db, keyring)
+        agent_forms = AgentForms(self.agents, self.forms)
         self.outbound = Outbound(cfg, db, self.agent_id, self.policy, delivery, self.accepts,
-                                 acks if acks is not None else AckSignal(), self.forms)
+                                 acks if acks is not None else AckSignal(), self.forms, agent_forms)
         self.verifier = VerifyBatcher(verify_thread(cfg.federation.background_nice))
         ctx = ApplyContext(cfg=cfg, db=db, clock=clock, policy=self.policy,
-                           attester=Attester(SignerKeys(keyring), self.verifier, db, self.counters),
+                           attester=Attester(SignerKeys(keyring), self.verifier, db, self.counters, self.agents,
+                                             cfg.federation.orphan_hold_s),
                            # The same permission gate as local operations: a peer's write is admitted as a local one.
                            gate=GateChecks(gate), hooks=hooks if hooks is not None else NoHooks(),
                            events=events if events is not None else NoEvents(), counters=self.counters,
                            arrivals=Arrivals(db, self.policy, cfg.federation.orphan_hold_s))
         self.inbound = Inbound(ctx, self.agent_id, peer_rate)
-        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters, self.forms)
+        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters, self.forms, agent_forms)
         self.pulled = PulledPages(self.inbound, db, clock, cfg.federation.sync_park_after, keyring,
-                                  cfg.federation.sync_park_max)
+                                  cfg.federation.sync_park_max, self.agents)
 
     def close(self) -> None:
         self.verifier.close()

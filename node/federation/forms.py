@@ -28,8 +28,19 @@ from typing import Any
 from a2a.kinds import MEMORY_PUT_V2
 from mesh.keys import Identity
 from node import attest
-from node.attest import SIGNED_SET_OLD, MemoryPayload
+from node.agents.book import AgentBook
+from node.attest import (
+    SIGNED_SET_OLD,
+    SIGNED_SET_SHARED,
+    InvalidationPayload,
+    LinkPayload,
+    MemoryPayload,
+    Signable,
+    TranscriptPayload,
+)
+from node.federation.verify import claimed_at
 from node.wire import memory_put_body, memory_put_v2_body
+from storage.agents import DelegationRow
 from storage.memories import MemoryRow
 
 log = logging.getLogger("node.federation")
@@ -41,6 +52,7 @@ class Withheld(StrEnum):
     PEER_MUST_UPGRADE = "peer_must_upgrade"  # restricted, and the peer reads no memory.put.v2
     UNSIGNED_LIST = "unsigned_list"          # restricted, signed before the list was (set 1): refused everywhere now
     NO_OLD_FORM = "no_old_form"              # unrestricted, another writer's set-2 signature: no set 1 to give
+    AGENTS_UNREAD = "agents_unread"          # signed by an agent (or a delegation), and the peer reads no agent kinds
 
 
 _WHY = {
@@ -49,6 +61,8 @@ _WHY = {
                             "next version",
     Withheld.NO_OLD_FORM: "the peer reads no memory.put.v2 and only the version's writer can sign the old form: "
                           "it gets the version from its writer",
+    Withheld.AGENTS_UNREAD: "the peer reads no agent.delegate (it is older than agents): what agents sign, and the "
+                            "delegations that vouch for them, wait until it upgrades",
 }
 
 
@@ -100,8 +114,61 @@ class MemoryForms:
         return attest.sign(self.identity.private_key, MemoryPayload.of(replace(row, signed_set=SIGNED_SET_OLD)))
 
     def _withheld(self, row: MemoryRow, peer: str, why: Withheld) -> None:
+        self.withheld(row.id, peer, why)
+
+    def withheld(self, ref: str, peer: str, why: Withheld) -> None:
+        """Count a change ``ref`` not sent to ``peer`` and log it, once per peer and reason."""
         self.counters[f"withheld:{why}"] += 1
         if (peer, why) not in self._told:
             self._told.add((peer, why))
-            log.warning("memory_withheld", extra={"ev": {"peer": peer, "reason": str(why), "memory_id": row.id,
+            log.warning("memory_withheld", extra={"ev": {"peer": peer, "reason": str(why), "memory_id": ref,
                                                          "detail": _WHY[why], "once": "per peer and reason"}})
+
+
+class AgentForms:
+    """What agents sign goes only to peers that read the agent kinds, naming the delegation it is signed under
+    (docs/protocol.md, "Agents"): an older peer could not verify it, and is never sent what it would refuse or
+    take as unsigned. ``book`` finds the delegation; ``forms`` counts and logs what is withheld."""
+
+    def __init__(self, book: AgentBook, forms: MemoryForms) -> None:
+        self.book = book
+        self.forms = forms
+
+    def delegation_of(self, conn: Any, payload: dict[str, Any]) -> DelegationRow | None:
+        """Inside a read or write: the delegation an item (a payload or body of a signed kind) is signed under, or
+        None when its signer is no agent here."""
+        if payload.get("signature") is None or not self.book.may_be_agent(payload.get("signed_by")):
+            return None  # the common case: a node's item (or unsigned), answered without a read
+        signed = signed_part(payload)
+        if signed is None:
+            return None
+        signer, signable, signature = signed
+        return self.book.hint(conn, signer, claimed_at(signable), signable, signature)
+
+    def for_peers(self, peers: list[str], reads_agents: Any, ref: str) -> list[str]:
+        """Those of ``peers`` that read agents' items (``reads_agents(peer)``); the others are counted withheld."""
+        out = []
+        for peer in peers:
+            if reads_agents(peer):
+                out.append(peer)
+            else:
+                self.forms.withheld(ref, peer, Withheld.AGENTS_UNREAD)
+        return out
+
+
+def signed_part(payload: dict[str, Any]) -> tuple[str | None, Signable, bytes | None] | None:
+    """The signer, the signed record and the signature of a body of a signed kind (link.put's, memory.put.v2's,
+    link.invalidate's, transcript.put's, with or without ``kind``), or None for another shape."""
+    signer, signature = payload.get("signed_by"), payload.get("signature")
+    try:
+        if "link" in payload:
+            return signer, LinkPayload.from_mapping(payload["link"]), signature
+        if "memory" in payload and "share_with" in payload["memory"]:
+            return signer, MemoryPayload.from_mapping(payload["memory"], SIGNED_SET_SHARED), signature
+        if "invalidation" in payload:
+            return signer, InvalidationPayload.from_mapping(payload["invalidation"]), signature
+        if "transcript" in payload:
+            return signer, TranscriptPayload.from_mapping(payload["transcript"]), signature
+    except attest.AttestError:
+        return None
+    return None

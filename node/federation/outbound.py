@@ -12,12 +12,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from a2a.kinds import LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS, MEMORY_PUT_V2
+from a2a.kinds import AGENT_DELEGATE, AGENT_KINDS, AGENT_REVOKE, LINKS_PUT_MAX_BYTES, LINKS_PUT_MAX_ITEMS, MEMORY_PUT_V2
+from node.attest import SIGNED_SET_OLD
 from node.config import NodeConfig
 from node.errors import ServiceError
-from node.federation.forms import MemoryForms
+from node.federation.forms import AgentForms, MemoryForms
 from node.federation.policy import Policy
-from node.wire import envelope_wires
+from node.wire import envelope_wires, memory_put_v2_body
 from storage import changelog, outbox
 from storage.db import Database
 from storage.memories import MemoryRow
@@ -27,7 +28,7 @@ Queued = list[outbox.OutboxRow]
 # Payload kinds this node reads beyond the ones every node reads, listed in its sync pages (``accepts``) and in its
 # sync requests: a peer sends it such a payload only once a page (or, for the pages it serves, the request) said so
 # (an older node says nothing: it gets one link per envelope, and memory versions as forms.py says).
-ACCEPTS = ("links.put", MEMORY_PUT_V2)
+ACCEPTS = ("links.put", MEMORY_PUT_V2, AGENT_DELEGATE, AGENT_REVOKE)
 # Quorum waits recheck the outbox at least this often (ACKs made by another process wake nobody here).
 QUORUM_RECHECK_S = 0.05
 
@@ -81,6 +82,10 @@ class PeerAccepts:
     def reads_signed_sharing(self, peer: str) -> bool:
         """``peer`` said (in its last sync page) that it reads ``memory.put.v2``."""
         return MEMORY_PUT_V2 in self.of(peer)
+
+    def reads_agents(self, peer: str) -> bool:
+        """``peer`` said (in its last sync page) that it reads the agent kinds (and so what agents sign)."""
+        return AGENT_DELEGATE in self.of(peer) and MEMORY_PUT_V2 in self.of(peer)
 
     def note(self, peer: str, accepts: Any) -> bool:
         """What ``peer``'s sync page listed under ``accepts`` (absent on an older node: nothing beyond the
@@ -140,7 +145,7 @@ class Outbound:
     """Queues this node's changes for its peers (the service's ``Replicator``, through ``Federation``)."""
 
     def __init__(self, cfg: NodeConfig, db: Database, agent_id: str, policy: Policy, delivery: Delivery,
-                 accepts: PeerAccepts, acks: AckSignal, forms: MemoryForms) -> None:
+                 accepts: PeerAccepts, acks: AckSignal, forms: MemoryForms, agent_forms: AgentForms) -> None:
         self.cfg = cfg
         self.db = db
         self.agent_id = agent_id
@@ -149,23 +154,42 @@ class Outbound:
         self.accepts = accepts
         self.acks = acks
         self.forms = forms
+        # What agents sign (and their delegations) goes only to peers that read it, naming its delegation.
+        self.agent_forms = agent_forms
         self.ttl_ms = int(cfg.a2a.ttl_s * 1000)
         self.links_per_envelope = cfg.federation.links_per_envelope
         self.quorum_timeout_s = cfg.federation.quorum_timeout_s
 
     def enqueue(self, conn: Any, payload: dict[str, Any], scope: Sequence[MemoryRow], ts: int) -> Queued:
         """Inside the write transaction: one outbox row per peer that may see every memory in ``scope``
-        (a memory version: itself; a link: both its ends). Returns the rows queued."""
+        (a memory version: itself; a link: both its ends). Returns the rows queued. A delegation record, or an item
+        an agent signed (named with its delegation), goes only to the peers that read the agent kinds."""
         self.accepts.load(conn)
-        return self._enqueue_to(conn, self.policy.audience(scope), payload, ts)
+        peers = self.policy.audience(scope)
+        if payload["kind"] in AGENT_KINDS:
+            peers = self.agent_forms.for_peers(peers, self.accepts.reads_agents, payload["kind"])
+        elif peers:  # no peer to send to: no delegation to name
+            d = self.agent_forms.delegation_of(conn, payload)
+            if d is not None:
+                payload = {**payload, "delegation": d.delegation_id}
+                peers = self.agent_forms.for_peers(peers, self.accepts.reads_agents, d.agent_id)
+        return self._enqueue_to(conn, peers, payload, ts)
 
     def enqueue_memory(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
         """Inside the write transaction: memory version ``row`` queued for each peer that may see it, in the form
         that peer reads (``MemoryForms``: memory.put.v2, memory.put, or nothing yet). Returns the rows queued."""
         self.accepts.load(conn)
         by_kind: dict[str, tuple[dict[str, Any], list[str]]] = {}
-        for peer in self.policy.audience([row]):
+        peers = self.policy.audience([row])
+        d = None
+        if peers and row.signature is not None and row.signed_set != SIGNED_SET_OLD:
+            d = self.agent_forms.delegation_of(conn, {"kind": MEMORY_PUT_V2, **memory_put_v2_body(row)})
+        if d is not None:  # an agent's version: as memory.put.v2 naming its delegation, to who reads agents
+            peers = self.agent_forms.for_peers(peers, self.accepts.reads_agents, row.id)
+        for peer in peers:
             payload = self.forms.payload(row, peer, self.accepts.reads_signed_sharing(peer))
+            if payload is not None and d is not None:
+                payload = {**payload, "delegation": d.delegation_id}
             if payload is not None:
                 by_kind.setdefault(payload["kind"], (payload, []))[1].append(peer)
         return [q for payload, peers in by_kind.values() for q in self._enqueue_to(conn, peers, payload, ts)]
@@ -181,8 +205,9 @@ class Outbound:
         per_item: list[Queued] = [[] for _ in items]
         alone: dict[int, list[str]] = {}  # item -> the peers that get it as a link.put of its own
         packed: dict[str, list[int]] = {}  # peer -> the items it gets in links.put envelopes
-        for i, (_, scope) in enumerate(items):
-            for peer in self.policy.audience(scope):
+        items, audiences = self._agent_links(conn, items)
+        for i, audience in enumerate(audiences):
+            for peer in audience:
                 if self.accepts.takes_link_batches(peer):
                     packed.setdefault(peer, []).append(i)
                 else:
@@ -202,6 +227,26 @@ class Outbound:
         for i, peers in alone.items():
             per_item[i].extend(self._enqueue_to(conn, peers, {"kind": "link.put", **items[i][0]}, ts))
         return per_item
+
+    def _agent_links(self, conn: Any, items: Sequence[tuple[dict[str, Any], Sequence[MemoryRow]]]
+                     ) -> tuple[list[tuple[dict[str, Any], Sequence[MemoryRow]]], list[list[str]]]:
+        """The links with their audiences: an agent's link names its delegation and goes only to the peers that
+        read agents (one delegation read per signer a batch holds, not per link)."""
+        out: list[tuple[dict[str, Any], Sequence[MemoryRow]]] = []
+        audiences: list[list[str]] = []
+        named: dict[str | None, Any] = {}
+        for body, scope in items:
+            peers = self.policy.audience(scope)
+            signer = body.get("signed_by")
+            if signer not in named:
+                named[signer] = self.agent_forms.delegation_of(conn, body)
+            d = named[signer]
+            if d is not None:
+                body = {**body, "delegation": d.delegation_id}
+                peers = self.agent_forms.for_peers(peers, self.accepts.reads_agents, d.agent_id)
+            out.append((body, scope))
+            audiences.append(peers)
+        return out, audiences
 
     def _enqueue_to(self, conn: Any, peers: Sequence[str], payload: dict[str, Any], ts: int) -> Queued:
         wires = envelope_wires(self.agent_id, peers, payload, ts, self.ttl_ms)  # validated and encoded once
@@ -254,7 +299,8 @@ def link_chunks(bodies: Sequence[dict[str, Any]], most: int = LINKS_PUT_MAX_ITEM
     for i, body in enumerate(bodies):
         link = body["link"]
         n = 200 + sum(len(v.encode()) for v in (link["src_id"], link["dst_id"], link["relation"],
-                                                 link["observed_by"], body["signed_by"] or ""))
+                                                 link["observed_by"], body["signed_by"] or "",
+                                                 body.get("delegation", "")))
         if run and (len(run) == most or size + n > LINKS_PUT_MAX_BYTES):
             chunks.append(run)
             run, size = [], 0

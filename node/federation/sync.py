@@ -26,14 +26,16 @@ import cbor2
 
 from a2a import ProtocolError
 from a2a.envelope import RETRYABLE_REJECT_CODES
-from a2a.kinds import MEMORY_PUT_V2
+from a2a.kinds import AGENT_DELEGATE, AGENT_KINDS, AGENT_REVOKE, MEMORY_PUT_V2
 from mesh.errors import MeshError
 from mesh.link import LinkState
 from mesh.routes import SYNC_PATH
+from node.agents.book import DELEGATE_REF, REVOKE_REF, AgentBook, ref_kind
+from node.attest import SIGNED_SET_SHARED
 from node.config import NodeConfig
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
-from node.federation.forms import MemoryForms
+from node.federation.forms import AgentForms, MemoryForms, Withheld
 from node.federation.inbound import Inbound
 from node.federation.inbound.common import Applied, Clock
 from node.federation.outbound import ACCEPTS, PeerAccepts
@@ -45,8 +47,8 @@ from node.pause import StoragePause
 from node.ratelimit import RateLimiter
 from node.transcripts import scope_of, transcript_wire
 from node.trust import Keyring
-from node.wire import link_wire
-from storage import changelog, graph, links, memories, outbox, transcripts
+from node.wire import link_wire, memory_put_v2_body
+from storage import agents, changelog, graph, links, memories, outbox, transcripts
 from storage.db import Database
 from storage.errors import StorageError
 
@@ -55,7 +57,12 @@ log = logging.getLogger("node.federation")
 pull_log = logging.getLogger("node")
 
 # Payload kinds the change log carries: a peer that synced to the end holds them all.
-SYNCED_KINDS = ("memory.put", MEMORY_PUT_V2, "link.put", "links.put", "link.invalidate", "transcript.put")
+SYNCED_KINDS = ("memory.put", MEMORY_PUT_V2, "link.put", "links.put", "link.invalidate", "transcript.put",
+                *AGENT_KINDS)
+# Pulled items parked at once and verified again when a key or a delegation arrives (never skipped): signed by a key
+# of its signer not known here yet; signed by an agent whose delegation is not here yet; a delegation of an agent
+# another node holds a live delegation for here (free again once that one is revoked or over).
+PARKED_UNTIL_KNOWN = (RejectCode.UNKNOWN_KEY, RejectCode.UNKNOWN_DELEGATION, RejectCode.AGENT_CLAIMED)
 # Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
 # Pending sync items retried per peer per pull round.
@@ -86,12 +93,14 @@ class SyncOutcome(Counter[str]):
 @dataclass(frozen=True, slots=True)
 class _Puller:
     """Whom a page is served to: the peer, the writers whose changes it does not get, itself when it asks for what
-    it wrote (``own``: a restore), and whether it reads memory versions with their signed sharing list."""
+    it wrote (``own``: a restore), whether it reads memory versions with their signed sharing list, and whether it
+    reads what agents sign (an agent's change counts as written by the node that vouches for it)."""
 
     peer: str
     omit: frozenset[str]
     own: str | None
     reads_v2: bool
+    reads_agents: bool
 
 
 class SyncPages:
@@ -100,7 +109,7 @@ class SyncPages:
     reads (``forms``)."""
 
     def __init__(self, cfg: NodeConfig, db: Database, policy: Policy, clock: Clock, peer_rate: RateLimiter | None,
-                 counters: Counter[str], forms: MemoryForms) -> None:
+                 counters: Counter[str], forms: MemoryForms, agent_forms: AgentForms) -> None:
         self.cfg = cfg
         self.db = db
         self.policy = policy
@@ -108,6 +117,7 @@ class SyncPages:
         self.peer_rate = peer_rate
         self.counters = counters
         self.forms = forms
+        self.agent_forms = agent_forms
 
     async def page(self, peer: str, since: int, limit: int, skip: Sequence[str] = (),
                    mine: bool = False, reads: Sequence[str] = ACCEPTS) -> dict[str, Any]:
@@ -129,7 +139,7 @@ class SyncPages:
             rows = changelog.page(conn, since, limit)
             read_rows = len(rows)
             who = _Puller(peer, frozenset({*skip} - {peer} if mine else {peer, *skip}), peer if mine else None,
-                          reads_v2)
+                          reads_v2, reads_v2 and AGENT_DELEGATE in reads)
             return {**self._page_of(conn, who, since, rows, limit), "head": changelog.last_seq(conn),
                     **({"mine": True} if mine else {})}
 
@@ -179,43 +189,93 @@ class SyncPages:
 
     def _item(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
         """The item serving change ``r`` to the puller, or None."""
-        peer, omit, own = who.peer, who.omit, who.own
+        peer, own = who.peer, who.own
         if r.kind == "memory":
             m = memories.get(conn, r.ref_id)
-            if m is None or m.author in omit or (m.author != own and not self.policy.visible_to(peer, m)):
+            if m is None:
+                return None
+            agent_signed = m.signed_set == SIGNED_SET_SHARED and self.agent_forms.book.may_be_agent(m.signed_by)
+            body = memory_put_v2_body(m) if agent_signed else {}
+            author = self._author(conn, who, body, m.author, m.id)
+            if author is None or (author[0] != own and not self.policy.visible_to(peer, m)):
                 return None
             payload = self.forms.payload(m, peer, who.reads_v2)
-            return None if payload is None else {"seq": r.seq, **payload}
+            return None if payload is None else {"seq": r.seq, **payload, **author[1]}
+        if ref_kind(r.ref_id) is not None:
+            return self._agent_record(conn, who, r)
         inv = graph.get_invalidation(conn, r.ref_id)
         # A 'link' change is a link or an invalidation of one; either goes where the link may go.
         link = links.get(conn, inv.link_id if inv is not None else r.ref_id)
         if link is None and inv is None:
             return self._transcript(conn, who, r)
-        author = inv.observed_by if inv is not None else link.observed_by if link is not None else None
-        if link is None or author in omit or (author != own and not self.policy.link_visible(conn, peer, link)):
+        if link is None:
             return None
-        if inv is not None:
-            return {"seq": r.seq, "kind": "link.invalidate", **invalidation_wire(inv)}
-        return {"seq": r.seq, "kind": "link.put", **link_wire(link)}
+        body = invalidation_wire(inv) if inv is not None else link_wire(link)
+        author = self._author(conn, who, body, inv.observed_by if inv is not None else link.observed_by, r.ref_id)
+        if author is None or (author[0] != own and not self.policy.link_visible(conn, peer, link)):
+            return None
+        kind = "link.invalidate" if inv is not None else "link.put"
+        return {"seq": r.seq, "kind": kind, **body, **author[1]}
+
+    def _author(self, conn: Any, who: _Puller, body: dict[str, Any], author: str,
+                ref: str) -> tuple[str, dict[str, str]] | None:
+        """Who wrote a change for the omit and own rules, with the fields that name its delegation: an agent's
+        change is its node's (the puller skips the node it gets that node's changes from directly, and a restoring
+        node gets its own agents' changes back). None when the puller is not to get it: written by one it skips,
+        or signed by an agent and the puller reads no agents (withheld: it could not verify it)."""
+        d = self.agent_forms.delegation_of(conn, body) if body else None
+        if d is not None:
+            if not who.reads_agents:
+                self.forms.withheld(ref, who.peer, Withheld.AGENTS_UNREAD)
+                return None
+            author, extra = d.issuer, {"delegation": d.delegation_id}
+        else:
+            extra = {}
+        return None if author in who.omit else (author, extra)
+
+    def _agent_record(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
+        """A delegation or revocation, served to a puller that reads agents (not to the one that issued it, unless
+        it restores; not when the puller gets the issuer's changes from the issuer)."""
+        if not who.reads_agents:
+            self.forms.withheld(r.ref_id, who.peer, Withheld.AGENTS_UNREAD)
+            return None
+        if r.ref_id.startswith(DELEGATE_REF):
+            d = agents.get_delegation(conn, r.ref_id[len(DELEGATE_REF):])
+            if d is None or d.issuer in who.omit:
+                return None
+            record = {"agent_id": d.agent_id, "agent_key": d.agent_key, "issuer": d.issuer,
+                      "valid_from": d.valid_from, "valid_until": d.valid_until}
+            return {"seq": r.seq, "kind": AGENT_DELEGATE, "delegation": record, "signature": d.signature,
+                    "signed_by": d.issuer}
+        v = agents.get_revocation(conn, r.ref_id[len(REVOKE_REF):])
+        if v is None or v.issuer in who.omit:
+            return None
+        record = {"delegation_id": v.delegation_id, "agent_id": v.agent_id, "issuer": v.issuer,
+                  "revoked_at": v.revoked_at}
+        return {"seq": r.seq, "kind": AGENT_REVOKE, "revocation": record, "signature": v.signature,
+                "signed_by": v.issuer}
 
     def _transcript(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
         """A 'link' change that is neither a link nor an invalidation is a replicated transcript: served where
         its namespace still replicates and ``peer`` may see the namespace and every memory it cites (or wrote
         it, asking for its own)."""
-        peer, omit, own = who.peer, who.omit, who.own
+        peer, own = who.peer, who.own
         t = transcripts.get(conn, r.ref_id)
-        if t is None or t.agent in omit or not self.cfg.transcripts.policy(t.namespace).replicate:
+        if t is None or not self.cfg.transcripts.policy(t.namespace).replicate:
             return None
-        if t.agent == own:
-            return {"seq": r.seq, "kind": "transcript.put", **transcript_wire(t, transcripts.spans_of_transcript(
-                conn, t.id))}
         spans = transcripts.spans_of_transcript(conn, t.id)
+        body = transcript_wire(t, spans)
+        author = self._author(conn, who, body, t.agent, t.id)
+        if author is None:
+            return None
+        if author[0] == own:
+            return {"seq": r.seq, "kind": "transcript.put", **body, **author[1]}
         ids = {s.memory_id for s in spans}
         cited = memories.get_many(conn, ids)
         if len(cited) != len(ids) or not all(self.policy.visible_to(peer, m)
                                              for m in [scope_of(t.namespace, None), *cited.values()]):
             return None
-        return {"seq": r.seq, "kind": "transcript.put", **transcript_wire(t, spans)}
+        return {"seq": r.seq, "kind": "transcript.put", **body, **author[1]}
 
 
 class PulledPages:
@@ -226,15 +286,17 @@ class PulledPages:
     ``stalled``), and verified again each time ``keyring`` changes (``recheck_keys``)."""
 
     def __init__(self, inbound: Inbound, db: Database, clock: Clock, park_after: int, keyring: Keyring,
-                 park_max: int) -> None:
+                 park_max: int, agents: AgentBook) -> None:
         self.inbound = inbound
         self.db = db
         self.clock = clock
         self.park_after = park_after
         self.keyring = keyring
         self.park_max = park_max
-        # The keyring generation each peer's unknown_key items were last verified against.
-        self._checked: dict[str, int] = {}
+        # The delegations held here: one arriving verifies again the items parked waiting for it.
+        self.agents = agents
+        # The keyring and delegation generations each peer's parked items were last verified against.
+        self._checked: dict[str, tuple[int, int]] = {}
 
     async def apply(self, peer: str, items: Iterable[Any]) -> SyncOutcome:
         """Apply one pulled page's items."""
@@ -259,26 +321,35 @@ class PulledPages:
         return await self._settle(peer, [item for item in items if item is not None])
 
     async def recheck_keys(self, peer: str) -> SyncOutcome | None:
-        """When the keyring changed since ``peer``'s parked ``unknown_key`` items were last verified (and once
-        after start), verify them again: applied when a key now verifies one, refused (dropped) when it is now
-        known to be forged, back among the pending items when it now waits for something else. None when the
-        keyring did not change."""
-        generation = self.keyring.refresh()
+        """When the keyring or the delegations held here changed since ``peer``'s parked items waiting for one
+        (``unknown_key``, ``unknown_delegation``, ``agent_claimed``) were last verified (and once after start),
+        verify them again: applied when a key now verifies one, refused (dropped) when it is now known to be
+        forged, back among the pending items when it now waits for something else. None when neither changed."""
+        generation = (self.keyring.refresh(), await self.agents.refresh())
         if self._checked.get(peer) == generation:
             return None
         outcome = SyncOutcome()
+        for code in PARKED_UNTIL_KNOWN:
+            await self._recheck(peer, code, outcome)
+        self._checked[peer] = generation  # only once done: a check cut short by the store is made again
+        if outcome:
+            log.info("unknown_key_rechecked", extra={"ev": {"peer": peer, **outcome}})
+        return outcome
+
+    async def _recheck(self, peer: str, code: str, outcome: SyncOutcome) -> None:
+        """``recheck_keys`` for the items parked with ``code``, a page of them at a time."""
         after = 0
         for _ in range(max(1, -(-self.park_max // PENDING_RETRY_MAX))):
             parked = await self.db.read(partial(changelog.parked, peer=peer, limit=PENDING_RETRY_MAX,
-                                                code=RejectCode.UNKNOWN_KEY, after_seq=after))
+                                                code=code, after_seq=after))
             items = [_item_of(p) for p in parked]
             answers = await self._applied_all(peer, [item for item in items if item is not None])
             verdicts = iter(answers)
             drops: list[int] = []
             for p, item in zip(parked, items, strict=True):
                 applied, retryable = (Applied(RejectCode.BAD_PAYLOAD), False) if item is None else next(verdicts)
-                if applied.code == RejectCode.UNKNOWN_KEY:
-                    outcome["unknown_key"] += 1
+                if applied.code in PARKED_UNTIL_KNOWN:
+                    outcome[str(applied.code)] += 1
                 elif applied.code is not None and retryable:
                     await self.db.write(changelog.unpark, peer, p.seq, applied.code, self.clock())
                     outcome["pending"] += 1
@@ -290,21 +361,18 @@ class PulledPages:
             if len(parked) < PENDING_RETRY_MAX:
                 break
             after = parked[-1].seq
-        self._checked[peer] = generation  # only once done: a check cut short by the store is made again
-        if outcome:
-            log.info("unknown_key_rechecked", extra={"ev": {"peer": peer, **outcome}})
-        return outcome
 
     async def _settle(self, peer: str, items: list[dict[str, Any]]) -> SyncOutcome:
         """Apply pulled items and keep the books: an ``unknown_key`` parked, a retryable refusal pending (then
         parked), anything else done (no longer pending). ``outcome.codes``: each item's code, in order."""
         outcome = SyncOutcome()
         done: list[int] = []
-        unknown: list[changelog.ParkItem] = []
+        unknown: dict[str, list[changelog.ParkItem]] = {}
         for item, (applied, retryable) in zip(items, await self._applied_all(peer, items), strict=True):
             outcome.codes.append(applied.code)
-            if applied.code == RejectCode.UNKNOWN_KEY:
-                unknown.append((item["seq"], str(item.get("kind")), str(ref_of(item)), cbor2.dumps(item)))
+            if applied.code in PARKED_UNTIL_KNOWN:
+                unknown.setdefault(str(applied.code), []).append(
+                    (item["seq"], str(item.get("kind")), str(ref_of(item)), cbor2.dumps(item)))
             elif applied.code is not None and retryable:
                 await self._note_pending(peer, item, applied.code, outcome)
             else:
@@ -312,11 +380,10 @@ class PulledPages:
                 outcome[applied.code or ("applied" if applied.changed else "unchanged")] += 1
         if done:
             await self.db.write(changelog.drop_pending_many, peer, done)
-        if unknown:
-            parked = await self.db.write(changelog.park_many, peer, unknown, RejectCode.UNKNOWN_KEY.value,
-                                         self.clock(), self.park_max)
+        for code, parking in unknown.items():
+            parked = await self.db.write(changelog.park_many, peer, parking, code, self.clock(), self.park_max)
             for fits in parked:
-                outcome["unknown_key" if fits else "stalled"] += 1
+                outcome[code if fits else "stalled"] += 1
         return outcome
 
     async def _applied_all(self, peer: str, items: list[dict[str, Any]]) -> list[tuple[Applied, bool]]:
@@ -366,6 +433,9 @@ def ref_of(item: dict[str, Any]) -> Any:
     return {"memory.put": memory_id, MEMORY_PUT_V2: memory_id, "transcript.put": item.get("transcript", {}).get("id"),
             # An invalidation waits for the link it ends: that link names it.
             "link.invalidate": item.get("invalidation", {}).get("link_id"),
+            AGENT_DELEGATE: item.get("delegation", {}).get("agent_id") if isinstance(item.get("delegation"), dict)
+            else None,
+            AGENT_REVOKE: item.get("revocation", {}).get("delegation_id"),
             }.get(str(item.get("kind")), item.get("link", {}).get("src_id"))
 
 
@@ -373,7 +443,8 @@ def signer_of(item: dict[str, Any]) -> str:
     """Who signed a pulled item (its writer, observer or agent)."""
     body = {"memory.put": ("memory", "writer"), MEMORY_PUT_V2: ("memory", "writer"),
             "link.put": ("link", "observed_by"),
-            "link.invalidate": ("invalidation", "observed_by"), "transcript.put": ("transcript", "agent")}
+            "link.invalidate": ("invalidation", "observed_by"), "transcript.put": ("transcript", "agent"),
+            AGENT_DELEGATE: ("delegation", "issuer"), AGENT_REVOKE: ("revocation", "issuer")}
     part, field = body.get(str(item.get("kind")), ("", ""))
     inner = item.get(part)
     return str(inner.get(field)) if isinstance(inner, dict) else "?"
@@ -388,8 +459,10 @@ def _item_of(p: changelog.PendingItem) -> dict[str, Any] | None:
 
 
 def apply_order(item: dict[str, Any]) -> int:
-    """Within a pulled page: memories, then links, then invalidations (each finds what it refers to)."""
-    return {"memory.put": 0, MEMORY_PUT_V2: 0, "link.put": 1}.get(str(item.get("kind")), 2)
+    """Within a pulled page: delegations, then memories, then links, then invalidations (each finds what it refers
+    to: an agent's item its delegation)."""
+    return {AGENT_DELEGATE: -1, AGENT_REVOKE: -1, "memory.put": 0, MEMORY_PUT_V2: 0,
+            "link.put": 1}.get(str(item.get("kind")), 2)
 
 
 class SyncLink(Protocol):

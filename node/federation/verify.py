@@ -21,7 +21,16 @@ from typing import Generic, TypeVar
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from node import attest, priority
-from node.attest import AttestLevel, InvalidationPayload, LinkPayload, MemoryPayload, Signable
+from node.agents.book import AgentBook, DelegationState
+from node.attest import (
+    AttestLevel,
+    DelegationPayload,
+    InvalidationPayload,
+    LinkPayload,
+    MemoryPayload,
+    RevocationPayload,
+    Signable,
+)
 from node.federation.codes import RejectCode
 from node.trust import UNKNOWN_SIGNER, Keyring, SignerHistory
 from storage import changelog
@@ -213,7 +222,53 @@ def claimed_at(payload: Signable) -> int:
         return payload.valid_from
     if isinstance(payload, InvalidationPayload):
         return payload.valid_until
+    if isinstance(payload, DelegationPayload):
+        return payload.valid_from
+    if isinstance(payload, RevocationPayload):
+        return payload.revoked_at
     return payload.created_at
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCheck:
+    """An inbound item an agent signed, as plain values: its ``signer``; ``signer_is_node`` (a node's id here, this
+    node's or a trusted peer's: never an agent's); the delegation it names, as stored here with its revocation (None:
+    not here yet); whether that delegation's issuer is a node this node trusts now (``issuer_trusted``) and is this
+    node (``issuer_is_self``); ``verified`` under the delegation's agent key; ``claimed_at``, the time the item
+    claims (unix ms, as ``claimed_at`` reads it)."""
+
+    signer: str
+    signer_is_node: bool
+    delegation: DelegationState | None
+    issuer_trusted: bool
+    issuer_is_self: bool
+    verified: bool
+    claimed_at: int
+
+
+def decide_agent(check: AgentCheck) -> AttestLevel | RejectCode:
+    """The level an agent's item is stored at, or why it is refused, in this order: signed as a node
+    (``agent_is_node``); its delegation not here (``unknown_delegation``, retryable: it waits); the delegation
+    another agent's (``delegation_mismatch``: that agent's key signing for this one); its issuer not trusted here
+    (``unverified_relay``: nobody vouches for the key); the signature not the key's (``bad_signature``); dated
+    outside the delegation's window (``delegation_expired``) or at or after its revocation (``delegation_revoked``).
+    Otherwise ``peer_attested`` (``self_signed`` when this node issued the delegation)."""
+    d = check.delegation
+    if check.signer_is_node:
+        return RejectCode.AGENT_IS_NODE
+    if d is None:
+        return RejectCode.UNKNOWN_DELEGATION
+    if d.row.agent_id != check.signer:
+        return RejectCode.DELEGATION_MISMATCH
+    if not check.issuer_trusted:
+        return RejectCode.UNVERIFIED_RELAY
+    if not check.verified:
+        return RejectCode.BAD_SIGNATURE
+    if not d.row.valid_from <= check.claimed_at < d.row.valid_until:
+        return RejectCode.DELEGATION_EXPIRED
+    if d.revoked_at is not None and check.claimed_at >= d.revoked_at:
+        return RejectCode.DELEGATION_REVOKED
+    return AttestLevel.SELF_SIGNED if check.issuer_is_self else AttestLevel.PEER_ATTESTED
 
 
 class Attester:
@@ -222,15 +277,27 @@ class Attester:
     sign) and sent it itself; otherwise the rejection (``bad_signature``, ``unverified_relay``, and for pulled
     history ``unknown_key``)."""
 
-    def __init__(self, keys: SignerKeys, verifier: VerifyBatcher, db: Database, counters: Counter[str]) -> None:
+    def __init__(self, keys: SignerKeys, verifier: VerifyBatcher, db: Database, counters: Counter[str],
+                 agents: AgentBook, hold_s: float) -> None:
         self.keys = keys
         self.verifier = verifier
         self.db = db
         self.counters = counters
+        # The delegations held here, and how long a live item waits for its delegation (federation.orphan_hold_s).
+        self.agents = agents
+        self.hold_s = hold_s
 
     async def attest(self, payload: Signable, signature: bytes | None, signer: str,
-                     sender: str, *, what: str, pulled: bool = False) -> AttestLevel | RejectCode:
-        """Check ``signature`` (this loop turn's checks share one hop) and decide."""
+                     sender: str, *, what: str, pulled: bool = False,
+                     delegation: str | None = None) -> AttestLevel | RejectCode:
+        """Check ``signature`` (this loop turn's checks share one hop) and decide; an item naming the
+        ``delegation`` it is signed under is an agent's (``agent_level``)."""
+        if delegation is not None:
+            state = await self.delegation_state(delegation, pulled=pulled)
+            key = self.agent_key(state, signer)
+            verified = signature is not None and key is not None \
+                and await self.verifier.verify(((key,), payload, signature))
+            return await self.agent_level(verified, state, payload, signer, sender, what=what)
         keys, fresh = self.keys.of(signer)
         verified = signature is not None and bool(keys) and await self.verifier.verify((keys, payload, signature))
         return await self.level(verified, keys, fresh, payload, signature, signer, sender, what=what, pulled=pulled)
@@ -261,4 +328,39 @@ class Attester:
         elif verdict is RejectCode.UNVERIFIED_RELAY:
             # Relaying another node's change is only legitimate when its signature verifies here.
             log.warning("unverified_relay", extra={"ev": {"peer": sender, "id": what, "signer": signer}})
+        return verdict
+
+    # ---- what agents sign ---------------------------------------------------------------------
+
+    async def delegation_state(self, delegation_id: str, *, pulled: bool) -> DelegationState | None:
+        """The named delegation as stored here; a live item waits up to ``hold_s`` for one still in flight (it is
+        sent before its agent's first item, but a batch's items are applied together), a pulled one does not (it
+        is parked until the delegation comes)."""
+        if pulled:
+            return (await self.agents.states([delegation_id])).get(delegation_id)
+        return await self.agents.wait_for(delegation_id, self.hold_s)
+
+    def agent_key(self, state: DelegationState | None, signer: str) -> Ed25519PublicKey | None:
+        """The key to verify ``signer``'s item under: its delegation's, when that delegation is ``signer``'s."""
+        if state is None or state.row.agent_id != signer:
+            return None
+        return self.agents.key_of(state.row)
+
+    async def agent_level(self, verified: bool, state: DelegationState | None, payload: Signable, signer: str,
+                          sender: str, *, what: str) -> AttestLevel | RejectCode:
+        """``decide_agent`` once the item's signature was checked under its delegation's key (``verified``)."""
+        keyring = self.keys.keyring
+        me = keyring.identity.agent_id if keyring.identity is not None else None
+        issuer = state.row.issuer if state is not None else None
+        verdict = decide_agent(AgentCheck(
+            signer=signer, signer_is_node=self.agents.is_node(signer), delegation=state,
+            issuer_trusted=issuer is not None and (issuer == me or bool(keyring.keys_for(issuer, reload=False))),
+            issuer_is_self=issuer is not None and issuer == me, verified=verified, claimed_at=claimed_at(payload)))
+        if not isinstance(verdict, AttestLevel):
+            if verdict is RejectCode.BAD_SIGNATURE:
+                self.counters["bad_signature"] += 1
+                await self.db.write(changelog.incr, "rejected:bad_signature")
+            if verdict is not RejectCode.UNKNOWN_DELEGATION:
+                log.warning("agent_item_refused", extra={"ev": {"peer": sender, "id": what, "agent": signer,
+                                                                "issuer": issuer, "code": str(verdict)}})
         return verdict

@@ -8,6 +8,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
+from node.agents.acting import acting_as
+from node.agents.local import REFUSED_AGENT
 from node.config import LimitsConfig
 from node.errors import describe
 from node.latency import LatencyTally
@@ -15,6 +17,7 @@ from node.mcp.capabilities import V3, capabilities
 from node.mcp.peers import peers
 from node.mcp.registry import JSON, Args, tool_specs
 from node.mcp.validate import ArgValidator
+from node.ratelimit import RateLimiter
 
 if TYPE_CHECKING:
     from node.mcp.runtime import Runtime
@@ -25,8 +28,13 @@ class ToolBackend(Protocol):
     # The bounds tools/list shows; whoever runs the call checks the arguments against its own.
     limits: LimitsConfig
 
-    async def call(self, name: str, args: Args) -> JSON:
-        """Run tool ``name``; raises an error with ``.code``/``.message`` (ServiceError) on failure."""
+    async def call(self, name: str, args: Args, agent: str | None = None) -> JSON:
+        """Run tool ``name`` as ``agent`` (None: the door's own, by default this node); raises an error with
+        ``.code``/``.message`` (ServiceError) on failure."""
+        ...
+
+    async def hello(self, agent: str) -> dict[str, Any]:
+        """The agent ``agent`` as the node acts as it (made on first use): its id, key fingerprint, delegation."""
         ...
 
 
@@ -47,20 +55,55 @@ class ServiceBackend:
         self.calls: Counter[tuple[str, str]] = Counter()
         # Seconds each call took, by tool (aimem_mcp_call_seconds), whatever its outcome.
         self.latency = LatencyTally()
+        # (agent, "ok" or the error code) -> calls, kept by the service's agents (capabilities and /metrics read
+        # them): this node's own agents (at most mcp.max_agents) and the node itself; an id refused before it was
+        # one counts as REFUSED_AGENT.
+        self.agent_calls = service.agents.calls
+        # Each agent's requests per second ([[mcp.agents]] requests_per_second, else limits.requests_per_second),
+        # counted over every door and session the agent uses.
+        self._agent_rates: dict[str, RateLimiter] = {}
 
-    async def call(self, name: str, args: Args) -> JSON:
+    async def call(self, name: str, args: Args, agent: str | None = None) -> JSON:
         tool = name if name in self.tools else "unknown"
         started = time.perf_counter()
+        who = self.service.agent_id if agent is None else agent
         try:
-            checked = self.validator.check(name, args)  # unknown_tool for a name the table lacks
-            result = await self.tools[name].handler(self, checked)
+            principal = await self.service.agents.principal(agent)
         except Exception as exc:
-            self.calls[tool, describe(exc).code] += 1
+            self.agent_calls[REFUSED_AGENT, describe(exc).code] += 1
+            raise
+        try:
+            if principal is not None:
+                self._rate_of(principal.agent_id).check(principal.agent_id)
+            with acting_as(principal):
+                checked = self.validator.check(name, args)  # unknown_tool for a name the table lacks
+                result = await self.tools[name].handler(self, checked)
+        except Exception as exc:
+            code = describe(exc).code
+            self.calls[tool, code] += 1
+            self.agent_calls[who, code] += 1
             raise
         finally:
             self.latency.observe(tool, time.perf_counter() - started)
         self.calls[tool, "ok"] += 1
+        self.agent_calls[who, "ok"] += 1
         return result
+
+    async def hello(self, agent: str) -> dict[str, Any]:
+        principal = await self.service.agents.principal(agent)
+        if principal is None:
+            return {"agent": self.service.agent_id, "node": True}
+        return {"agent": principal.agent_id, "node": False, "fingerprint": principal.identity.fingerprint,
+                "delegation_id": principal.delegation_id, "valid_until": principal.valid_until}
+
+    def _rate_of(self, agent_id: str) -> RateLimiter:
+        limiter = self._agent_rates.get(agent_id)
+        if limiter is None:
+            declared = next((a for a in self.service.cfg.mcp.agents if a.id == agent_id), None)
+            rate = declared.requests_per_second if declared is not None and declared.requests_per_second else \
+                self.limits.requests_per_second
+            limiter = self._agent_rates[agent_id] = RateLimiter(rate)
+        return limiter
 
     async def peers(self) -> list[dict[str, Any]]:
         return await peers(self.service, self.runtime)

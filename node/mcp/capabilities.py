@@ -85,6 +85,14 @@ async def capabilities(service: Service, runtime: Runtime | None, version: int =
     return caps
 
 
+async def _agents(svc: Service, runtime: Runtime | None) -> dict[str, Any]:
+    """Agents as principals: each of this node's agents (and the node) with its memories, bytes against its quota,
+    requests per second and this process's MCP calls by outcome."""
+    gate = svc.writes.gate
+    default = svc.cfg.permissions.max_bytes_per_agent
+    return await svc.agents.section(gate.quota_of if gate is not None else lambda _agent: default)
+
+
 async def _trust(svc: Service, runtime: Runtime | None) -> dict[str, Any]:
     """Membership and keys: who may talk to this node, and how many retired keys still verify."""
     keyring = svc.keyring
@@ -165,6 +173,7 @@ SECTIONS: dict[str, Section] = {
     "storage": _storage,
     "readiness": _readiness,
     "permissions": _permissions,
+    "agents": _agents,
 }
 
 

@@ -36,9 +36,12 @@ from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 
+from mesh.agentkeys import AgentTokens
 from node import files
 from node.config import DEFAULT_HOME, LimitsConfig, MeshConfig, NodeConfig
 from node.errors import ServiceCode, ServiceError, describe
+from node.mcp.agents import BearerAgents
+from node.mcp.agents import agent_of as bearer_agent
 from node.mcp.backend import ServiceBackend, ToolBackend
 from node.mcp.edge import AnsweredBodies, CheckedLines, private_stdin
 from node.mcp.profiles import Family, parse_family
@@ -107,9 +110,14 @@ class _AgentTools:
         return self.surfaces.add(self.agent, families)
 
 
+# Which agent a request acts as (None: the node): stdio's is fixed, HTTP's is read from the request's token.
+AgentOf = Callable[[ServerRequestContext[Any]], str | None]
+
+
 def build_server(backend: ToolBackend, *, limits: LimitsConfig, session: dict[str, Any],
-                 profile: str = Family.CORE) -> Server[Any]:
-    """An SDK ``Server`` exposing the tool table; ``session`` describes this door (transport, mode).
+                 profile: str = Family.CORE, agent_of: AgentOf | None = None) -> Server[Any]:
+    """An SDK ``Server`` exposing the tool table; ``session`` describes this door (transport, mode); ``agent_of``
+    says which agent each call acts as (default: the node).
 
     Each agent starts with ``profile``'s tools listed and adds families with the loaders (docs/mcp.md)."""
     loaders = {s.name: s for s in loader_specs()}
@@ -132,7 +140,12 @@ def build_server(backend: ToolBackend, *, limits: LimitsConfig, session: dict[st
             limiter.check(agent)
 
         if params.name not in loaders:
-            return await call_tool(backend.call, spec, params.name, params.arguments, door, admit=admit)
+            principal = agent_of(ctx) if agent_of is not None else None
+
+            async def run(name: str, args: Args) -> JSON:
+                return await backend.call(name, args, principal)
+
+            return await call_tool(run, spec, params.name, params.arguments, door, admit=admit)
 
         async def run_loader(name: str, args: Args) -> JSON:
             return await loaders[name].handler(_AgentTools(surfaces, agent), loader_args.check(name, args))
@@ -191,29 +204,42 @@ def _version() -> str:
 
 # ---- stdio ----------------------------------------------------------------------------------
 
-async def open_backend(cfg: NodeConfig, *, embedded: bool = False) -> tuple[ToolBackend, dict[str, Any],
-                                                                          Callable[[], Awaitable[None]]]:
+async def open_backend(cfg: NodeConfig, *, embedded: bool = False,
+                       agent: str | None = None) -> tuple[ToolBackend, dict[str, Any], Callable[[], Awaitable[None]]]:
     """Join the running node over ``cfg.socket_path``; when none answers, wait for it (``mcp.join_wait_s``) if a
     node is configured to serve this home (``served_by_node``), else open a Service here. ``embedded``: open the
-    Service here without asking the socket.
+    Service here without asking the socket. ``agent``: the agent every call acts as (made on first use; refused
+    here, at the start, when it may not be).
 
     Returns (backend, session description, async close function).
     """
     if not embedded:
-        client = await _join(cfg)
+        client = await _join(cfg, agent)
         if client is not None:
-            return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path)}, client.close
+            return client, {"transport": "stdio", "mode": "joined", "socket": str(cfg.socket_path),
+                            **_as_agent(client.whoami)}, client.close
     _check_embedded_home(cfg)
     from node.assemble import open_service
 
     service = await open_service(cfg)
-    return ServiceBackend(service), {"transport": "stdio", "mode": "embedded"}, service.close
+    backend = ServiceBackend(service)
+    try:
+        whoami = await backend.hello(agent) if agent is not None else None
+    except BaseException:
+        await service.close()
+        raise
+    return backend, {"transport": "stdio", "mode": "embedded", **_as_agent(whoami)}, service.close
 
 
-async def _join(cfg: NodeConfig) -> SocketClientBackend | None:
+def _as_agent(whoami: dict[str, Any] | None) -> dict[str, Any]:
+    """The session description's ``agent``: who the door acts as, when it names an agent."""
+    return {} if whoami is None else {"agent": whoami.get("agent")}
+
+
+async def _join(cfg: NodeConfig, agent: str | None = None) -> SocketClientBackend | None:
     """The node's socket client; None when no node answers and none is configured to serve this home."""
     try:
-        return await SocketClientBackend.connect(cfg.socket_path, limits=cfg.limits)
+        return await SocketClientBackend.connect(cfg.socket_path, limits=cfg.limits, agent=agent)
     except PermissionError:
         raise files.socket_refused(cfg.socket_path) from None
     except (OSError, TimeoutError) as e:
@@ -225,7 +251,8 @@ async def _join(cfg: NodeConfig) -> SocketClientBackend | None:
     print(f"ai-memory mcp: waiting up to {cfg.mcp.join_wait_s:g} s for the node serving {cfg.home} to answer on "
           f"{cfg.socket_path} ({served})", file=sys.stderr, flush=True)
     try:
-        return await SocketClientBackend.wait(cfg.socket_path, limits=cfg.limits, within_s=cfg.mcp.join_wait_s)
+        return await SocketClientBackend.wait(cfg.socket_path, limits=cfg.limits, within_s=cfg.mcp.join_wait_s,
+                                              agent=agent)
     except ServiceError:
         raise ServiceError(ServiceCode.NODE_UNAVAILABLE,
                            f"no node answered on {cfg.socket_path} within {cfg.mcp.join_wait_s:g} s, and a node is "
@@ -262,11 +289,13 @@ def _check_embedded_home(cfg: NodeConfig) -> None:
     files.check(cfg.home, cfg.home_files(serving=False))
 
 
-async def run_stdio(cfg: NodeConfig, *, embedded: bool = False) -> None:
-    """Serve MCP on this process's stdin/stdout until the client closes it (``embedded``: see ``open_backend``)."""
-    backend, session, close = await open_backend(cfg, embedded=embedded)
+async def run_stdio(cfg: NodeConfig, *, embedded: bool = False, agent: str | None = None) -> None:
+    """Serve MCP on this process's stdin/stdout until the client closes it (``embedded``: see ``open_backend``),
+    every call as ``agent`` (None: the node)."""
+    backend, session, close = await open_backend(cfg, embedded=embedded, agent=agent)
     try:
-        await serve_stdio(build_server(backend, limits=cfg.limits, session=session, profile=cfg.mcp.profile))
+        await serve_stdio(build_server(backend, limits=cfg.limits, session=session, profile=cfg.mcp.profile,
+                                       agent_of=lambda ctx: agent))
     finally:
         await close()
 
@@ -370,13 +399,22 @@ def _rebinding_guard(host: str) -> TransportSecurityMiddleware:
         allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]))
 
 
-async def start_http(backend: ToolBackend, host: str, port: int, profile: str = Family.CORE) -> HttpHandle:
-    """Serve streamable HTTP MCP at http://host:port/mcp; port 0 picks a free port (see handle.port)."""
+async def start_http(backend: ToolBackend, host: str, port: int, profile: str = Family.CORE,
+                     tokens: AgentTokens | None = None) -> HttpHandle:
+    """Serve streamable HTTP MCP at http://host:port/mcp; port 0 picks a free port (see handle.port). ``tokens``:
+    the agents' bearer tokens (a request carrying one acts as its agent; one naming no agent is answered 401)."""
     check_loopback(host)
-    server = build_server(backend, limits=backend.limits, session={"transport": "streamable_http"}, profile=profile)
+
+    def agent_of(ctx: ServerRequestContext[Any]) -> str | None:
+        return None if tokens is None else bearer_agent(getattr(ctx.request, "headers", None), tokens)
+
+    server = build_server(backend, limits=backend.limits, session={"transport": "streamable_http"}, profile=profile,
+                          agent_of=agent_of)
     guard = _rebinding_guard(host)
-    app = AnsweredBodies(server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host,
-                                                    transport_security=guard.settings), HTTP_PATH, guard)
+    app: Any = AnsweredBodies(server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host,
+                                                         transport_security=guard.settings), HTTP_PATH, guard)
+    if tokens is not None:
+        app = BearerAgents(app, tokens)
     sock = _listen(host, port)
     # log_config None: uvicorn's lines go through the node's handler and formatter, not uvicorn's own.
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, log_config=None,

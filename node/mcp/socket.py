@@ -162,7 +162,9 @@ async def start_local_socket(backend: ToolBackend, path: Path) -> SocketHandle:
 async def _serve_connection(backend: ToolBackend, reader: asyncio.StreamReader,
                             writer: asyncio.StreamWriter) -> None:
     """Answer each frame in order. A frame that is not a request is answered with its error and the connection
-    goes on; one whose framing is lost (cut short, over the cap) is answered, then the connection is closed."""
+    goes on; one whose framing is lost (cut short, over the cap) is answered, then the connection is closed. A
+    ``hello`` names the agent the connection's calls run as from then on (docs/mcp.md, "Agents")."""
+    agent: str | None = None
     while True:
         try:
             request = await read_frame(reader)
@@ -174,17 +176,31 @@ async def _serve_connection(backend: ToolBackend, reader: asyncio.StreamReader,
         else:
             if request is None:
                 return
-            reply = await _call(backend, request)
+            if isinstance(request, dict) and "hello" in request:
+                reply, agent = await _hello(backend, request["hello"], agent)
+            else:
+                reply = await _call(backend, request, agent)
         if not await _answer(writer, reply):
             return
 
 
-async def _call(backend: ToolBackend, request: Any) -> dict[str, Any]:
+async def _hello(backend: ToolBackend, hello: Any, agent: str | None) -> tuple[dict[str, Any], str | None]:
+    """``{hello: {agent: ID}}``: the agent the connection acts as from now on (made on first use); answered with
+    who it is. A refused hello leaves the connection as it was."""
+    if not isinstance(hello, dict) or not isinstance(hello.get("agent"), str):
+        return {"error": {"code": "bad_request", "message": "hello must be an object {agent: string}"}}, agent
+    try:
+        return {"ok": await backend.hello(hello["agent"])}, hello["agent"]
+    except Exception as exc:  # reported to the caller; the connection keeps serving as before
+        return error_reply(exc), agent
+
+
+async def _call(backend: ToolBackend, request: Any, agent: str | None = None) -> dict[str, Any]:
     if (not isinstance(request, dict) or not isinstance(request.get("tool"), str)
             or not isinstance(request.get("args", {}), dict)):
         return {"error": {"code": "bad_request", "message": "request must be an object {tool: string, args: object}"}}
     try:
-        return {"ok": await backend.call(request["tool"], request.get("args") or {})}
+        return {"ok": await backend.call(request["tool"], request.get("args") or {}, agent)}
     except Exception as exc:  # reported to the caller; the connection keeps serving
         reply = error_reply(exc)
         if reply["error"]["code"] == "internal":
@@ -221,8 +237,12 @@ class SocketClientBackend:
     """
 
     def __init__(self, path: Path, *, limits: LimitsConfig, call_timeout_s: float,
-                 reconnect_window_s: float = RECONNECT_WINDOW_S) -> None:
+                 reconnect_window_s: float = RECONNECT_WINDOW_S, agent: str | None = None) -> None:
         self.path = Path(path)
+        # The agent every call of this client runs as (named in a hello on each connection); None: the node.
+        self.agent = agent
+        # What the node answered the last hello (the agent, its key's fingerprint, its delegation).
+        self.whoami: dict[str, Any] | None = None
         # Used only for the tool list shown to clients; the node checks arguments against its own.
         self.limits = limits
         self.call_timeout_s = call_timeout_s
@@ -234,19 +254,21 @@ class SocketClientBackend:
 
     @classmethod
     async def connect(cls, path: Path, *, limits: LimitsConfig, call_timeout_s: float = 30.0,
-                      reconnect_window_s: float = RECONNECT_WINDOW_S) -> SocketClientBackend:
+                      reconnect_window_s: float = RECONNECT_WINDOW_S, agent: str | None = None) -> SocketClientBackend:
         """Connect or raise OSError/TimeoutError (no node listening). ``call_timeout_s`` bounds each call;
-        ``reconnect_window_s`` how long a call waits for a restarting node (seconds)."""
-        self = cls(path, limits=limits, call_timeout_s=call_timeout_s, reconnect_window_s=reconnect_window_s)
+        ``reconnect_window_s`` how long a call waits for a restarting node (seconds); ``agent``: the agent every
+        call runs as (ServiceError when the node refuses it, ``node_too_old`` from a node that knows no agents)."""
+        self = cls(path, limits=limits, call_timeout_s=call_timeout_s, reconnect_window_s=reconnect_window_s,
+                   agent=agent)
         await self._connect()
         return self
 
     @classmethod
     async def wait(cls, path: Path, *, limits: LimitsConfig, within_s: float,
-                   call_timeout_s: float = 30.0) -> SocketClientBackend:
+                   call_timeout_s: float = 30.0, agent: str | None = None) -> SocketClientBackend:
         """Connect to a node that may still be starting, trying for up to ``within_s`` seconds (the restart
         schedule's delays); ServiceError node_unavailable when none answers by then."""
-        self = cls(path, limits=limits, call_timeout_s=call_timeout_s, reconnect_window_s=within_s)
+        self = cls(path, limits=limits, call_timeout_s=call_timeout_s, reconnect_window_s=within_s, agent=agent)
         await self._reconnect()
         self.reconnects = 0
         return self
@@ -254,6 +276,32 @@ class SocketClientBackend:
     async def _connect(self) -> None:
         self._reader, self._writer = await asyncio.wait_for(
             asyncio.open_unix_connection(str(self.path), limit=MAX_FRAME_BYTES), CONNECT_TIMEOUT_S)
+        if self.agent is not None:
+            await self._hello(self.agent)
+
+    async def _hello(self, agent: str) -> None:
+        """Name the agent this connection acts as; a node older than agents answers a hello ``bad_request``."""
+        assert self._reader is not None and self._writer is not None
+        self._writer.write(encode_frame({"hello": {"agent": agent}}))
+        await self._writer.drain()
+        reply = await asyncio.wait_for(read_frame(self._reader), self.call_timeout_s)
+        if isinstance(reply, dict) and isinstance(reply.get("ok"), dict):
+            self.whoami = reply["ok"]
+            return
+        await self._drop()
+        err = reply.get("error") if isinstance(reply, dict) else None
+        if isinstance(err, dict) and err.get("code") == "bad_request":
+            raise ServiceError("node_too_old", f"the node at {self.path} knows no agents (it answered the hello "
+                                               f"{err.get('message')!r}): upgrade it, or connect without --agent-id")
+        if isinstance(err, dict) and isinstance(err.get("code"), str) and isinstance(err.get("message"), str):
+            raise ServiceError(err["code"], err["message"])
+        raise ServiceError("bad_frame", f"unexpected hello reply from the node: {str(reply)[:80]}")
+
+    async def hello(self, agent: str) -> dict[str, Any]:
+        """Who this client acts as, as the node answered its hello (``agent`` is the one it was made with)."""
+        if self.whoami is None:
+            raise ServiceError("bad_input", "this client was connected without an agent")
+        return self.whoami
 
     def is_open(self) -> bool:
         """A connection that has not been seen to close (EOF, reset or our own drop)."""
@@ -283,7 +331,8 @@ class SocketClientBackend:
         raise ServiceError("node_unavailable", f"the node at {self.path} is not answering "
                                                f"({type(last).__name__}: {last})") from None
 
-    async def call(self, name: str, args: Args) -> JSON:
+    async def call(self, name: str, args: Args, agent: str | None = None) -> JSON:
+        """Run ``name`` on the node as this client's agent (named at connect; ``agent`` is not sent per call)."""
         frame = encode_frame({"tool": name, "args": args})
         async with self._lock:
             reply = await self._exchange(name, frame)

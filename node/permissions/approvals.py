@@ -167,8 +167,9 @@ class Approvals:
         return action_dict(row)
 
     async def decide(self, action_id: str, choice: str, decided_by: str,
-                     run: Callable[[dict[str, Any]], Awaitable[Any]]) -> dict[str, Any]:
-        """Approve (re-run the call through ``run``, which claims the row in its write) or deny."""
+                     run: Callable[[dict[str, Any], str], Awaitable[Any]]) -> dict[str, Any]:
+        """Approve (re-run the call through ``run`` as the agent that made it, which claims the row in its write)
+        or deny."""
         if choice not in (APPROVE, DENY):
             raise ServiceError("bad_input", f"choice must be approve or deny, got {choice!r}")
         if not isinstance(decided_by, str) or not decided_by.strip() or len(decided_by) > 256:
@@ -187,7 +188,7 @@ class Approvals:
         else:
             token = APPROVED.set(Approved(action_id, decided_by))
             try:
-                result = await run(current.call)
+                result = await run(current.call, current.agent)
             except ServiceError as e:
                 if e.code in ("already_decided", "approval_expired", "not_found"):
                     raise

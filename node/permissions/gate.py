@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachetools import LRUCache
+
 from node.config import ConfigError, NodeConfig
 from node.hooks.decision import ALLOW, AskUser, Decision, Deny
 from node.hooks.pipeline import file_stamp
@@ -39,6 +41,9 @@ from storage import permissions as rule_rows
 from storage.db import Database
 
 log = logging.getLogger("node.permissions")
+
+# Agents whose stored bytes are remembered between sums (the least recently asked go first).
+QUOTA_AGENTS = 4096
 
 _FILE_KEYS = {"mode", "default", "rules"}
 
@@ -106,6 +111,8 @@ class Gate:
         self._next_check = 0.0
         self.reload_error: str | None = None
         self.counts: Counter[str] = Counter()
+        # Each agent's stored bytes as last summed, and when (time.monotonic()), for the storage quota.
+        self._used: LRUCache[str, tuple[int, float]] = LRUCache(QUOTA_AGENTS)
         self._install()
 
     @classmethod
@@ -179,18 +186,40 @@ class Gate:
         log.warning("permission_" + what, extra={"ev": ev})
         return decision
 
+    def quota_of(self, agent: str) -> int:
+        """``agent``'s storage quota in bytes (0 = none): its ``[[mcp.agents]] max_bytes``, else
+        ``permissions.max_bytes_per_agent``."""
+        for a in self.cfg.mcp.agents:
+            if a.id == agent and a.max_bytes is not None:
+                return a.max_bytes
+        return self.cfg.permissions.max_bytes_per_agent
+
     async def quota_code(self, agent: str, adding_bytes: int) -> str | None:
-        """``quota_exceeded`` when storing ``adding_bytes`` more for ``agent`` passes its quota, else None."""
-        quota = self.cfg.permissions.max_bytes_per_agent
+        """``quota_exceeded`` when storing ``adding_bytes`` more for ``agent`` passes its quota, else None.
+
+        What an agent holds is summed from the store at most every ``permissions.reload_check_s`` (the quota is on
+        by default, so not once per insert) and counted up by what this process admits in between; writes by
+        other processes count from the next sum."""
+        quota = self.quota_of(agent)
         if not quota:
             return None
-        used = await self.db.read(rule_rows.bytes_by_writer, agent)
+        used = await self.usage(agent)
         if used + adding_bytes <= quota:
+            self._used[agent] = (used + adding_bytes, self._used[agent][1])
             return None
         self.counts["quota_exceeded"] += 1
         log.warning("quota_exceeded", extra={"ev": {"agent": agent, "used": used, "adding": adding_bytes,
                                                     "quota": quota}})
         return "quota_exceeded"
+
+    async def usage(self, agent: str) -> int:
+        """The content + title bytes of the memories whose current version ``agent`` wrote (as summed at most
+        ``permissions.reload_check_s`` ago, plus what was admitted since)."""
+        now = time.monotonic()
+        cached = self._used.get(agent)
+        if cached is None or now - cached[1] >= self.cfg.permissions.reload_check_s:
+            cached = self._used[agent] = (await self.db.read(rule_rows.bytes_by_writer, agent), now)
+        return cached[0]
 
     def check(self, agent: str, namespace: str, operation: Operation) -> tuple[Decision, Rule | None]:
         """The rules' own answer, whatever the mode (``ai-memory permissions check``)."""

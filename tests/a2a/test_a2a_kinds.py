@@ -33,7 +33,7 @@ def code_of(payload: object) -> tuple[str, str]:
 
 def test_first_kinds_are_known() -> None:
     assert KNOWN_KINDS == {"ping", "memory.put", "memory.put.v2", "link.put", "links.put", "link.invalidate",
-                           "transcript.put"}
+                           "transcript.put", "agent.delegate", "agent.revoke"}
 
 
 def test_memory_put_v2_carries_its_sharing_list_inside_the_record_in_its_one_canonical_form() -> None:
@@ -144,8 +144,10 @@ def test_random_payloads_raise_only_protocol_error(payload: object) -> None:
 @settings(max_examples=1000)
 @given(
     st.sampled_from(sorted(KNOWN_KINDS)),
-    st.sampled_from(["memory", "link", "links", "invalidation", "signature", "signed_by", "sent_at"]),
-    st.sampled_from(list(memory()) + list(link()) + ["link_id", "share_with"]),
+    st.sampled_from(["memory", "link", "links", "invalidation", "signature", "signed_by", "sent_at", "delegation",
+                     "revocation"]),
+    st.sampled_from(list(memory()) + list(link()) + ["link_id", "share_with", "agent_id", "agent_key", "issuer",
+                                                     "valid_from", "delegation_id", "revoked_at"]),
     plain_values,
 )
 def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind: str, top: str, inner: str,
@@ -160,6 +162,12 @@ def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind:
         "link.invalidate": {"kind": "link.invalidate", "signature": None, "signed_by": None,
                             "invalidation": {"link_id": "ab" * 32, "observed_by": "ai:a@lab", "valid_until": 5}},
         "transcript.put": dict(TRANSCRIPT_PUT, transcript=dict(TRANSCRIPT_PUT["transcript"])),
+        "agent.delegate": {"kind": "agent.delegate", "signature": b"s" * 64, "signed_by": "ai:a@lab",
+                           "delegation": {"agent_id": "ai:bot@a", "agent_key": b"k" * 32, "issuer": "ai:a@lab",
+                                          "valid_from": 1, "valid_until": 2}},
+        "agent.revoke": {"kind": "agent.revoke", "signature": b"s" * 64, "signed_by": "ai:a@lab",
+                         "revocation": {"delegation_id": "ab" * 32, "agent_id": "ai:bot@a", "issuer": "ai:a@lab",
+                                        "revoked_at": 5}},
     }[kind]
     target = payload.get(top)
     if isinstance(target, dict):
@@ -170,3 +178,17 @@ def test_valid_payloads_with_one_field_corrupted_raise_only_protocol_error(kind:
         validate_payload(payload)
     except ProtocolError:
         pass
+
+
+def test_agent_kinds_and_the_delegation_hint_hold_their_shapes() -> None:
+    delegate = {"kind": "agent.delegate", "signature": b"s" * 64, "signed_by": "ai:a@lab",
+                "delegation": {"agent_id": "ai:bot@a", "agent_key": b"k" * 32, "issuer": "ai:a@lab", "valid_from": 1,
+                               "valid_until": 2}}
+    assert validate_payload(delegate) is delegate
+    for bad in ({**delegate, "signature": None}, {**delegate, "delegation": {**delegate["delegation"],
+                                                                            "agent_key": b"k" * 31}}):
+        assert code_of(bad)[0] == "bad_payload"
+    put = {"kind": "link.put", "link": link(), "signature": b"s" * 64, "signed_by": "ai:bot@a"}
+    assert validate_payload({**put, "delegation": "ab" * 32})
+    for hint in ("AB" * 32, "ab" * 31, 5):
+        assert code_of({**put, "delegation": hint})[0] == "bad_payload"

@@ -124,7 +124,7 @@ async def test_capabilities_v3_keeps_every_v2_field_and_v2_is_asked_for(home) ->
             assert v3[key] == v2[key], key
         assert v2["mcp"] == {"transport": "stdio", "mode": "embedded"}
         assert v3["mcp"]["profile"] == "core" and v3["mcp"]["loaded"] == ["core"]
-        assert set(v3) - set(v2) == {"trust", "sync", "profiles", "storage", "readiness", "permissions"}
+        assert set(v3) - set(v2) == {"trust", "sync", "profiles", "storage", "readiness", "permissions", "agents"}
         assert v3["trust"]["mode"] == "pinned" and v3["sync"]["parked"] == 0
         assert v3["profiles"]["families"]["graph"][:2] == ["memory_link", "memory_link_many"]
         assert v3["storage"]["schema_version"] >= 3 and v3["storage"]["bytes"] > 0

@@ -62,7 +62,7 @@ async def test_a_pull_applies_each_page_moves_the_cursor_and_notes_what_the_peer
     assert await sync.pull() == 1
     assert [(path, params["since"]) for path, params in link.asked] == [(SYNC_PATH, 0), (SYNC_PATH, 1)]
     # Each request says what this node reads, so the page carries memory versions in the form it reads.
-    assert {params["accepts"] for _, params in link.asked} == {"links.put,memory.put.v2"}
+    assert {params["accepts"] for _, params in link.asked} == {"links.put,memory.put.v2,agent.delegate,agent.revoke"}
     assert (await svc.db.read(changelog.get_peer_state, PEER)).last_sync_seq == 7
     assert svc.replicator.accepts.takes_link_batches(PEER)  # type: ignore[union-attr]
     assert not svc.replicator.accepts.reads_signed_sharing(PEER)  # type: ignore[union-attr]

@@ -2,9 +2,10 @@
 
 ``apply_payload`` validates a payload and hands it to the apply of its kind, found in one table (``routes``):
 one module per kind (memory.py for memory.put and memory.put.v2; links.py for link.put and links.put;
-invalidation.py; transcript.py). Each bounds the change as a local write is bounded, checks who may write what
-(a memory version by its creator or a named writer, signed; a link where the sender may see both ends), verifies
-signatures off the event loop (verify.py) and commits; the ACK is sent after the commit.
+invalidation.py; transcript.py; agents.py for agent.delegate and agent.revoke). Each bounds the change as a local
+write is bounded, checks who may write what (a memory version by its creator or a named writer, signed; a link where
+the sender may see both ends), verifies signatures off the event loop (verify.py; an agent's under the key its
+delegation vouches for) and commits; the ACK is sent after the commit.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from a2a import Ack, Envelope, validate_payload
-from a2a.kinds import MEMORY_PUT_V2
+from a2a.kinds import AGENT_DELEGATE, AGENT_REVOKE, MEMORY_PUT_V2
 from node.federation.codes import RejectCode
+from node.federation.inbound.agents import DelegationApply, RevocationApply
 from node.federation.inbound.common import OK_UNCHANGED, Applied, ApplyContext
 from node.federation.inbound.invalidation import InvalidationApply
 from node.federation.inbound.links import LinkApply
@@ -61,6 +63,9 @@ class Inbound:
             "links.put": Route(self.links.many, counts_rejections=True),
             "link.invalidate": Route(InvalidationApply(ctx)),
             "transcript.put": Route(TranscriptApply(ctx)),
+            # A node vouching for its agents, and ending that (negotiated: docs/protocol.md, "Agents").
+            AGENT_DELEGATE: Route(DelegationApply(ctx)),
+            AGENT_REVOKE: Route(RevocationApply(ctx)),
         }
 
     async def apply(self, env: Envelope, sender: str) -> Ack:

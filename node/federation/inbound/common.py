@@ -69,18 +69,23 @@ class GateChecks:
         """There is a gate to ask (a node built without permissions has none)."""
         return self.gate is not None
 
-    async def code(self, sender: str, namespace: str, operation: Operation) -> str | None:
-        """The reject code when the gate stops ``sender``'s ``operation`` in ``namespace``."""
+    async def code(self, sender: str, namespace: str, operation: Operation, agent: str | None = None) -> str | None:
+        """The reject code when the gate stops ``sender``'s ``operation`` in ``namespace``; for an item an
+        ``agent`` signed, the agent is asked too (either one's refusal refuses it)."""
         if self.gate is None:
             return None
-        stop = refusal(await self.gate.admit(sender, namespace, operation))
-        return None if stop is None else stop[0]
+        for who in (sender,) if agent is None or agent == sender else (sender, agent):
+            stop = refusal(await self.gate.admit(who, namespace, operation))
+            if stop is not None:
+                return stop[0]
+        return None
 
-    async def link_code(self, sender: str, namespaces: set[str]) -> str | None:
-        """The gate's answer to ``sender`` linking memories in ``namespaces`` (each asked, in order)."""
+    async def link_code(self, sender: str, namespaces: set[str], agent: str | None = None) -> str | None:
+        """The gate's answer to ``sender`` (and the ``agent`` that signed it) linking memories in ``namespaces``
+        (each asked, in order)."""
         if self.gate is not None:
             for ns in sorted(namespaces):
-                code = await self.code(sender, ns, Operation.LINK)
+                code = await self.code(sender, ns, Operation.LINK, agent)
                 if code is not None:
                     return code
         return None

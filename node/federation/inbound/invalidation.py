@@ -33,10 +33,11 @@ class InvalidationApply:
                                                          "signed_by": signed_by, "observed_by": payload.observed_by}})
             return Applied(RejectCode.SIGNER_MISMATCH)
         level = await ctx.attester.attest(payload, body["signature"], payload.observed_by, sender, what=inval_id,
-                                          pulled=pulled)
+                                          pulled=pulled, delegation=body.get("delegation"))
         if not isinstance(level, AttestLevel):
             return Applied(level)
-        code = await self._gate_code(payload.link_id, sender)
+        code = await self._gate_code(payload.link_id, sender,
+                                     payload.observed_by if body.get("delegation") is not None else None)
         if code is not None:
             return Applied(code)
         now = ctx.clock()
@@ -62,7 +63,7 @@ class InvalidationApply:
         applied: Applied = await ctx.db.write(write)
         return applied
 
-    async def _gate_code(self, link_id: str, sender: str) -> str | None:
+    async def _gate_code(self, link_id: str, sender: str, agent: str | None) -> str | None:
         """The gate's ``link`` in both of the link's ends' namespaces, as for a link.put (a local invalidation
         asks the same); a link ``sender`` may not see is left to the write's ``unknown_link``."""
         ctx = self.ctx
@@ -75,4 +76,4 @@ class InvalidationApply:
                 return set()
             return {m.namespace for m in memories.get_many(conn, {link.src_id, link.dst_id}).values()}
 
-        return await ctx.gate.link_code(sender, await ctx.db.read(ends))
+        return await ctx.gate.link_code(sender, await ctx.db.read(ends), agent)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from a2a import ProtocolError
 from a2a.envelope import RETRYABLE_REJECT_CODES
+from node.agents.book import DelegationState
 from node.attest import AttestLevel, LinkPayload
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
@@ -64,6 +65,13 @@ class InboundLink:
     ends: dict[str, Reach] = field(default_factory=dict)  # as read with its lookup (or after its hold)
     level: AttestLevel = AttestLevel.UNSIGNED
     hook_payload: dict[str, Any] = field(default_factory=dict)
+    # The delegation it names when an agent signed it, as stored here (None: not here, or a node's link).
+    delegation: DelegationState | None = None
+
+    @property
+    def delegation_id(self) -> str | None:
+        named: str | None = self.body.get("delegation")
+        return named
 
     @property
     def signature(self) -> bytes | None:
@@ -212,7 +220,7 @@ class LinkApply:
                       held: list[tuple[int, asyncio.Task[Applied]]], pulled: bool) -> None:
         """``run``'s stages after parsing: fills ``answers`` and ``held`` (the links waiting for their ends,
         each in its own task)."""
-        checked = await self._looked_up(parsed_links, sender, hops, answers)
+        checked = await self._looked_up(parsed_links, sender, hops, answers, pulled)
         attested = await self._attested(checked, sender, hops, answers, pulled)
         fired = await each(lambda ix: self.ctx.hooks.fire(HookEvent.PRE_FEDERATED_LINK, ix[1].hook_payload),
                            attested, together=self.ctx.hooks.attached(HookEvent.PRE_FEDERATED_LINK))
@@ -222,7 +230,7 @@ class LinkApply:
                 answers[i] = Applied(hook.code) if isinstance(hook, HookError) else hook
             elif not self.ctx.policy.all_visible(sender, set(x.ids), x.ends):
                 held.append((i, asyncio.get_running_loop().create_task(self._held(x, sender))))
-            elif (refused := await self._gate_code(sender, x.ends)) is not None:
+            elif (refused := await self._gate_code(sender, x)) is not None:
                 answers[i] = Applied(refused)
             else:
                 ready.append((i, x))
@@ -234,18 +242,30 @@ class LinkApply:
             answers[i] = answer
 
     async def _looked_up(self, parsed_links: Indexed, sender: str, hops: LinkHops,
-                         answers: list[Answer | None]) -> list[tuple[int, InboundLink, Keys, bool]]:
+                         answers: list[Answer | None], pulled: bool) -> list[tuple[int, InboundLink, Keys, bool]]:
         """One lookup read for the run: duplicates and signer mismatches answered; the others with their signer's
-        keys (and whether those were read just now)."""
+        keys (and whether those were read just now); an agent's with its delegation's key (one read for the run's
+        delegations; a live link waits for one still in flight)."""
         looks = await hops.lookup([(x.link_id, x.ids) for _, x in parsed_links]) if parsed_links else []
         checked: list[tuple[int, InboundLink, Keys, bool]] = []
+        attester = self.ctx.attester
+        named = {x.delegation_id for _, x in parsed_links if x.delegation_id is not None}
+        states = await attester.agents.states(named) if named else {}
         async for (i, x), look in sliced(zip(parsed_links, looks, strict=True)):
             x.ends = look.ends
             code = self._not_new(x, look.stored, sender)
             if code is not None:
                 answers[i] = code
+            elif x.delegation_id is not None:  # an agent's link: the key its delegation names
+                if x.delegation_id not in states and not pulled:
+                    found = await attester.delegation_state(x.delegation_id, pulled=False)
+                    if found is not None:
+                        states[x.delegation_id] = found
+                x.delegation = states.get(x.delegation_id)
+                key = attester.agent_key(x.delegation, x.payload.observed_by)
+                checked.append((i, x, () if key is None else (key,), True))
             else:
-                checked.append((i, x, *self.ctx.attester.keys.of(x.payload.observed_by)))
+                checked.append((i, x, *attester.keys.of(x.payload.observed_by)))
         return checked
 
     async def _attested(self, checked: list[tuple[int, InboundLink, Keys, bool]], sender: str, hops: LinkHops,
@@ -259,8 +279,12 @@ class LinkApply:
         attested: Indexed = []
         async for (i, x, keys, fresh), item in sliced(zip(checked, items, strict=True)):
             verified = item is not None and next(verdicts)
-            level = await self.ctx.attester.level(verified, keys, fresh, x.payload, x.signature,
-                                                  x.payload.observed_by, sender, what=x.link_id, pulled=pulled)
+            if x.delegation_id is not None:
+                level = await self.ctx.attester.agent_level(verified, x.delegation, x.payload,
+                                                            x.payload.observed_by, sender, what=x.link_id)
+            else:
+                level = await self.ctx.attester.level(verified, keys, fresh, x.payload, x.signature,
+                                                      x.payload.observed_by, sender, what=x.link_id, pulled=pulled)
             if isinstance(level, AttestLevel):
                 x.attested(level, sender)
                 attested.append((i, x))
@@ -297,14 +321,15 @@ class LinkApply:
         if not await self.ctx.arrivals.visible(sender, ids):
             return Applied(RejectCode.UNKNOWN_MEMORY)
         x.ends = await self.ctx.db.read(memories.reach_many, ids)
-        code = await self._gate_code(sender, x.ends)
+        code = await self._gate_code(sender, x)
         if code is not None:
             return Applied(code)
         row = x.row(sender)
         return await self._stored(x, row, await self.writes((row, str(x.level))))
 
-    async def _gate_code(self, sender: str, ends: dict[str, Reach]) -> str | None:
-        return await self.ctx.gate.link_code(sender, {m.namespace for m in ends.values()})
+    async def _gate_code(self, sender: str, x: InboundLink) -> str | None:
+        agent = x.payload.observed_by if x.delegation_id is not None else None
+        return await self.ctx.gate.link_code(sender, {m.namespace for m in x.ends.values()}, agent)
 
     async def _stored(self, x: InboundLink, row: LinkRow, stored: bool) -> Applied:
         """After the write: the counters, the post_federated_link hooks and the event sink (``stored`` False for

@@ -37,7 +37,7 @@ class MemoryApply:
         if code is not None:
             return self._refused(code, sender, m)
         level = await ctx.attester.attest(MemoryPayload.from_mapping(m, signed_set), body["signature"], m["writer"],
-                                          sender, what=m["id"], pulled=pulled)
+                                          sender, what=m["id"], pulled=pulled, delegation=body.get("delegation"))
         if not isinstance(level, AttestLevel):
             return Applied(level)
         stored = await ctx.db.read(memories.get, m["id"])
@@ -47,7 +47,8 @@ class MemoryApply:
         operation = Operation.STORE if stored is None else Operation.UPDATE
         row = memory_row(body, level, sender, signed_set)
         code = (against_stored(stored, m, ctx.cfg.federation.max_version_step) or list_after(stored, row)
-                or await ctx.gate.code(sender, m["namespace"], operation)
+                or await ctx.gate.code(sender, m["namespace"], operation,
+                                       m["writer"] if body.get("delegation") is not None else None)
                 or (await self._quota_code(m) if stored is None else None))
         if code is not None:
             return self._refused(code, sender, m)

@@ -35,7 +35,7 @@ class TranscriptApply:
         if await ctx.db.read(transcripts.get, payload.id) is not None:
             return OK_UNCHANGED
         level = await ctx.attester.attest(payload, body["signature"], payload.agent, sender, what=payload.id,
-                                          pulled=pulled)
+                                          pulled=pulled, delegation=body.get("delegation"))
         if not isinstance(level, AttestLevel):
             return Applied(level)
         row = await asyncio.to_thread(inbound_row, payload, body["body"], policy, signature=body["signature"],
@@ -45,7 +45,8 @@ class TranscriptApply:
         spans = spans_of(payload)
         if not await ctx.arrivals.visible(sender, {s.memory_id for s in spans}):
             return Applied(RejectCode.UNKNOWN_MEMORY)
-        code = await ctx.gate.code(sender, payload.namespace, Operation.STORE)
+        code = await ctx.gate.code(sender, payload.namespace, Operation.STORE,
+                                   payload.agent if body.get("delegation") is not None else None)
         if code is not None:
             return Applied(code)
         now = ctx.clock()
