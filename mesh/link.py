@@ -44,7 +44,7 @@ from mesh.linkstate import LinkState
 from mesh.receive import Resumed
 from mesh.routes import MESSAGES_PATH, WS_PATH
 from mesh.tls import PeerRefused, pinned_to
-from mesh.wsframes import HEARTBEAT_S, Heartbeat, read_frames, send_now
+from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, Heartbeat, read_frames, send_now
 
 log = logging.getLogger("mesh.link")
 
@@ -71,10 +71,11 @@ _TRUST_CODES = frozenset({"peer_key_mismatch", "peer_identity_mismatch", "not_a_
 class _Reading:
     """What one connection's reader hears: ACK frames go to the link; ``heard`` is the heartbeat's."""
 
-    __slots__ = ("link", "peer", "heard")
+    __slots__ = ("link", "peer", "heard", "peer_close_code")
 
     def __init__(self, link: PeerLink) -> None:
         self.link, self.peer, self.heard = link, link.agent_id, False
+        self.peer_close_code: int | None = None
 
     def on_frame(self, data: bytes) -> None:
         self.link.on_ack_frame(data)
@@ -140,6 +141,9 @@ class PeerLink:
         # "code: message" of the last failure; a refusal carries the peer's own code and message.
         self.last_error: str | None = None
         self.last_error_code: str | None = None
+        # How the last open connection ended: True the peer stopped (a clean close), False it crashed (the socket
+        # dropped, 1006, or broke), None no connection was open (a failed dial).
+        self._ended_cleanly: bool | None = None
         self.last_delay_s: float | None = None
         self.last_ack_at: float | None = None  # unix seconds
         self.connected_at: float | None = None
@@ -211,7 +215,10 @@ class PeerLink:
         self.last_delay_s = self.backoff.next_delay(self.health.failures)
         ev = {"peer": self.agent_id, "code": error.code, "error": self.last_error, "outages": self.health.outages,
               "failures": self.health.failures, "retry_in_s": round(self.last_delay_s, 3)}
-        level = logging.WARNING if error.code in _TRUST_CODES else logging.INFO
+        crashed = self._ended_cleanly is False
+        ev["peer_stopped"] = "cleanly" if self._ended_cleanly else ("crashed" if crashed else None)
+        self._ended_cleanly = None
+        level = logging.WARNING if error.code in _TRUST_CODES or crashed else logging.INFO
         if new_outage:
             log.log(level, "link_down", extra={"ev": ev})
         elif error.code != previous_code:  # by code: messages may differ from one attempt to the next
@@ -270,17 +277,21 @@ class PeerLink:
         log.info("link_up", extra={"ev": ev})
         for cb in self._on_up:
             cb()
-        error = await self._read_until_ended(ws)
+        error, peer_code = await self._read_until_ended(ws)
         if error is not None:
+            self._ended_cleanly = False
             # 1011 rather than 1006, which RFC 6455 forbids in a close frame
             await ws.close(code=getattr(error, "code", aiohttp.WSCloseCode.INTERNAL_ERROR))
             raise MeshError(MeshCode.WS_ERROR, str(error))
         await ws.close()  # answers the peer's close frame (or returns at once after our own close)
-        raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {ws.close_code})")
+        code = peer_code or ws.close_code
+        self._ended_cleanly = self.closed or code in CLEAN_CLOSE_CODES
+        raise MeshError(MeshCode.LINK_CLOSED, f"peer closed the socket (code {code})")
 
-    async def _read_until_ended(self, ws: aiohttp.ClientWebSocketResponse) -> BaseException | None:
+    async def _read_until_ended(self, ws: aiohttp.ClientWebSocketResponse) -> tuple[BaseException | None, int | None]:
         """Read ACK frames (to ``on_ack_frame``) in a task of this one until the socket ends or the heartbeat gives
-        up on the peer; None for the peer's close or the end of the stream, else the error."""
+        up on the peer; (None for the peer's close or the end of the stream, else the error; the code of the
+        peer's close frame, None without one)."""
         reading = _Reading(self)
         ended: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
 
@@ -292,7 +303,7 @@ class PeerLink:
         heartbeat = Heartbeat(reading, lambda: None if ws.closed else send_now(ws.ping(b"")), lambda: end(
             TimeoutError(f"no pong from {self.agent_id} within {HEARTBEAT_S / 2:g} s of a ping")), HEARTBEAT_S)
         try:
-            return await ended
+            return await ended, reading.peer_close_code
         finally:
             heartbeat.stop()
             reader.cancel()  # a reader still waiting (the heartbeat gave up): close() reads what is left

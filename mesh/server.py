@@ -29,7 +29,7 @@ from mesh.errors import MeshCode, MeshError
 from mesh.receive import Pending, Received, Receiver, Resumed
 from mesh.routes import HEALTHZ_PATH, MESSAGES_PATH, METRICS_PATH, READYZ_PATH, SYNC_PATH, WS_PATH
 from mesh.tls import verify_peer
-from mesh.wsframes import HEARTBEAT_S, Heartbeat, read_frames, send_now
+from mesh.wsframes import CLEAN_CLOSE_CODES, HEARTBEAT_S, Heartbeat, read_frames, send_now
 
 log = logging.getLogger("mesh.server")
 
@@ -79,8 +79,8 @@ SYNC_ACCEPTS_KIND_MAX = 64
 HealthHandler = Callable[[], Mapping[str, Any]]
 # (ready, JSON body saying why): /readyz answers 200 when ready, 503 otherwise.
 ReadyHandler = Callable[[], tuple[bool, Mapping[str, Any]]]
-# (exposition bytes, content type) for /metrics.
-MetricsHandler = Callable[[], Awaitable[tuple[bytes, str]]]
+# The request's Accept header -> (exposition bytes, content type) for /metrics.
+MetricsHandler = Callable[[str], Awaitable[tuple[bytes, str]]]
 
 
 def json_error(code: str, message: str) -> web.Response:
@@ -144,7 +144,7 @@ def _ready(ready: ReadyHandler) -> Handler:
 
 def _metrics(metrics: MetricsHandler) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        body, content_type = await metrics()
+        body, content_type = await metrics(request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
     return handler
 
@@ -159,9 +159,12 @@ def _peer_identity(hooks: ServerHooks) -> Middleware:
         try:
             peer = verify_peer(der, expected_agent_id=None, pinned=hooks.pinned())
         except MeshError as e:
+            # Refused before any message is read, and counted with the messages' refusals (aimem_rejections_total).
+            hooks.receiver.counters[f"rejected:{e.code}"] += 1
             log.warning(e.code, extra={"ev": {"remote": request.remote, "detail": e.message}})
             return json_error(e.code, e.message)
         if hooks.member is not None and not hooks.member(peer):
+            hooks.receiver.counters["rejected:not_a_member"] += 1
             log.warning("not_a_member", extra={"ev": {"remote": request.remote, "peer": peer}})
             return json_error("not_a_member",
                               f"{peer} holds a mesh certificate but is not a member of this node's federation "
@@ -214,7 +217,11 @@ def _websocket(hooks: ServerHooks) -> Handler:
             log.info("ws_reset", extra={"ev": {"peer": peer, "error": str(e)}})
         finally:
             sockets.discard(ws)
-        log.info("ws_closed", extra={"ev": {"peer": peer, "code": ws.close_code}})
+        code = sock.peer_close_code or ws.close_code
+        clean = code in CLEAN_CLOSE_CODES
+        # A peer that stopped closes cleanly (info); one whose socket dropped (1006: its process died) is a warning.
+        log.log(logging.INFO if clean else logging.WARNING, "ws_closed",
+                extra={"ev": {"peer": peer, "code": code, "peer_stopped": "cleanly" if clean else "crashed"}})
         return ws
     return handler
 
@@ -248,6 +255,7 @@ class _Socket:
         # The reader waits on this for room (the backlog taken, no ACK write draining) before reading on.
         self.room: asyncio.Future[None] | None = None
         self.heard = False
+        self.peer_close_code: int | None = None
         self.ended: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.close_with: tuple[int, bytes] | None = None
         self.checked_generation: object = None
@@ -506,12 +514,13 @@ class MeshServer:
     """Runs the app on host:port with the mTLS context (and optionally a plain health port)."""
 
     def __init__(self, hooks: ServerHooks, ssl_context: ssl.SSLContext, host: str, port: int,
-                 health_port: int = 0) -> None:
+                 health_port: int = 0, health_host: str = "127.0.0.1") -> None:
         self.hooks = hooks
         self.ssl_context = ssl_context
         self.host = host
         self.port = port
         self.health_port = health_port
+        self.health_host = health_host
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> int:
@@ -526,8 +535,8 @@ class MeshServer:
             health = web.AppRunner(build_health_app(self.hooks), access_log=None, handle_signals=False)
             await health.setup()
             self._runners.append(health)
-            await _bind(web.TCPSite(health, "127.0.0.1", self.health_port), "mesh.health_port", "127.0.0.1",
-                        self.health_port)
+            await _bind(web.TCPSite(health, self.health_host, self.health_port), "mesh.health_port",
+                        self.health_host, self.health_port)
         return self.port
 
     async def stop_accepting(self) -> None:

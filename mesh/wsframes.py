@@ -13,7 +13,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from aiohttp import ClientWebSocketResponse, WSMsgType, web
+from aiohttp import ClientWebSocketResponse, WSCloseCode, WSMsgType, web
+
+# A peer that stops cleanly closes with one of these (1000, 1001: its drain); anything else that ends an open
+# socket (1006: the connection dropped with no close frame, as when the peer's process dies) is a crash.
+CLEAN_CLOSE_CODES = frozenset({WSCloseCode.OK, WSCloseCode.GOING_AWAY})
 
 log = logging.getLogger("mesh.wsframes")
 
@@ -27,6 +31,9 @@ class Heard(Protocol):
 
 class FrameSink(Heard, Protocol):
     peer: str
+    # The code of the peer's close frame, once one came (what aiohttp's own close leaves in ``close_code`` is
+    # 1006 when the peer hung up right after it: not what the peer said).
+    peer_close_code: int | None
 
     def on_frame(self, data: bytes) -> Awaitable[None] | None:
         """One binary message; what it returns (if anything) is awaited before the next is read (room to take
@@ -58,6 +65,8 @@ async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[A
             error = msg.data
             return error if isinstance(error, BaseException) else RuntimeError(str(error))
         else:  # close, closing, closed
+            if kind is WSMsgType.CLOSE and isinstance(msg.data, int):
+                sink.peer_close_code = msg.data
             return None
 
 

@@ -178,6 +178,7 @@ class MeshConfig:
     listen_port: int = 7443
     # 0 = no separate health port; /healthz is then served behind mTLS only.
     health_port: int = 0
+    health_host: str = "127.0.0.1"  # where the health port listens: an address a remote Prometheus reaches
     ca_cert: Path = Path("tls/ca.crt")
     cert: Path = Path("tls/node.crt")
     peers: tuple[PeerConfig, ...] = ()
@@ -708,6 +709,8 @@ def _validate_listen_addresses(cfg: NodeConfig) -> None:
         port = getattr(cfg.mesh, key)
         if not 0 <= port <= MAX_PORT:
             raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
+    if not cfg.mesh.health_host.strip():
+        raise ConfigError(ConfigCode.CONFIG_INVALID, "mesh.health_host must be an address or host name, got ''")
     _positive("mcp.join_wait_s", cfg.mcp.join_wait_s)
     if not 0 <= cfg.mcp.http_port <= MAX_PORT:
         raise ConfigError(ConfigCode.CONFIG_INVALID,

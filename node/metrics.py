@@ -7,12 +7,16 @@ ACKs arrive. ``/metrics`` on the plain health port (``mesh.health_port``) serves
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+from node.latency import Latency
 
 PREFIX = "aimem"
 # ACK round trips are milliseconds on a LAN and seconds under retries; a2a.ack_timeout_s caps one wait.
@@ -28,8 +32,8 @@ class PeerScrape:
     parked: int
     # Of the parked items, those waiting for a key of their signer (unknown_key).
     parked_unknown_key: int
-    # Seconds since the last completed pull of the peer's change log; None before the first one.
-    sync_age_s: float | None
+    # When the last pull of the peer's change log completed (unix seconds); None before the first one.
+    sync_last_pull_unix_s: float | None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,12 @@ class Scrape:
     storage: Mapping[str, StorageScrape] = field(default_factory=dict)
     # Seconds the last integrity check of the store took; None before the first (or on a backend without one).
     integrity_check_s: float | None = None
+    # The database's size on disk (SQLite: the file and its WAL; Postgres: pg_database_size); None when unknown.
+    storage_bytes: int | None = None
+    # Seconds per MCP tool call, by tool.
+    mcp_latency: Mapping[str, Latency] = field(default_factory=dict)
+    # This build's version (aimem_build_info).
+    version: str = ""
     # MCP calls by agent (this node's agents and the node itself) and outcome.
     agent_calls: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
@@ -76,8 +86,8 @@ class _Collector(Collector):
         state = GaugeMetricFamily(f"{PREFIX}_peer_link_state", "1 for the link's current state",
                                   labels=["peer", "state"])
         cursor = GaugeMetricFamily(f"{PREFIX}_sync_cursor", "Last change-log seq pulled from the peer", labels=["peer"])
-        lag = GaugeMetricFamily(f"{PREFIX}_sync_lag_seconds", "Seconds since the last completed pull of the peer's "
-                                "change log", labels=["peer"])
+        pulled = GaugeMetricFamily(f"{PREFIX}_sync_last_pull_timestamp_seconds", "When the last pull of the peer's "
+                                   "change log completed (unix seconds)", labels=["peer"])
         parked = GaugeMetricFamily(f"{PREFIX}_sync_parked", "Sync items from the peer given up on", labels=["peer"])
         unknown_key = GaugeMetricFamily(f"{PREFIX}_sync_parked_unknown_key", "Sync items from the peer parked until "
                                         "a key of their signer verifies them", labels=["peer"])
@@ -90,9 +100,9 @@ class _Collector(Collector):
             cursor.add_metric([peer], p.last_sync_seq)
             parked.add_metric([peer], p.parked)
             unknown_key.add_metric([peer], p.parked_unknown_key)
-            if p.sync_age_s is not None:
-                lag.add_metric([peer], p.sync_age_s)
-        yield from (depth, dead, up, state, cursor, lag, parked, unknown_key)
+            if p.sync_last_pull_unix_s is not None:
+                pulled.add_metric([peer], p.sync_last_pull_unix_s)
+        yield from (depth, dead, up, state, cursor, pulled, parked, unknown_key)
         rejections = CounterMetricFamily(f"{PREFIX}_rejections", "Inbound messages refused, by code", labels=["code"])
         for code, n in sorted(s.rejections.items()):
             rejections.add_metric([code], n)
@@ -102,16 +112,7 @@ class _Collector(Collector):
         for (hook, outcome), n in sorted(s.hooks.items()):
             hooks.add_metric([hook, outcome], n)
         yield hooks
-        calls = CounterMetricFamily(f"{PREFIX}_mcp_calls", "MCP tool calls by tool and outcome (ok or the error code)",
-                                    labels=["tool", "outcome"])
-        for (tool, outcome), n in sorted(s.mcp_calls.items()):
-            calls.add_metric([tool, outcome], n)
-        yield calls
-        by_agent = CounterMetricFamily(f"{PREFIX}_mcp_agent_calls", "MCP tool calls by agent (this node's agents, "
-                                       "the node itself) and outcome", labels=["agent", "outcome"])
-        for (agent, outcome), n in sorted(s.agent_calls.items()):
-            by_agent.add_metric([agent, outcome], n)
-        yield by_agent
+        yield from _mcp_families(s)
         yield CounterMetricFamily(f"{PREFIX}_delivered", "Outbox messages ACKed since start", value=s.delivered)
         yield CounterMetricFamily(f"{PREFIX}_dead_lettered", "Outbox messages dead-lettered since start",
                                   value=s.dead_lettered)
@@ -120,6 +121,28 @@ class _Collector(Collector):
                                 "How long the storage writer has been in its current batch (0 when idle)",
                                 value=s.writer_busy_s)
         yield from _storage_families(s)
+        info = GaugeMetricFamily(f"{PREFIX}_build_info", "1, labelled with this build's version and its Python's",
+                                 labels=["version", "python"])
+        info.add_metric([s.version, platform.python_version()], 1.0)
+        yield info
+
+
+def _mcp_families(s: Scrape) -> Iterator[Metric]:
+    calls = CounterMetricFamily(f"{PREFIX}_mcp_calls", "MCP tool calls by tool and outcome (ok or the error code)",
+                                labels=["tool", "outcome"])
+    for (tool, outcome), n in sorted(s.mcp_calls.items()):
+        calls.add_metric([tool, outcome], n)
+    yield calls
+    latency = HistogramMetricFamily(f"{PREFIX}_mcp_call_seconds", "MCP tool calls through the node: seconds "
+                                    "from the call to its answer, by tool", labels=["tool"])
+    for tool, lat in sorted(s.mcp_latency.items()):
+        latency.add_metric([tool], lat.cumulative(), sum_value=lat.sum_s)
+    yield latency
+    by_agent = CounterMetricFamily(f"{PREFIX}_mcp_agent_calls", "MCP tool calls by agent (this node's agents, "
+                                   "the node itself) and outcome", labels=["agent", "outcome"])
+    for (agent, outcome), n in sorted(s.agent_calls.items()):
+        by_agent.add_metric([agent, outcome], n)
+    yield by_agent
 
 
 def _storage_families(s: Scrape) -> Iterator[Metric]:
@@ -134,15 +157,23 @@ def _storage_families(s: Scrape) -> Iterator[Metric]:
     if s.integrity_check_s is not None:
         yield GaugeMetricFamily(f"{PREFIX}_storage_integrity_check_seconds",
                                 "How long the last integrity check of the store took", value=s.integrity_check_s)
+    if s.storage_bytes is not None:
+        yield GaugeMetricFamily(f"{PREFIX}_storage_bytes", "The database's size on disk (SQLite: the file and its "
+                                "WAL; Postgres: pg_database_size)", value=s.storage_bytes)
 
 
 class NodeMetrics:
-    """One node's registry. ``observe_ack(peer, seconds)`` as ACKs arrive; ``await render()`` at scrape time."""
+    """One node's registry. ``observe_ack(peer, seconds)`` as ACKs arrive; ``await render(accept)`` at scrape time.
 
-    content_type = CONTENT_TYPE_LATEST
+    Besides the node's own families: the process collector (process_cpu_seconds_total, process_resident_memory_bytes,
+    process_open_fds, process_start_time_seconds, ...; Linux). No ``_created`` samples: a counter's start is the
+    process's (process_start_time_seconds)."""
 
     def __init__(self, scrape: Callable[[], Awaitable[Scrape]]) -> None:
+        # Process-wide in prometheus_client; the node's process holds no other registry that would want them.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
         self._scrape = scrape
         self._last: Scrape | None = None
         self._ack_latency = Histogram(f"{PREFIX}_ack_latency_seconds", "Send to ACK, per peer", ["peer"],
@@ -152,9 +183,11 @@ class NodeMetrics:
     def observe_ack(self, peer: str, seconds: float) -> None:
         self._ack_latency.labels(peer=peer).observe(seconds)
 
-    async def render(self) -> bytes:
-        """The exposition text of the node as it is now."""
+    async def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition of the node as it is now, and its content type: OpenMetrics when the request's Accept
+        header asks for it (``application/openmetrics-text``), else the Prometheus text format."""
+        encoder, content_type = choose_encoder(accept)
         # No await between taking the scrape and rendering it: concurrent scrapes cannot mix.
         scrape = await self._scrape()
         self._last = scrape
-        return generate_latest(self.registry)
+        return encoder(self.registry), content_type

@@ -20,7 +20,7 @@ import ssl
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,9 +54,11 @@ from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
 from node.pause import StoragePause
 from node.permissions.gate import load_rules_file
+from node.readiness import WATCH_S, ReadyLog
 from node.sdnotify import Notifier
 from node.service import now_ms
 from node.trust import load_node_identity
+from node.version import version
 from storage.errors import StorageCode, StorageError
 from storage.watch import StoreWatch
 
@@ -145,7 +147,8 @@ class Node:
                                              health=self.health, sync=self.fed.serve_sync, member=self.is_member,
                                              ready=self.readiness, metrics=self._render_metrics,
                                              member_generation=self.member_generation),
-                                 self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port)
+                                 self.server_ssl, cfg.mesh.listen_host, cfg.mesh.listen_port, cfg.mesh.health_port,
+                                 cfg.mesh.health_host)
         # Each peer's catch-up: its pull loop, cursor, stats and "sync wanted".
         self.syncs = {peer: self._sync(peer) for peer in self.links}
         # Each peer's link and catch-up tasks, so that a reload can stop a removed peer's.
@@ -216,9 +219,11 @@ class Node:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self, signals: Signals, notifier: Notifier | None = None) -> None:
+    async def run(self, signals: Signals, notifier: Notifier | None = None,
+                  started: Mapping[str, Any] | None = None) -> None:
         """Serve until ``signals.stop``, then drain; SIGHUP (``signals.reload``) reloads the configuration.
-        ``notifier`` tells systemd (``Type=notify``) when the node serves, reloads and drains."""
+        ``notifier`` tells systemd (``Type=notify``) when the node serves, reloads and drains; ``started``: fields
+        the ``node_ready`` line carries besides the bound port (``banner()``)."""
         notifier = notifier or Notifier(None)
         try:
             # Every listener is bound before any task starts: a port or socket in use is one plain error.
@@ -234,10 +239,12 @@ class Node:
                               # Cancelled on drain: a lifecycle pass is one transaction, safe to cut short.
                               tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"),
                               tg.create_task(self.watch.run(), name="storage:watch"),
-                              tg.create_task(self._reloads(signals, tg, notifier), name="config:reload")]
+                              tg.create_task(self._reloads(signals, tg, notifier), name="config:reload"),
+                              tg.create_task(self._readiness_watch(), name="readiness")]
                 self._write_status(port)
                 self.ready = True
-                log.info("node_ready", extra={"ev": {"port": port, "peers": list(self.links), "pid": os.getpid()}})
+                log.info("node_ready", extra={"ev": {**(started or {}), "port": port, "peers": list(self.links),
+                                                     "pid": os.getpid()}})
                 notifier.ready(self._serving_status())
                 await signals.stop.wait()
                 notifier.stopping(signals.reason)
@@ -264,8 +271,9 @@ class Node:
             task.cancel()
 
     def _link_up(self, peer: str) -> None:
-        """A link came up: its outbox worker looks in the database, and its catch-up pulls now."""
-        self.sender.wake(peer)
+        """A link came up: its outbox worker sends what waited for it and looks in the database, and its catch-up
+        pulls now."""
+        self.sender.link_up(peer)
         self.syncs[peer].want()
 
     def _warn_unpinned_peers(self, peers: list[str]) -> None:
@@ -402,6 +410,16 @@ class Node:
                 pause.ok()
             await asyncio.sleep(wait_s)
 
+    async def _readiness_watch(self) -> None:
+        """Log each switch of /readyz, both ways (node/readiness.py), looking every WATCH_S until the drain."""
+        seen = ReadyLog()
+        while not self._closing:
+            ok, body = self.readiness()
+            switch = seen.observe(ok, body["reasons"], time.monotonic())
+            if switch is not None:
+                log.log(logging.getLevelName(switch.level.upper()), switch.event, extra={"ev": dict(switch.fields)})
+            await asyncio.sleep(WATCH_S)
+
     # ---- live state -----------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
@@ -440,7 +458,7 @@ class Node:
         peers = {r["agent_id"]: PeerScrape(
             state=r["link_state"], outbox_depth=r["outbox_depth"], dead_letters=r["dead_letters"],
             last_sync_seq=r["last_sync_seq"], parked=r["parked"], parked_unknown_key=r["parked_unknown_key"],
-            sync_age_s=self._sync_age_s(r["agent_id"], now))
+            sync_last_pull_unix_s=self._sync_last_pull(r["agent_id"], now))
             for r in rows if r["agent_id"] in self.links}
         rejections: Counter[str] = Counter()
         for counters in (self.receiver.counters, self.fed.counters):
@@ -457,16 +475,23 @@ class Node:
                       mcp_calls=dict(self.backend.calls) if self.backend else {}, ready=self.readiness()[0],
                       writer_busy_s=min(self.svc.db.writer_busy_s(), 1e9), delivered=self.sender.delivered,
                       dead_lettered=self.sender.dead_lettered, storage=storage,
-                      integrity_check_s=None if last is None else last.seconds,
+                      integrity_check_s=None if last is None else last.seconds, storage_bytes=self._storage_bytes(),
+                      mcp_latency=dict(self.backend.latency.by_key) if self.backend else {}, version=version(),
                       agent_calls=dict(self.svc.agents.calls))
 
-    def _sync_age_s(self, peer: str, now: float) -> float | None:
-        """Seconds since ``peer``'s last completed pull (time.monotonic() ``now``); None before the first."""
+    def _sync_last_pull(self, peer: str, now: float) -> float | None:
+        """When ``peer``'s last pull completed, unix seconds (time.monotonic() ``now``); None before the first."""
         synced_at = self.syncs[peer].synced_at
-        return None if synced_at is None else now - synced_at
+        return None if synced_at is None else time.time() - (now - synced_at)
 
-    async def _render_metrics(self) -> tuple[bytes, str]:
-        return await self.metrics.render(), self.metrics.content_type
+    async def _render_metrics(self, accept: str) -> tuple[bytes, str]:
+        return await self.metrics.render(accept)
+
+    def _storage_bytes(self) -> int | None:
+        try:
+            return self.svc.db.bytes_used()
+        except OSError:  # the file went away between its check and its stat
+            return None
 
     async def peers(self) -> list[dict[str, Any]]:
         return await peer_rows(self.svc, self.links, self.sender)
@@ -531,7 +556,7 @@ def _remove_created(paths: list[Path]) -> None:
                 p.unlink(missing_ok=True)
 
 
-async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
+async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False, config_path: Path | None = None) -> int:
     """Run the node until SIGTERM/SIGINT; 0 after a clean stop, 1 after a crash (logged ``node_crashed``).
     A start that fails raises (the CLI's one line) and leaves none of the files it created."""
     signals = Signals()
@@ -541,7 +566,7 @@ async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     node: Node | None = None
     try:
         node = await Node.open(cfg, load, restore=restore)
-        await node.run(signals, notifier)
+        await node.run(signals, notifier, banner(cfg, config_path))
     except Exception as e:
         exc = _explained(e, cfg.home)
         if node is None or not node.ready:
@@ -555,9 +580,27 @@ async def serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     return 0
 
 
-def run_serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
+def banner(cfg: NodeConfig, config_path: Path | None) -> dict[str, Any]:
+    """The start-up line's fields (``node_ready``, once everything is bound: a start that fails is one error line):
+    what runs, from which file, on what, where it listens and whom it trusts. The DSN without its password."""
+    from storage.pglink import redact
+
+    st = cfg.storage
+    mesh = cfg.mesh
+    return {"version": version(), "config": None if config_path is None else str(config_path.absolute()),
+            "home": str(cfg.home), "backend": st.backend,
+            "store": redact(st.dsn) if st.backend == "postgres" else str(cfg.db_path),
+            "mesh": f"{mesh.listen_host}:{mesh.listen_port}",
+            "health": f"{mesh.health_host}:{mesh.health_port}" if mesh.health_port else None,
+            "mcp_socket": str(cfg.socket_path),
+            "mcp_http": f"{cfg.mcp.http_host}:{cfg.mcp.http_port}" if cfg.mcp.http_port else None,
+            "trust": mesh.trust}
+
+
+def run_serve(cfg: NodeConfig, load: Load, *, restore: bool = False, config_path: Path | None = None) -> int:
     """Run the node until a stop signal, under uvloop when it is installed; ``load`` reads the configuration
-    again on SIGHUP; ``restore``: ``serve --restore``."""
+    again on SIGHUP; ``restore``: ``serve --restore``; ``config_path``: the file it came from, for the start-up
+    line (``node_ready``)."""
     # The event loop hands work to the storage writer, the readers and the verifier thread; with the
     # default 5 ms GIL switch interval each hand-off can wait that long. bench/storage_bench.py
     # --switch-interval shows the effect (group-commit inserts/s roughly 1.7x at 0.5 ms here).
@@ -566,5 +609,5 @@ def run_serve(cfg: NodeConfig, load: Load, *, restore: bool = False) -> int:
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(cfg, load, restore=restore))
-    return uvloop.run(serve(cfg, load, restore=restore))
+        return asyncio.run(serve(cfg, load, restore=restore, config_path=config_path))
+    return uvloop.run(serve(cfg, load, restore=restore, config_path=config_path))

@@ -250,7 +250,8 @@ class Service:
 
     async def memory_recall(self, query: str, *, limit: int = 10,
                             namespace: str | None = None) -> list[dict[str, Any]]:
-        """Full-text recall ranked by BM25 (best first); any user string is safe as a query."""
+        """Full-text recall ranked by BM25 (SQLite) or ts_rank (Postgres), best first, each hit's ``score`` on
+        ``relative_scores``' scale; any user string is safe as a query."""
         p = await self.hooks.fire(HookEvent.PRE_RECALL, {"query": query, "limit": limit, "namespace": namespace})
         query, limit, namespace = p["query"], p["limit"], p["namespace"]
         if not isinstance(query, str) or not query.strip():
@@ -263,7 +264,9 @@ class Service:
             await self.writes.permit(namespace, Operation.RECALL)
         hits = await self.db.read(memories.recall, query, limit, namespace, self.doc_freqs)
         readable = await self.writes.readable({r.namespace for r, _ in hits}, Operation.RECALL)
-        results = [{**memory_dict(r), "score": score} for r, score in hits if r.namespace in readable]
+        shown = [(r, score) for r, score in hits if r.namespace in readable]
+        results = [{**memory_dict(r), "score": score}
+                   for (r, _), score in zip(shown, relative_scores([s for _, s in shown]), strict=True)]
         await self.hooks.fire(HookEvent.POST_RECALL, {"query": query, "limit": limit, "namespace": namespace,
                                                       "results": results})
         return results
@@ -655,3 +658,13 @@ class Service:
         top = self.cfg.limits.max_recall_limit
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= top:
             raise ServiceError("bad_input", f"limit must be an integer 1..{top}, got {limit!r}")
+
+
+def relative_scores(raw: list[float]) -> list[float]:
+    """Recall scores on the one scale both backends share (docs/operations.md, "Recall scores"): each hit's
+    engine score (SQLite's bm25, Postgres's ts_rank: neither bounded, nor comparable with the other) over the
+    best hit's, to 4 places: 1.0 for the best, the others their share of it, in (0, 1]. ``raw`` is best first."""
+    best = max(raw, default=0.0)
+    if best <= 0:
+        return [1.0] * len(raw)  # no engine weight told the hits apart
+    return [max(round(x / best, 4), 0.0001) for x in raw]

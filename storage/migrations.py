@@ -344,9 +344,15 @@ _M14_PG_RECALL = Migration(14, "pg_recall", (), postgres=(
     "SELECT gin_clean_pending_list('memories_fts_gin'::regclass)",
 ))
 
+# An outbox row says which dead letter it was replayed from, so the node logs the replay when it sends it.
+# (Dead-letter ids come from the counter dead_letter_id since: storage/outbox.py.)
+_M17_REPLAYED_FROM = Migration(17, "replayed_from", (
+    "ALTER TABLE a2a_outbox ADD COLUMN replayed_from INTEGER NULL",
+))
+
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
                                      _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING,
-                                     _M10_PEER_ACCEPTS, _M11_AGENTS, _M14_PG_RECALL)
+                                     _M10_PEER_ACCEPTS, _M11_AGENTS, _M14_PG_RECALL, _M17_REPLAYED_FROM)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.

@@ -17,8 +17,12 @@ from storage.rows import Row, inserted_id, scalar_int
 # Ids per IN (...) statement: under SQLite's default bound of 999 variables.
 _CHUNK = 500
 _OUT = ("id, correlation_id, peer, kind, envelope, expires_at, attempts, next_attempt_at, last_error, "
-        "created_at")
+        "created_at, replayed_from")
 _DEAD = "id, correlation_id, peer, kind, envelope, expires_at, attempts, last_error, created_at, dead_at"
+# The counter of dead-letter ids: the last id given (first set from the highest id in the table). Ids are never
+# given twice: SQLite's rowid gives max(id) + 1 again once the newest dead letter is replayed or cleared, and
+# `a2a dead-letters --replay ID` would then name another message.
+_DEAD_ID_COUNTER = "dead_letter_id"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,6 +37,8 @@ class OutboxRow:
     next_attempt_at: int
     last_error: str | None
     created_at: int
+    # The dead letter this row was replayed from (``a2a dead-letters --replay``); None for a message queued anew.
+    replayed_from: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,7 +57,7 @@ class DeadLetterRow:
 
 def _out(r: Row) -> OutboxRow:
     return OutboxRow(id=r[0], correlation_id=r[1], peer=r[2], kind=r[3], envelope=bytes(r[4]), expires_at=r[5],
-                     attempts=r[6], next_attempt_at=r[7], last_error=r[8], created_at=r[9])
+                     attempts=r[6], next_attempt_at=r[7], last_error=r[8], created_at=r[9], replayed_from=r[10])
 
 
 def _dead(r: Row) -> DeadLetterRow:
@@ -63,7 +69,7 @@ def enqueue(conn: sqlite3.Connection, correlation_id: str, peer: str, kind: str,
             expires_at: int, next_attempt_at: int, created_at: int) -> int:
     """Queue ``envelope`` for ``peer``; returns the outbox id. Re-queuing the same (correlation_id, peer)
     is a no-op returning the existing id (the first envelope is kept)."""
-    conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?) "
+    conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?,NULL) "
                  "ON CONFLICT (correlation_id, peer) DO NOTHING",
                  (correlation_id, peer, kind, envelope, expires_at, next_attempt_at, created_at))
     return scalar_int(conn, "SELECT id FROM a2a_outbox WHERE correlation_id = ? AND peer = ?", (correlation_id, peer))
@@ -73,7 +79,7 @@ def enqueue_row(conn: sqlite3.Connection, correlation_id: str, peer: str, kind: 
                 expires_at: int, next_attempt_at: int, created_at: int) -> OutboxRow | None:
     """As ``enqueue``, returning the queued row (what a fresh write hands the sender once committed);
     None when that (correlation_id, peer) was queued already (the first envelope is kept)."""
-    cur = conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?) "
+    cur = conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?,NULL) "
                        "ON CONFLICT (correlation_id, peer) DO NOTHING",
                        (correlation_id, peer, kind, envelope, expires_at, next_attempt_at, created_at))
     if cur.rowcount != 1:
@@ -124,6 +130,14 @@ def pending_for_peer(conn: sqlite3.Connection, peer: str, limit: int = 100) -> l
     return [_out(r) for r in rows]
 
 
+def due_now(conn: sqlite3.Connection, peer: str, now_ms: int, error_prefix: str) -> int:
+    """Make ``peer``'s rows waiting for a retry after a failure whose error starts with ``error_prefix`` due at
+    ``now_ms`` (what they waited for is back: a link came up); returns how many."""
+    return conn.execute("UPDATE a2a_outbox SET next_attempt_at = ? WHERE peer = ? AND next_attempt_at > ? "
+                        "AND substr(last_error, 1, ?) = ?",
+                        (now_ms, peer, now_ms, len(error_prefix), error_prefix)).rowcount
+
+
 def mark_attempt(conn: sqlite3.Connection, id: int, attempts: int, next_attempt_at: int,
                  last_error: str | None) -> bool:
     """Record a failed attempt; False when the row is gone (ACKed meanwhile)."""
@@ -151,15 +165,26 @@ def remove(conn: sqlite3.Connection, correlation_id: str, peer: str) -> bool:
     return cur.rowcount > 0
 
 
+def _dead_ids(conn: sqlite3.Connection, n: int) -> int:
+    """Take ``n`` dead-letter ids never given before; returns the first (the others follow it)."""
+    last = scalar_int(conn, "INSERT INTO counters (name, value) SELECT ?, coalesce(max(id), 0) + ? "
+                      "FROM a2a_dead_letters WHERE true ON CONFLICT (name) "
+                      "DO UPDATE SET value = counters.value + ? RETURNING value",
+                      (_DEAD_ID_COUNTER, n, n))
+    return last - n + 1
+
+
+_TO_DEAD = ("INSERT INTO a2a_dead_letters (id, correlation_id, peer, kind, envelope, expires_at, attempts, "
+            "last_error, created_at, dead_at) SELECT ? + row_number() OVER (ORDER BY id) - 1, correlation_id, peer, "
+            "kind, envelope, expires_at, attempts, ?, created_at, ? FROM a2a_outbox WHERE ")
+
+
 def to_dead_letter(conn: sqlite3.Connection, id: int, last_error: str | None, dead_at: int) -> int | None:
     """Move outbox row ``id`` to the dead letters; returns the dead-letter id, None if the row is gone."""
-    cur = conn.execute(
-        "INSERT INTO a2a_dead_letters (correlation_id, peer, kind, envelope, expires_at, attempts, last_error, "
-        "created_at, dead_at) SELECT correlation_id, peer, kind, envelope, expires_at, attempts, ?, created_at, ? "
-        "FROM a2a_outbox WHERE id = ?", (last_error, dead_at, id))
-    if cur.rowcount == 0:
+    if conn.execute("SELECT 1 FROM a2a_outbox WHERE id = ?", (id,)).fetchone() is None:
         return None
-    dead_id = cur.lastrowid
+    dead_id = _dead_ids(conn, 1)
+    conn.execute(_TO_DEAD + "id = ?", (dead_id, last_error, dead_at, id))
     conn.execute("DELETE FROM a2a_outbox WHERE id = ?", (id,))
     return dead_id
 
@@ -167,13 +192,13 @@ def to_dead_letter(conn: sqlite3.Connection, id: int, last_error: str | None, de
 def dead_letter_peers_except(conn: sqlite3.Connection, peers: list[str], last_error: str, dead_at: int) -> int:
     """Move every outbox row whose peer is not in ``peers`` to the dead letters; returns how many."""
     marks = ",".join("?" * len(peers))
-    where = f"peer NOT IN ({marks})" if peers else "1"
-    cur = conn.execute(
-        "INSERT INTO a2a_dead_letters (correlation_id, peer, kind, envelope, expires_at, attempts, last_error, "
-        f"created_at, dead_at) SELECT correlation_id, peer, kind, envelope, expires_at, attempts, ?, created_at, ? "
-        f"FROM a2a_outbox WHERE {where}", (last_error, dead_at, *peers))
+    where = f"peer NOT IN ({marks})" if peers else "1 = 1"
+    n = scalar_int(conn, f"SELECT count(*) FROM a2a_outbox WHERE {where}", peers)
+    if n == 0:
+        return 0
+    conn.execute(_TO_DEAD + where, (_dead_ids(conn, n), last_error, dead_at, *peers))
     conn.execute(f"DELETE FROM a2a_outbox WHERE {where}", peers)
-    return cur.rowcount
+    return n
 
 
 def depth(conn: sqlite3.Connection, peer: str | None = None) -> int:
@@ -216,19 +241,19 @@ def dead_letter_count(conn: sqlite3.Connection, peer: str | None = None) -> int:
 
 def replay_dead_letter(conn: sqlite3.Connection, id: int, now_ms: int, new_expires_at: int, *,
                        envelope: bytes | None = None, correlation_id: str | None = None) -> int:
-    """Move dead letter ``id`` back to the outbox, due at ``now_ms`` with attempts reset; returns the
-    outbox id. The caller may supply a fresh envelope and correlation id (a resent message normally
-    needs both, since ``expires_at`` is inside the envelope). Raises 'not_found', or 'already_queued'
-    when the outbox already holds that (correlation_id, peer)."""
+    """Move dead letter ``id`` back to the outbox, due at ``now_ms`` with attempts reset and ``replayed_from`` set
+    (the node logs the replay when it sends the row); returns the outbox id. The caller may supply a fresh
+    envelope and correlation id (a resent message normally needs both, since ``expires_at`` is inside the envelope).
+    Raises 'not_found', or 'already_queued' when the outbox already holds that (correlation_id, peer)."""
     r = conn.execute(f"SELECT {_DEAD} FROM a2a_dead_letters WHERE id = ?", (id,)).fetchone()
     if r is None:
         raise StorageError(StorageCode.NOT_FOUND, f"no dead letter with id {id}")
     d = _dead(r)
     cid = correlation_id or d.correlation_id
     try:
-        cur = conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?)",
+        cur = conn.execute(f"INSERT INTO a2a_outbox ({_OUT}) VALUES (NULL,?,?,?,?,?,0,?,NULL,?,?)",
                            (cid, d.peer, d.kind, d.envelope if envelope is None else envelope,
-                            new_expires_at, now_ms, now_ms))
+                            new_expires_at, now_ms, now_ms, id))
     except sqlite3.IntegrityError as e:
         raise StorageError(StorageCode.ALREADY_QUEUED,
                            f"message {cid} for {d.peer} is already in the outbox; not replayed") from e

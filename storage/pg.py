@@ -617,7 +617,7 @@ class PgDatabase(Database):
         try:
             row = conn.raw.execute("SELECT pg_database_size(current_database())").fetchone()
         except psycopg.Error as e:
-            log.warning("pg_size_unavailable", extra={"ev": {"error": str(e)}})
+            log.warning("pg_size_unavailable", extra={"ev": {"error": scrub(one_line(e), self.dsn)}})
             return
         self._bytes = int(row[0]) if row else 0
         self._bytes_at = time.monotonic()

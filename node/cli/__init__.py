@@ -2,20 +2,23 @@
 with the handler that runs them.
 
 Exit codes: 0 success; 1 an operation failed (the message names the stable error code);
-2 usage error; 3 a check ran and found a problem (a link that does not verify, a broken audit chain).
+2 usage error; 3 a check ran and found a problem (a link that does not verify, a broken audit chain, ``status``
+with no node running); 141 (128 + SIGPIPE, as a shell reports a tool killed by it) when the reader of stdout went
+away (``ai-memory list | head -1``), said by nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from node import files
+from node import files, log
 from node.cli import agents, doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair, transcripts
-from node.cli.common import EXIT_FAILED, CommandParser, Handler, error_line, resolve_config
+from node.cli.common import EXIT_FAILED, EXIT_PIPE_CLOSED, CommandParser, Handler, error_line, resolve_config
 from node.config import HOME_ENV
 from node.errors import is_project_error
 from node.version import version
@@ -77,14 +80,19 @@ def _parser() -> CommandParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    log.setup_cli()  # a warning a command meets is a readable line on stderr (`serve` and `mcp` set their own)
     handler: Handler = args.handler
     home: Path | None = None
     try:
         cfg = resolve_config(args)
         home = cfg.home
-        return handler(args, cfg)
+        rc = handler(args, cfg)
+        sys.stdout.flush()  # a reader gone is met here, not in the interpreter's flush at exit
+        return rc
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:  # the one place errors become messages and exit codes
         if isinstance(exc, OSError) and (explained := files.explain(exc, home)) is not None:
             exc = explained  # a file this user may not read or write: one line with the fix, not a traceback
@@ -92,3 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(error_line(exc), file=sys.stderr)
         return EXIT_FAILED
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed it (``| head -1``): end quietly. stdout is pointed at /dev/null so that the
+    interpreter's flush at exit does not meet the closed pipe again and print its own traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (a caller's StringIO): nothing will flush into the pipe
+        pass
+    return EXIT_PIPE_CLOSED

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from node.service import Service
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK = 0, 1, 2, 3
+# stdout's reader went away (128 + SIGPIPE, what a shell reports for a tool the signal ended).
+EXIT_PIPE_CLOSED = 141
 
 # A command: its parsed arguments and the config in force -> its exit code. Bound to its parser with
 # ``set_defaults(handler=...)``.
@@ -68,15 +70,22 @@ class Commands:
 def resolve_config(args: argparse.Namespace) -> NodeConfig:
     """The config --config names, else <home>/config.toml when it exists (home: --home, $AI_MEMORY_HOME,
     ~/.config/ai-memory), else the defaults for that home."""
+    return load_config(config_file(args), env=_env(args))
+
+
+def config_file(args: argparse.Namespace) -> Path | None:
+    """The file ``resolve_config`` reads: --config, else <home>/config.toml when it exists; None: the defaults."""
+    if args.config is not None:
+        return Path(args.config)
+    candidate = Path(_env(args).get(HOME_ENV) or "~/.config/ai-memory").expanduser() / "config.toml"
+    return candidate if candidate.exists() else None
+
+
+def _env(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     if args.home is not None:
         env[HOME_ENV] = str(args.home)
-    path = args.config
-    if path is None:
-        home = Path(env.get(HOME_ENV) or "~/.config/ai-memory").expanduser()
-        candidate = home / "config.toml"
-        path = candidate if candidate.exists() else None
-    return load_config(path, env=env)
+    return env
 
 
 def error_line(exc: BaseException) -> str:

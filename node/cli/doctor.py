@@ -41,7 +41,7 @@ def add_parsers(sub: Commands) -> None:
     pe.add_argument("--json", action="store_true")
     pe.set_defaults(handler=_peers)
     st = sub.add_parser("status", help="the node's live state: identity, links, outbox, dead letters, hooks "
-                                       "(from the running node; from the store when none runs)")
+                                       "(from the running node; from the store when none runs, then exit 3)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(handler=_status)
 
@@ -100,7 +100,8 @@ def _status(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
     source, caps = _live_or_store(cfg, CAPABILITIES, lambda svc: capabilities(svc, None))
     emit(args, {"source": source, **caps}, _status_lines)
-    return EXIT_OK
+    # A probe, as pg_isready is: the report is printed either way, but no node running is a check that failed.
+    return EXIT_OK if source == "node" else EXIT_CHECK
 
 
 def _status_lines(d: dict[str, Any]) -> str:

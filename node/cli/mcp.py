@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from node.cli.common import EXIT_OK
+from node import log
+from node.cli.common import EXIT_OK, refuse_unreachable_home
 from node.config import HOME_ENV, NodeConfig
+from node.errors import ServiceError
 
 if TYPE_CHECKING:
     from node.cli.common import Commands
@@ -48,10 +48,23 @@ def _serve_stdio(args: argparse.Namespace, cfg: NodeConfig) -> int:
     """Run the stdio MCP server until the client closes stdin; 0 on a clean end."""
     from node.mcp.server import run_stdio  # the MCP SDK loads only for this command
 
-    logging.basicConfig(stream=sys.stderr, level=cfg.log.level.upper(),
-                        format="ai-memory mcp: %(levelname)s %(name)s: %(message)s")
+    _check_home_option(args, cfg)
+    log.setup_cli("ai-memory mcp", cfg.log.level)
     try:
         asyncio.run(run_stdio(cfg, embedded=args.embedded, agent=args.agent_id))
     except KeyboardInterrupt:
         return 130
     return EXIT_OK
+
+
+def _check_home_option(args: argparse.Namespace, cfg: NodeConfig) -> None:
+    """A --home that does not exist is the mistake to name, before any socket is tried or store opened (unless
+    the node's socket lives outside it: ``[mcp] socket``)."""
+    given = getattr(args, "home", None)
+    if given is None or not cfg.socket_path.is_relative_to(cfg.home):
+        return
+    refuse_unreachable_home(cfg)
+    if not cfg.home.is_dir():
+        raise ServiceError("home_not_found", f"--home {given}: there is no such directory, so no node home and no "
+                                             "node socket there (mistyped? `ai-memory --home DIR identity generate "
+                                             "--agent-id ...` makes a new home)")

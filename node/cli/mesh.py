@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.cli.common import EXIT_CHECK, EXIT_OK, emit, resolve_config, with_service
+from node.cli.common import EXIT_CHECK, EXIT_OK, config_file, emit, resolve_config, with_service
 from node.config import NodeConfig
 from node.errors import ServiceError
 
@@ -78,7 +78,7 @@ def _serve(args: argparse.Namespace, cfg: NodeConfig) -> int:
     from node.node import run_serve
     log.setup(cfg.agent_id or "?", cfg.log.level, cfg.log.format)
     # SIGHUP reads the same file again.
-    return run_serve(cfg, lambda: resolve_config(args), restore=args.restore)
+    return run_serve(cfg, lambda: resolve_config(args), restore=args.restore, config_path=config_file(args))
 
 
 def _ca_init(args: argparse.Namespace, cfg: NodeConfig) -> int:
@@ -172,6 +172,7 @@ async def _post(args: argparse.Namespace, cfg: NodeConfig, svc: Service, env: En
 
 
 def _dead_letters(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    from node.log import iso_ms
     from storage import outbox
 
     async def go(svc: Service) -> int:
@@ -181,8 +182,8 @@ def _dead_letters(args: argparse.Namespace, cfg: NodeConfig) -> int:
         data = [{"id": d.id, "peer": d.peer, "kind": d.kind, "correlation_id": d.correlation_id,
                  "attempts": d.attempts, "last_error": d.last_error, "dead_at": d.dead_at} for d in rows]
         emit(args, data, lambda rows: "\n".join(
-            f"{r['id']:>6}  {r['peer']}  {r['kind']}  attempts={r['attempts']}  {r['last_error']}" for r in rows)
-            or "no dead letters")
+            f"{r['id']:>6}  {iso_ms(r['dead_at'])}  {r['peer']}  {r['kind']}  attempts={r['attempts']}  "
+            f"{r['last_error']}" for r in rows) or "no dead letters")
         return EXIT_OK
     return with_service(go, cfg)
 

@@ -40,7 +40,7 @@ def probe_url(cfg: NodeConfig, ready: bool) -> str | None:
     """The URL this node's health server answers on, or None when the config serves none (health_port 0)."""
     if not cfg.mesh.health_port:
         return None
-    host = getattr(cfg.mesh, "health_host", "127.0.0.1")  # a bind address when the config has one
+    host = cfg.mesh.health_host  # a bind address
     host = WILDCARDS.get(host, host)
     bracketed = f"[{host}]" if ":" in host else host
     return f"http://{bracketed}:{cfg.mesh.health_port}/{'readyz' if ready else 'healthz'}"

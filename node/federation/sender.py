@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from a2a import Ack, ProtocolError, RetrySchedule
-from mesh.errors import MeshError
+from mesh.errors import MeshCode, MeshError
 from mesh.link import PeerLink
 from node.config import SEND_WINDOW_BYTES
 from node.pause import StoragePause
@@ -104,6 +104,8 @@ class _Peer:
     settled: set[str] = field(default_factory=set)
     # Poll at the next turn: asked for (start, link up, CLI), or the last poll or hand-off left rows behind.
     poll_wanted: bool = True
+    # The link came up: rows that failed for want of it are due now, not at their retry time.
+    link_came_up: bool = False
     backlog: bool = False
     # The envelope bytes of a row that did not fit what was left of the window (0: none), and whether the poll
     # (rather than the hand-off) offered it: nothing more is taken until that much room is free.
@@ -148,6 +150,14 @@ class OutboxSender:
             if peer is None or p == peer:
                 state.poll_wanted = True
                 state.wake.set()
+
+    def link_up(self, peer: str) -> None:
+        """``peer``'s link came up: the rows waiting for a retry because it was down go out now (a dead letter
+        replayed while the link was down among them), then the database is looked in as ``wake`` does."""
+        state = self._peers.get(peer)
+        if state is not None:
+            state.link_came_up = True
+        self.wake(peer)
 
     def hand_off(self, rows: Sequence[OutboxRow]) -> None:
         """Rows a write of this process just committed: sent without reading them back."""
@@ -216,6 +226,9 @@ class OutboxSender:
         async with asyncio.TaskGroup() as tg:
             while not self._stopping and self._peers.get(peer) is state:
                 state.wake.clear()
+                if state.link_came_up:
+                    state.link_came_up = False
+                    await self._due_after_link_down(peer)
                 room = SEND_WINDOW - len(state.inflight)
                 budget = _Budget(self.window_bytes - state.inflight_bytes, first=not state.inflight)
                 rows: list[OutboxRow] = []
@@ -249,6 +262,15 @@ class OutboxSender:
                     await asyncio.wait_for(state.wake.wait(), timeout)
                 except TimeoutError:
                     pass
+
+    async def _due_after_link_down(self, peer: str) -> None:
+        try:
+            n = await self.db.write(outbox.due_now, peer, self.clock_ms(), f"{MeshCode.LINK_DOWN}:")
+        except StorageError as e:  # they go at their retry time then
+            self.book_pause.failed(e, "link up")
+            return
+        if n:
+            log.info("sent_on_link_up", extra={"ev": {"peer": peer, "rows": n}})
 
     async def _poll_due(self, peer: str, state: _Peer, loop: asyncio.AbstractEventLoop, periodic: bool, room: int,
                         taking: list[OutboxRow], budget: _Budget) -> tuple[list[OutboxRow], float]:
@@ -338,6 +360,10 @@ class OutboxSender:
             live = [r for r in rows if r.expires_at > now]
             if not live:
                 return
+            for r in live:
+                if r.replayed_from is not None and r.attempts == 0:
+                    log.info("dead_letter_replayed", extra={"ev": {"peer": peer, "dead_letter": r.replayed_from,
+                                                                   "correlation_id": r.correlation_id, "kind": r.kind}})
             sent = time.perf_counter()
             answers = await self.links[peer].send_many([(r.correlation_id, r.envelope) for r in live])
             took = time.perf_counter() - sent

@@ -4,6 +4,7 @@ runs calls on a ``Service`` in this process (the node's own doors, or an embedde
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -11,6 +12,7 @@ from node.agents.acting import acting_as
 from node.agents.local import REFUSED_AGENT
 from node.config import LimitsConfig
 from node.errors import describe
+from node.latency import LatencyTally
 from node.mcp.capabilities import V3, capabilities
 from node.mcp.peers import peers
 from node.mcp.registry import JSON, Args, tool_specs
@@ -51,6 +53,8 @@ class ServiceBackend:
         self.validator = ArgValidator(specs)
         # (tool, "ok" or the error code) -> calls; an unknown tool name counts as "unknown" (bounded labels).
         self.calls: Counter[tuple[str, str]] = Counter()
+        # Seconds each call took, by tool (aimem_mcp_call_seconds), whatever its outcome.
+        self.latency = LatencyTally()
         # (agent, "ok" or the error code) -> calls, kept by the service's agents (capabilities and /metrics read
         # them): this node's own agents (at most mcp.max_agents) and the node itself; an id refused before it was
         # one counts as REFUSED_AGENT.
@@ -61,6 +65,7 @@ class ServiceBackend:
 
     async def call(self, name: str, args: Args, agent: str | None = None) -> JSON:
         tool = name if name in self.tools else "unknown"
+        started = time.perf_counter()
         who = self.service.agent_id if agent is None else agent
         try:
             principal = await self.service.agents.principal(agent)
@@ -78,6 +83,8 @@ class ServiceBackend:
             self.calls[tool, code] += 1
             self.agent_calls[who, code] += 1
             raise
+        finally:
+            self.latency.observe(tool, time.perf_counter() - started)
         self.calls[tool, "ok"] += 1
         self.agent_calls[who, "ok"] += 1
         return result

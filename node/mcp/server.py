@@ -416,7 +416,8 @@ async def start_http(backend: ToolBackend, host: str, port: int, profile: str = 
     if tokens is not None:
         app = BearerAgents(app, tokens)
     sock = _listen(host, port)
-    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
+    # log_config None: uvicorn's lines go through the node's handler and formatter, not uvicorn's own.
+    config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, log_config=None,
                             timeout_graceful_shutdown=HTTP_GRACEFUL_S)
     userver = _EmbeddedUvicorn(config)
     task = asyncio.create_task(userver.serve(sockets=[sock]), name="mcp-http")

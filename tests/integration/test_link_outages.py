@@ -31,7 +31,7 @@ async def until(predicate, what: str) -> None:
 
 
 def events(caplog, name: str) -> list[dict]:
-    return [r.ev for r in caplog.records if r.name == "mesh.link" and r.getMessage() == name]
+    return [{**r.ev, "level": r.levelname} for r in caplog.records if r.name == "mesh.link" and r.getMessage() == name]
 
 
 async def test_a_peer_that_goes_down_twice_gives_two_link_down_lines_and_a_fresh_backoff(mesh_factory, caplog):
@@ -58,8 +58,8 @@ async def test_a_peer_that_goes_down_twice_gives_two_link_down_lines_and_a_fresh
         await until(lambda: link.state is LinkState.UP, "the link to come back")
         await until(lambda: link.health.settled(time.monotonic()), "the link to settle again")
 
-        # Outage 2.
-        await asyncio.to_thread(mesh.stop, 2)
+        # Outage 2: the peer's process dies (kill -9): its socket drops with no close frame.
+        await asyncio.to_thread(lambda: mesh.stop(2, kill=True))
         await until(lambda: link.health.outages == 2, "the second outage")
     finally:
         await link.close()
@@ -72,6 +72,8 @@ async def test_a_peer_that_goes_down_twice_gives_two_link_down_lines_and_a_fresh
     assert [d["failures"] for d in downs] == [1, 1]
     assert all(MIN_S <= d["retry_in_s"] <= MIN_S * 2 + 1e-3 for d in downs)
     assert all(d["peer"] == n2.agent_id and d["error"] for d in downs)
+    # A peer that stopped (SIGTERM: its drain closes the socket) is news; one that crashed is a warning.
+    assert [(d["level"], d["peer_stopped"]) for d in downs] == [("INFO", "cleanly"), ("WARNING", "crashed")]
     ups = events(caplog, "link_up")
     assert len(ups) == 2 and "recovered" not in ups[0]
     assert ups[1]["recovered"] is True and ups[1]["outages"] == 1

@@ -28,6 +28,12 @@ def get(port: int, path: str) -> tuple[int, str, str]:
         return e.code, e.headers.get("Content-Type", ""), e.read().decode()
 
 
+def get_accept(port: int, path: str, accept: str) -> tuple[int, str, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Accept": accept})
+    with urllib.request.urlopen(req, timeout=5.0) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+
 def samples(port: int) -> dict[tuple[str, tuple], float]:
     status, ctype, text = get(port, "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
@@ -63,6 +69,16 @@ async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wa
     assert m[("aimem_mcp_calls_total", (("outcome", "ok"), ("tool", "memory_store")))] == 1.0
     assert m[("aimem_mcp_calls_total", (("outcome", "not_found"), ("tool", "memory_get")))] == 1.0
     assert m[("aimem_ready", ())] == 1.0
+    # What an operator's dashboards start from: the build, the process, the store's size, times as timestamps,
+    # MCP call latency; and no _created samples beside the counters.
+    assert [k for k in m if k[0] == "aimem_build_info"] and m[("process_cpu_seconds_total", ())] > 0
+    assert m[("process_start_time_seconds", ())] > 1.7e9 and m[("aimem_storage_bytes", ())] > 0
+    assert m[("aimem_sync_last_pull_timestamp_seconds", peer)] > m[("process_start_time_seconds", ())] - 1
+    assert m[("aimem_mcp_call_seconds_count", (("tool", "memory_store"),))] == 1.0
+    assert m[("aimem_mcp_call_seconds_bucket", (("le", "+Inf"), ("tool", "memory_get")))] == 1.0
+    assert not [k for k in m if k[0].endswith("_created")]
+    status, ctype, text = get_accept(n1.health_port, "/metrics", "application/openmetrics-text; version=1.0.0")
+    assert status == 200 and ctype.startswith("application/openmetrics-text") and text.endswith("# EOF\n")
 
     status, _, body = get(n1.health_port, "/readyz")
     assert status == 200 and json.loads(body)["ready"] is True
@@ -86,3 +102,10 @@ async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wa
     body = json.loads(ready[2])
     assert body["ready"] is False and [r["code"] for r in body["reasons"]] == ["no_peer_link"]
     assert samples(n1.health_port)[("aimem_peer_link_up", peer)] == 0.0
+    # Each switch of /readyz is one log line, both ways: ready at start, not ready with its reasons now.
+    wait_for(lambda: node_log.has(n1, "not_ready", reasons=["no_peer_link"]), "the switch to not ready logged")
+    assert node_log.has(n1, "ready", not_ready_s=None) or node_log.has(n1, "ready")
+    # The start-up line says what runs, from which file, on what, where it listens and whom it trusts.
+    [start] = [e for e in node_log(n1) if e["event"] == "node_ready"]
+    assert start["config"] == str(n1.config_path.absolute()) and start["backend"] == "sqlite"
+    assert start["health"] == f"127.0.0.1:{n1.health_port}" and start["trust"] == "pinned" and start["version"]

@@ -71,6 +71,26 @@ def test_queued_message_is_delivered_on_a_retry_after_the_peer_starts(mesh_facto
     assert not node_log.has(n1, "dead_letter", correlation_id=cid)
 
 
+def test_a_message_waiting_its_retry_for_a_link_goes_out_when_the_link_comes_up(mesh_factory, cli, node_log,
+                                                                                wait_for):
+    """Its retry is 5 minutes away; the link's coming up, not the schedule, sends it (a replayed dead letter
+    queued while the peer was down goes out so too)."""
+    mesh = mesh_factory(2, a2a={"ttl_s": 3600.0, "retry_delays_s": [300.0], "ack_timeout_s": 0.5})
+    n1, n2 = mesh.layout.node(1), mesh.layout.node(2)
+    mesh.start([1], want_links=False)
+    rc, out, err = cli(n1, "a2a", "send", "--to", n2.agent_id, "--queue")
+    assert rc == 0, err
+    cid = out["queued"]
+    wait_for(lambda: node_log.has(n1, "retry_scheduled", correlation_id=cid, attempt=1),
+             "the first attempt to fail while node 2 is down", timeout_s=15)
+    mesh.start([2], want_links=False)
+    wait_for(lambda: _peer_row(cli, n1, n2.agent_id)["outbox_depth"] == 0, "the message sent once the link is up",
+             timeout_s=60, poll_s=0.3)
+    assert node_log.has(n1, "sent_on_link_up", peer=n2.agent_id, rows=1)
+    rc, out = _send(cli, n1, n2.agent_id, "--correlation-id", cid)
+    assert out["ack"]["reason"] == "duplicate"  # node 2 holds it
+
+
 # Short schedule: 3 attempts of up to ack_timeout_s each (waiting for a link that never comes up). Where the
 # peer starts after the replay, the replayed message's attempts must outlast the peer's start: 2 s each.
 DEAD_LETTER_CONFIG = "[a2a]\nretry_delays_s = [0.2, 0.4]\nack_timeout_s = 2.0\n"
@@ -134,6 +154,9 @@ def test_dead_letter_is_kept_after_the_peer_comes_back_until_replayed(mesh_facto
     mesh.start([2])  # both links up: node 2 has pulled node 1's change log
     new_cid = _replay_all(cli, n1, dead_row)
     _assert_delivered(cli, wait_for, n1, n2, new_cid)
+    # The node that sent it says so: which dead letter went out again, under which correlation id.
+    assert node_log.has(n1, "dead_letter_replayed", dead_letter=dead_row["id"], correlation_id=new_cid,
+                        peer=n2.agent_id)
 
 
 MEMORIES = 50

@@ -307,3 +307,32 @@ async def test_removing_a_member_closes_its_open_socket_before_its_next_envelope
         result = (await p.link.send_many([(late.correlation_id, late.to_wire())], timeout_s=2.0))[0]
         assert isinstance(result, MeshError)
         assert late.correlation_id not in applied
+
+
+async def test_connections_refused_at_the_handshake_are_counted_as_rejections(pki) -> None:
+    """not_a_member and peer_key_mismatch are answered before any message is read: aimem_rejections_total counts
+    them (the receiver's counters) as it counts the messages it refuses."""
+    from mesh import tls
+    from mesh.link import post_envelope
+
+    members = {CLIENT_ID}
+
+    async def apply(env, sender):
+        return Ack.ok(env.correlation_id, SERVER_ID)
+
+    async with pair(pki, apply, member=lambda a: a in members) as p:
+        url, ctx = p.link.url, tls.client_context(pki.client_cert, pki.client.priv_path, pki.ca_dir / "ca.crt")
+        pinned = {SERVER_ID: pki.server.public_key}
+
+        async def post() -> int:
+            status, _, _ = await post_envelope(url, _live(), ctx, expected_agent_id=SERVER_ID, pinned=pinned,
+                                               timeout_s=5.0, max_bytes=1 << 20)
+            return status
+
+        members.clear()
+        assert await post() == 403
+        members.add(CLIENT_ID)
+        p.hooks.pinned()[CLIENT_ID] = pki.server.public_key  # the server now pins another key for the client
+        assert await post() == 403
+        assert p.receiver.counters["rejected:not_a_member"] == 1
+        assert p.receiver.counters["rejected:peer_key_mismatch"] == 1

@@ -223,11 +223,11 @@ async def test_a_running_pull_loop_applies_the_parked_items_within_a_second_of_t
 
 async def test_metrics_show_each_peers_unknown_key_items() -> None:
     scrape = Scrape(peers={PEER: PeerScrape(state="up", outbox_depth=0, dead_letters=0, last_sync_seq=3, parked=3,
-                                            parked_unknown_key=2, sync_age_s=1.0)},
+                                            parked_unknown_key=2, sync_last_pull_unix_s=1.0)},
                     rejections={}, hooks={}, mcp_calls={}, ready=True, writer_busy_s=0.0)
 
     async def current() -> Scrape:
         return scrape
-    text = (await NodeMetrics(current).render()).decode()
+    text = (await NodeMetrics(current).render())[0].decode()
     assert f'aimem_sync_parked_unknown_key{{peer="{PEER}"}} 2.0' in text
     assert f'aimem_sync_parked{{peer="{PEER}"}} 3.0' in text

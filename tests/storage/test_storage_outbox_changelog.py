@@ -76,6 +76,27 @@ async def test_exhausted_message_moves_to_dead_letters_and_back(db: Database):
     assert await db.read(outbox.dead_letters) == []
 
 
+async def test_a_dead_letter_id_is_never_given_twice(db: Database):
+    """The newest dead letter replayed (or cleared) leaves its id unused: `--replay ID` never names another message."""
+    first = [await db.write(outbox.to_dead_letter, await _enqueue(db, f"c{i}", "ai:b"), "x", 1) for i in range(2)]
+    await db.write(outbox.replay_dead_letter, first[1], 10, 70)
+    third = await db.write(outbox.to_dead_letter, await _enqueue(db, "c2", "ai:b"), "x", 2)
+    await db.write(outbox.clear_dead_letters)
+    await _enqueue(db, "c3", "ai:b")
+    await _enqueue(db, "c4", "ai:c")
+    assert await db.write(outbox.dead_letter_peers_except, ["ai:b"], "peer removed", 3) == 1
+    assert await db.write(outbox.dead_letter_peers_except, [], "all removed", 4) == 2  # c1 (replayed) and c3
+    ids = [d.id for d in await db.read(outbox.dead_letters)]
+    assert first == [1, 2] and third == 3 and ids == [4, 5, 6]
+
+
+async def test_a_replayed_row_says_which_dead_letter_it_came_from(db: Database):
+    dead_id = await db.write(outbox.to_dead_letter, await _enqueue(db, "c1", "ai:b"), "x", 1)
+    fresh = await db.read(outbox.get, await _enqueue(db, "c2", "ai:b"))
+    replayed = await db.read(outbox.get, await db.write(outbox.replay_dead_letter, dead_id, 10, 70))
+    assert (fresh.replayed_from, replayed.replayed_from) == (None, dead_id)
+
+
 async def test_replay_with_a_fresh_envelope_and_correlation_id(db: Database):
     i = await _enqueue(db, "c1", "ai:b")
     dead_id = await db.write(outbox.to_dead_letter, i, "x", 1)
