@@ -16,37 +16,27 @@ import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from a2a.kinds import LINKS_PUT_MAX_ITEMS
 from a2a.retry import RETRY_DELAYS_S
 from a2a.seen import SEEN_CACHE_SIZE
-from base.errors import ProjectError
 from mesh.receive import APPLY_TIMEOUT_S
 from node import agentconfig, priority
+from node.configbase import ConfigCode as ConfigCode
+from node.configbase import ConfigError as ConfigError
+from node.configbase import expect, positive
 from node.files import HomeFile, Need, explain
 from node.priority import MAX_NICE
+from node.transcriptconfig import REPLAY_MODES as REPLAY_MODES
+from node.transcriptconfig import TranscriptPolicy as TranscriptPolicy
+from node.transcriptconfig import TranscriptsConfig, parse_transcripts
 
 DEFAULT_HOME = "~/.config/ai-memory"
 HOME_ENV = "AI_MEMORY_HOME"
 HOOKS_CONFIG_ENV = "AI_MEMORY_HOOKS_CONFIG"
 LOG_LEVEL_ENV = "AI_MEMORY_LOG_LEVEL"
-
-
-class ConfigCode(StrEnum):
-    """The codes a ConfigError carries."""
-
-    CONFIG_NOT_FOUND = "config_not_found"
-    CONFIG_MALFORMED = "config_malformed"
-    CONFIG_UNKNOWN_KEY = "config_unknown_key"
-    CONFIG_INVALID = "config_invalid"
-    CONFIG_UNREADABLE = "config_unreadable"
-
-
-class ConfigError(ProjectError):
-    """A configuration that cannot be used; ``code`` is stable, the message names key and value."""
 
 
 @dataclass(frozen=True)
@@ -114,45 +104,6 @@ class KgConfig:
     max_relations: int = 16
     # Most links memory_kg_timeline lists.
     max_timeline: int = 1000
-
-
-# Values `replay` may take in a [transcripts] table.
-REPLAY_MODES = ("allow", "deny")
-
-
-@dataclass(frozen=True)
-class TranscriptPolicy:
-    """How one namespace keeps transcripts (docs/transcripts.md). Times in seconds, sizes in UTF-8 bytes."""
-
-    # Off by default: a namespace stores transcripts only when it opts in.
-    enabled: bool = False
-    # A transcript moves from the hot table to the archive this long after it was stored ...
-    ttl_s: float = 30 * 86_400.0
-    # ... and is deleted, with its span links, this long after it was archived.
-    prune_after_s: float = 60 * 86_400.0
-    # Largest transcript (UTF-8 bytes of the text) a store or a peer may bring.
-    max_bytes: int = 1024 * 1024
-    # Most spans one transcript may cite.
-    max_spans: int = 1000
-    # Whole-transcript replay (full=true): "allow" | "deny". Cited spans are always replayable.
-    replay: str = "deny"
-    # Replicate this namespace's transcripts to the peers that may see it (else they stay on this node).
-    replicate: bool = False
-
-
-@dataclass(frozen=True)
-class TranscriptsConfig:
-    # Every namespace not named below.
-    default: TranscriptPolicy = TranscriptPolicy()
-    # Per-namespace policies: [transcripts."<ns>"], each key defaulting to the table above.
-    namespaces: dict[str, TranscriptPolicy] = field(default_factory=dict)
-    # Most transcripts one lifecycle pass archives or prunes per namespace (one transaction each).
-    lifecycle_batch: int = 500
-    # A running node makes one lifecycle pass this often (`ai-memory transcript lifecycle` makes one now).
-    lifecycle_interval_s: float = 3600.0
-
-    def policy(self, namespace: str) -> TranscriptPolicy:
-        return self.namespaces.get(namespace, self.default)
 
 
 @dataclass(frozen=True)
@@ -465,12 +416,12 @@ def from_dict(raw: dict[str, Any], *, env: Mapping[str, str] | None = None,
     if env.get(HOME_ENV):
         home = Path(env[HOME_ENV]).expanduser()
     elif in_file is not None:
-        home = Path(_expect(str, "home", in_file)).expanduser()
+        home = Path(expect(str, "home", in_file)).expanduser()
         if config_dir is not None and not home.is_absolute():
             home = config_dir / home
     else:
         home = config_dir if config_dir is not None else Path(DEFAULT_HOME).expanduser()
-    agent_id = _expect(str, "agent_id", raw.pop("agent_id", ""))
+    agent_id = expect(str, "agent_id", raw.pop("agent_id", ""))
     sections = {name: _section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
     if env.get(HOOKS_CONFIG_ENV):
         sections["hooks"] = dataclasses.replace(sections["hooks"], config=Path(env[HOOKS_CONFIG_ENV]))
@@ -481,25 +432,11 @@ def from_dict(raw: dict[str, Any], *, env: Mapping[str, str] | None = None,
     return cfg
 
 
-def _expect(typ: type | tuple[type, ...], key: str, value: Any) -> Any:
-    if isinstance(value, bool) and typ is not bool and bool not in (typ if isinstance(typ, tuple) else (typ,)):
-        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be {_tname(typ)}, got {value!r}")
-    if not isinstance(value, typ):
-        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be {_tname(typ)}, got {value!r}")
-    return value
-
-
-def _tname(typ: type | tuple[type, ...]) -> str:
-    if isinstance(typ, tuple):
-        return " or ".join(t.__name__ for t in typ)
-    return typ.__name__
-
-
 def _section(name: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(ConfigCode.CONFIG_INVALID, f"[{name}] must be a table, got {raw!r}")
     if cls is TranscriptsConfig:
-        return _transcripts(raw)
+        return parse_transcripts(raw)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
@@ -519,108 +456,55 @@ def _coerce(dotted: str, f: dataclasses.Field[Any], value: Any) -> Any:
             return value
         raise ConfigError(ConfigCode.CONFIG_INVALID, f"{dotted} must be \"majority\" or an integer >= 1, got {value!r}")
     if isinstance(default, Path):
-        return Path(_expect(str, dotted, value))
+        return Path(expect(str, dotted, value))
     if isinstance(default, tuple):
-        items = _expect(list, dotted, value)
-        return tuple(float(_expect((int, float), f"{dotted}[{i}]", v)) for i, v in enumerate(items))
+        items = expect(list, dotted, value)
+        return tuple(float(expect((int, float), f"{dotted}[{i}]", v)) for i, v in enumerate(items))
     if isinstance(default, bool | str):  # before int: a bool is an int
-        return _expect(type(default), dotted, value)
+        return expect(type(default), dotted, value)
     if isinstance(default, float):
-        return float(_expect((int, float), dotted, value))
+        return float(expect((int, float), dotted, value))
     if isinstance(default, int):
-        return _expect(int, dotted, value)
+        return expect(int, dotted, value)
     return value
 
 
 def _peers(value: Any) -> tuple[PeerConfig, ...]:
-    items = _expect(list, "mesh.peers", value)
+    items = expect(list, "mesh.peers", value)
     peers = []
     for i, item in enumerate(items):
         key = f"mesh.peers[{i}]"
         if not isinstance(item, dict) or set(item) != {"agent_id", "url"}:
             raise ConfigError(ConfigCode.CONFIG_INVALID,
                               f"{key} must be a table with exactly agent_id and url, got {item!r}")
-        url = _expect(str, f"{key}.url", item["url"])
+        url = expect(str, f"{key}.url", item["url"])
         if not url.startswith("https://"):
             raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key}.url must start with https://, got {url!r}")
-        peers.append(PeerConfig(agent_id=_expect(str, f"{key}.agent_id", item["agent_id"]), url=url.rstrip("/")))
+        peers.append(PeerConfig(agent_id=expect(str, f"{key}.agent_id", item["agent_id"]), url=url.rstrip("/")))
     return tuple(peers)
 
 
 def _namespaces(value: Any) -> dict[str, NamespacePolicy]:
-    table = _expect(dict, "federation.namespaces", value)
+    table = expect(dict, "federation.namespaces", value)
     out = {}
     for ns, policy in table.items():
         key = f"federation.namespaces.{ns!r}"
         if not isinstance(policy, dict) or set(policy) - {"peers", "writers"}:
             raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be a table with only 'peers' and 'writers', "
                                                          f"got {policy!r}")
-        peers = _expect(list, f"{key}.peers", policy.get("peers", []))
-        writers = _expect(list, f"{key}.writers", policy.get("writers", []))
-        out[ns] = NamespacePolicy(peers=tuple(_expect(str, f"{key}.peers[]", p) for p in peers),
-                                  writers=tuple(_expect(str, f"{key}.writers[]", w) for w in writers))
+        peers = expect(list, f"{key}.peers", policy.get("peers", []))
+        writers = expect(list, f"{key}.writers", policy.get("writers", []))
+        out[ns] = NamespacePolicy(peers=tuple(expect(str, f"{key}.peers[]", p) for p in peers),
+                                  writers=tuple(expect(str, f"{key}.writers[]", w) for w in writers))
     return out
 
 
 _TABLES: dict[str, Callable[[Any], Any]] = {"mesh.peers": _peers, "federation.namespaces": _namespaces,
                                             "mcp.agents": lambda v: _agent_settings(agentconfig.parse_agents, v)}
-_TRANSCRIPTS_PASS_KEYS = ("lifecycle_batch", "lifecycle_interval_s")
-
-
-def _transcripts(raw: dict[str, Any]) -> TranscriptsConfig:
-    """[transcripts]: the policy keys give every namespace's default; a sub-table per namespace overrides them."""
-    policy_keys = {f.name for f in dataclasses.fields(TranscriptPolicy)}
-    top = {k: v for k, v in raw.items() if k in policy_keys}
-    batch = raw.get("lifecycle_batch", TranscriptsConfig.lifecycle_batch)
-    interval = raw.get("lifecycle_interval_s", TranscriptsConfig.lifecycle_interval_s)
-    default = _transcript_policy("transcripts", TranscriptPolicy(), top)
-    namespaces = {}
-    for key, value in raw.items():
-        if key in policy_keys or key in _TRANSCRIPTS_PASS_KEYS:
-            continue
-        if not isinstance(value, dict):
-            raise ConfigError(ConfigCode.CONFIG_UNKNOWN_KEY,
-                              f"unknown config key 'transcripts.{key}'; known: "
-                              f"{sorted(policy_keys | set(_TRANSCRIPTS_PASS_KEYS))} or a "
-                              "[transcripts.\"<namespace>\"] table")
-        namespaces[key] = _transcript_policy(f"transcripts.{key!r}", default, value)
-    return TranscriptsConfig(default=default, namespaces=namespaces,
-                             lifecycle_batch=_expect(int, "transcripts.lifecycle_batch", batch),
-                             lifecycle_interval_s=float(_expect((int, float), "transcripts.lifecycle_interval_s",
-                                                                interval)))
-
-
-def _transcript_policy(where: str, base: TranscriptPolicy, raw: dict[str, Any]) -> TranscriptPolicy:
-    fields = {f.name: f for f in dataclasses.fields(TranscriptPolicy)}
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        dotted = f"{where}.{key}"
-        if key not in fields:
-            raise ConfigError(ConfigCode.CONFIG_UNKNOWN_KEY, f"unknown config key {dotted!r}; known: {sorted(fields)}")
-        default = getattr(TranscriptPolicy(), key)
-        if isinstance(default, bool):
-            kwargs[key] = _expect(bool, dotted, value)
-        elif isinstance(default, float):
-            kwargs[key] = float(_expect((int, float), dotted, value))
-        else:
-            kwargs[key] = _expect(type(default), dotted, value)
-    policy = dataclasses.replace(base, **kwargs)
-    for key in ("ttl_s", "prune_after_s", "max_bytes", "max_spans"):
-        _positive(f"{where}.{key}", getattr(policy, key))
-    if policy.replay not in REPLAY_MODES:
-        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{where}.replay must be allow|deny, got {policy.replay!r}")
-    return policy
-
-
-def _positive(key: str, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(ConfigCode.CONFIG_INVALID, f"{key} must be > 0, got {value!r}")
-
-
 def _validate_hooks(hooks: HooksConfig) -> None:
     for f in dataclasses.fields(HooksConfig):
         if f.name != "config":
-            _positive(f"hooks.{f.name}", getattr(hooks, f.name))
+            positive(f"hooks.{f.name}", getattr(hooks, f.name))
     if hooks.daemon_restart_min_s > hooks.daemon_restart_max_s:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"hooks.daemon_restart_min_s ({hooks.daemon_restart_min_s}) must "
@@ -654,7 +538,7 @@ MAX_PORT = 65535
 
 def _validate_approval(a: ApprovalConfig) -> None:
     for key in ("default_timeout_seconds", "sweep_interval_s", "timestamp_window_s", "key_grace_s"):
-        _positive(f"approval.{key}", getattr(a, key))
+        positive(f"approval.{key}", getattr(a, key))
     if not 0 <= a.http_port <= MAX_PORT:
         raise ConfigError(ConfigCode.CONFIG_INVALID, f"approval.http_port must be in 0..65535, got {a.http_port!r}")
     if a.http_host not in ("127.0.0.1", "::1"):
@@ -668,17 +552,17 @@ _ZERO_IS_OFF = frozenset({"peer_requests_per_second"})
 
 
 def _validate(cfg: NodeConfig) -> None:
-    _all_positive(cfg, [f"{section}.{f.name}" for section in ("limits", "kg")
+    _allpositive(cfg, [f"{section}.{f.name}" for section in ("limits", "kg")
                         for f in dataclasses.fields(getattr(cfg, section)) if f.name not in _ZERO_IS_OFF])
     if cfg.limits.peer_requests_per_second < 0:
         raise ConfigError(ConfigCode.CONFIG_INVALID, "limits.peer_requests_per_second must be >= 0 (0 = no limit), got "
                                                      f"{cfg.limits.peer_requests_per_second}")
-    _all_positive(cfg, _POSITIVE_STORAGE_A2A)
-    _positive("transcripts.lifecycle_batch", cfg.transcripts.lifecycle_batch)
-    _positive("transcripts.lifecycle_interval_s", cfg.transcripts.lifecycle_interval_s)
+    _allpositive(cfg, _POSITIVE_STORAGE_A2A)
+    positive("transcripts.lifecycle_batch", cfg.transcripts.lifecycle_batch)
+    positive("transcripts.lifecycle_interval_s", cfg.transcripts.lifecycle_interval_s)
     _validate_retry_delays(cfg)
     _validate_listen_addresses(cfg)
-    _all_positive(cfg, _POSITIVE_MESH_FEDERATION)
+    _allpositive(cfg, _POSITIVE_MESH_FEDERATION)
     _validate_sync_mode_and_backoff(cfg)
     _validate_peers(cfg)
     _validate_federation_trust_and_log(cfg)
@@ -692,10 +576,10 @@ def _agent_settings(check: Callable[..., Any], *args: Any) -> Any:
         raise ConfigError(ConfigCode.CONFIG_INVALID, str(e)) from None
 
 
-def _all_positive(cfg: NodeConfig, keys: Iterable[str]) -> None:
+def _allpositive(cfg: NodeConfig, keys: Iterable[str]) -> None:
     for key in keys:
         section, name = key.split(".")
-        _positive(key, getattr(getattr(cfg, section), name))
+        positive(key, getattr(getattr(cfg, section), name))
 
 
 def _validate_retry_delays(cfg: NodeConfig) -> None:
@@ -711,7 +595,7 @@ def _validate_listen_addresses(cfg: NodeConfig) -> None:
             raise ConfigError(ConfigCode.CONFIG_INVALID, f"mesh.{key} must be in 0..{MAX_PORT}, got {port!r}")
     if not cfg.mesh.health_host.strip():
         raise ConfigError(ConfigCode.CONFIG_INVALID, "mesh.health_host must be an address or host name, got ''")
-    _positive("mcp.join_wait_s", cfg.mcp.join_wait_s)
+    positive("mcp.join_wait_s", cfg.mcp.join_wait_s)
     if not 0 <= cfg.mcp.http_port <= MAX_PORT:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"mcp.http_port must be in 0..{MAX_PORT}, got {cfg.mcp.http_port!r}")
@@ -749,7 +633,7 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
     if cfg.federation.orphan_hold_s < 0:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"federation.orphan_hold_s must be >= 0, got {cfg.federation.orphan_hold_s}")
-    _all_positive(cfg, _POSITIVE_SYNC)
+    _allpositive(cfg, _POSITIVE_SYNC)
     if cfg.federation.send_window_bytes < MIN_SEND_WINDOW_BYTES:
         raise ConfigError(ConfigCode.CONFIG_INVALID,
                           f"federation.send_window_bytes must be >= {MIN_SEND_WINDOW_BYTES} (below "
@@ -776,13 +660,13 @@ def _validate_federation_trust_and_log(cfg: NodeConfig) -> None:
 
 
 def _validate_permissions(cfg: NodeConfig) -> None:
-    _positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
+    positive("permissions.reload_check_s", cfg.permissions.reload_check_s)
     if cfg.permissions.max_bytes_per_agent < 0:
         raise ConfigError(ConfigCode.CONFIG_INVALID, f"permissions.max_bytes_per_agent must be >= 0 (0 = no quota), "
                                                      f"got {cfg.permissions.max_bytes_per_agent}")
     _validate_approval(cfg.approval)
-    _positive("subscriptions.timeout_s", cfg.subscriptions.timeout_s)
-    _positive("subscriptions.poll_s", cfg.subscriptions.poll_s)
+    positive("subscriptions.timeout_s", cfg.subscriptions.timeout_s)
+    positive("subscriptions.poll_s", cfg.subscriptions.poll_s)
 
 
 def _validate_profile(profile: str) -> None:
