@@ -5,6 +5,7 @@ import pytest
 
 from mesh import keys
 from node.assemble import open_service
+from node.cli import main
 from node.config import NodeConfig, from_dict
 
 BACKENDS = ("sqlite", "postgres")
@@ -96,3 +97,22 @@ def tamper(cfg: NodeConfig, sql: str, params: tuple = (), *, drop_trigger: str |
         lite.commit()
     finally:
         lite.close()
+
+
+# The node of a bare home for CLI tests (`home`).
+LAB_NODE = "ai:node-1@lab"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``ai-memory ARGS`` in this process: its exit code, stdout and stderr."""
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A node home with only its identity (no config file, no store)."""
+    h = tmp_path / "n1"
+    keys.generate_identity(h / "keys", LAB_NODE)
+    return h

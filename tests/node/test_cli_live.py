@@ -8,23 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mesh import keys
-from node.cli import build_parser, main
-
-A = "ai:node-1@lab"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    home = tmp_path / "n1"
-    keys.generate_identity(home / "keys", A)
-    return home
+from node.cli import build_parser
+from tests.node.conftest import LAB_NODE as A
+from tests.node.conftest import run_cli as run
 
 
 def test_status_without_a_node_reads_the_store_and_says_so(capsys, home: Path) -> None:

@@ -11,33 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from mesh import keys
-from node.cli import main
 from node.cli.common import resolve_config
 from node.config import NodeConfig
 from node.log import iso_ms
 from node.service import Service, relative_scores
 from storage import outbox
 from storage.backend import open_database
+from tests.node.conftest import run_cli as run
 
 ROOT = Path(__file__).resolve().parents[2]
-A = "ai:node-1@lab"
 RUN_TIMEOUT_S = 60.0
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    home = tmp_path / "n1"
-    keys.generate_identity(home / "keys", A)
-    return home
 
 
 def test_status_of_a_stopped_node_exits_3_so_it_can_be_a_probe(capsys, home: Path) -> None:
