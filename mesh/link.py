@@ -220,7 +220,7 @@ class PeerLink:
         self._ended_cleanly = None
         level = logging.WARNING if error.code in _TRUST_CODES or crashed else logging.INFO
         if new_outage:
-            log.log(level, "link_down", extra={"ev": ev})
+            log.log(level, "link_down", extra={"ev": ev, "state_change": True})
         elif error.code != previous_code:  # by code: messages may differ from one attempt to the next
             log.log(level, "link_still_down", extra={"ev": ev})
         return self.last_delay_s

@@ -97,9 +97,15 @@ def _text_value(v: object) -> str:
     return orjson.dumps(v, default=str).decode()
 
 
+# The record attribute by which a warning says it marks a change of state, which RepeatLimit never holds back.
+STATE_CHANGE = "state_change"
+
+
 class RepeatLimit(logging.Filter):
     """Writes a warning from one source at most once per ``window_s`` (by the records' own times); the first one
-    written after the window carries ``repeated``, how many were left out meanwhile. Errors always pass."""
+    written after the window carries ``repeated``, how many were left out meanwhile. Errors always pass, and so
+    do state changes (a record made with ``extra={..., STATE_CHANGE: True}``: an outage beginning, a link going
+    down): their sources already log each once per change, and a second outage within the window is news."""
 
     def __init__(self, window_s: float = REPEAT_WINDOW_S, max_sources: int = REPEAT_SOURCES_MAX) -> None:
         super().__init__()
@@ -111,8 +117,8 @@ class RepeatLimit(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         fields = getattr(record, "ev", None)
         fields = fields if isinstance(fields, dict) else {}
-        if record.levelno != logging.WARNING or "correlation_id" in fields:
-            return True  # an error, or a line about one message: each is news
+        if record.levelno != logging.WARNING or "correlation_id" in fields or getattr(record, STATE_CHANGE, False):
+            return True  # an error, a line about one message, or a state change: each is news
         source = next((str(fields[k]) for k in SOURCE_FIELDS if fields.get(k) is not None), "")
         key = (record.name, record.getMessage(), source)
         last = self._last.get(key)

@@ -49,6 +49,7 @@ from node.federation.sync import PeerSync, PullSettings
 from node.hooks import HookEvent
 from node.hooks.config import load_hooks
 from node.hooks.pipeline import HookPipeline
+from node.log import STATE_CHANGE
 from node.mcp.backend import ServiceBackend
 from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
@@ -417,7 +418,8 @@ class Node:
             ok, body = self.readiness()
             switch = seen.observe(ok, body["reasons"], time.monotonic())
             if switch is not None:
-                log.log(logging.getLevelName(switch.level.upper()), switch.event, extra={"ev": dict(switch.fields)})
+                log.log(logging.getLevelName(switch.level.upper()), switch.event,
+                        extra={"ev": dict(switch.fields), STATE_CHANGE: True})
             await asyncio.sleep(WATCH_S)
 
     # ---- live state -----------------------------------------------------------------------

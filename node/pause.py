@@ -9,6 +9,7 @@ import logging
 import time
 
 from a2a import Backoff
+from node.log import STATE_CHANGE
 from storage.errors import StorageError
 
 # Between a loop's tries while its storage trouble lasts: from PAUSE_MIN_S doubling to PAUSE_MAX_S (jittered).
@@ -38,8 +39,8 @@ class StoragePause:
         if not self.failures:
             self._since = time.monotonic()
         if not self.failures or e.code != self._code:
-            self.log.warning("loop_paused", extra={"ev": {"loop": self.loop, "what": what, "code": str(e.code),
-                                                          "error": e.message}})
+            self.log.warning("loop_paused", extra={STATE_CHANGE: True, "ev": {
+                "loop": self.loop, "what": what, "code": str(e.code), "error": e.message}})
             self._code = str(e.code)
         self.failures += 1
         return self.backoff.next_delay(self.failures - 1)

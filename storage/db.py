@@ -578,8 +578,8 @@ class Database:
     def _clear(self, code: StorageCode, event: str) -> None:
         ended = self.health.clear(code)
         if ended is not None:
-            log.warning(event, extra={"ev": {"path": str(self.path), "after_s": round(time.monotonic() - ended.since,
-                                                                                        3)}})
+            log.warning(event, extra={"state_change": True, "ev": {
+                "path": str(self.path), "after_s": round(time.monotonic() - ended.since, 3)}})
 
 
 def _size(path: Path) -> int:

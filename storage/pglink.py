@@ -140,7 +140,7 @@ class Outage:
         message = (f"postgres at {self.shown} is not answering ({text}); writes and reads fail with "
                    f"storage_unavailable until it answers again, and the node reconnects on its own")
         if self.health.set(StorageCode.STORAGE_UNAVAILABLE, message):
-            log.warning("storage_unavailable", extra={"ev": {"dsn": self.shown, "error": text}})
+            log.warning("storage_unavailable", extra={"ev": {"dsn": self.shown, "error": text}, "state_change": True})
 
     def end(self) -> None:
         """The writer has a working connection again; logged when an outage was in force."""

@@ -11,7 +11,7 @@ import pytest
 
 from mesh import keys
 from node.cli import main
-from node.log import CliLines, JsonLines, RepeatLimit, TextLines
+from node.log import STATE_CHANGE, CliLines, JsonLines, RepeatLimit, TextLines
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -43,6 +43,15 @@ def test_a_warning_repeated_from_one_source_is_written_once_per_window_with_its_
     assert limit.filter(later) and later.ev == {"remote": "10.0.0.9", "repeated": 13}
     again = record("not_a_member", at=T0 + 21, remote="10.0.0.9")
     assert limit.filter(again) and "repeated" not in again.ev
+
+
+def test_a_state_change_is_never_held_back() -> None:
+    """Two outages in one window: each begins with its own line (the source logs it once per change)."""
+    limit = RepeatLimit(window_s=10.0)
+    for i in range(3):
+        r = record("storage_unavailable", at=T0 + i, dsn="host=/x")
+        setattr(r, STATE_CHANGE, True)
+        assert limit.filter(r)
 
 
 def test_the_sources_remembered_are_bounded() -> None:
