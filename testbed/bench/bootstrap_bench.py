@@ -47,6 +47,7 @@ from node.service import Service
 from testbed.bench.federation_bench import ping_window, start_pinger, stop_pinger, wait_pinger_ready
 from testbed.mesh.build import MeshLayout, NodeSpec, build_layout
 from testbed.mesh.local import LocalMesh, start_node
+from testbed.mesh.state import cpu_seconds
 from testbed.paths import BENCH_OUT, ROOT
 
 SECTION = "## Bootstrap (testbed/bench/bootstrap_bench.py)"
@@ -192,6 +193,8 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
         want = (args.nodes * args.memories, args.nodes * args.memories)
         done = await wait_caught_up(joiner, [s.agent_id for s in filled], want, args.timeout_s, t_spawn)
         t1 = time.monotonic_ns()
+        cpu = {"joiner": cpu_seconds(mesh.procs[joiner.index].pid),
+               "filled_nodes": sum(cpu_seconds(mesh.procs[s.index].pid) or 0.0 for s in filled)}
         await asyncio.sleep(min(args.baseline_s, 5.0))
         t2 = time.monotonic_ns()
     finally:
@@ -204,7 +207,11 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
             "links_per_node": args.memories, "items": items, "page_limit": args.page_limit,
             "fill_s": [round(s, 1) for s in fill_s], "caught_up_s": round(done["seconds"], 2),
             "items_per_s": round(items / done["seconds"]), "held": done["held"], "progress": done["progress"],
-            "log_lines": log_lines(joiner), "ping_baseline": base, "ping_during": during, "ping_after": after,
+            "log_lines": log_lines(joiner),
+            # CPU seconds per wall second of the catch-up (the filled nodes' include their start and the baseline).
+            "joiner_cpu_per_wall_s": None if cpu["joiner"] is None else round(cpu["joiner"] / done["seconds"], 2),
+            "filled_nodes_cpu_s": round(cpu["filled_nodes"], 1),
+            "ping_baseline": base, "ping_during": during, "ping_after": after,
             "p95_ratio": None if ratio is None else round(ratio, 2),
             "pass_time": done["seconds"] <= TIME_LIMIT_S, "pass_ratio": ratio is not None and ratio <= RATIO_LIMIT}
 
@@ -223,7 +230,9 @@ def markdown(r: dict[str, Any], command: str) -> str:
             f"<= {TIME_LIMIT_S:g} s at 5 x 100k + 100k |",
             f"| items/s (verified and applied) | {r['items_per_s']:,} | |",
             f"| joiner log lines: sync_progress / sync_caught_up | {r['log_lines']['sync_progress']} / "
-            f"{r['log_lines']['sync_caught_up']} | |", "",
+            f"{r['log_lines']['sync_caught_up']} | |",
+            f"| the joiner's CPU seconds per wall second while catching up | {fmt(r['joiner_cpu_per_wall_s'])} | |",
+            "",
             "| live pings (node 1 -> node 2) | n | failed | p50 ms | p95 ms | p99 ms |", "|---|---|---|---|---|---|"]
     for name, key in (("baseline, no bootstrap", "ping_baseline"), ("during the bootstrap", "ping_during"),
                       ("after", "ping_after")):
