@@ -34,6 +34,10 @@ class PeerScrape:
     parked_unknown_key: int
     # When the last pull of the peer's change log completed (unix seconds); None before the first one.
     sync_last_pull_unix_s: float | None
+    # Seqs of the peer's change log not pulled yet (its head at its last page minus our cursor); None before a page.
+    sync_lag_seqs: int | None = None
+    # Items received in the peer's sync pages since start.
+    sync_pulled: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,30 +83,7 @@ class _Collector(Collector):
         s = self._current()
         if s is None:
             return
-        depth = GaugeMetricFamily(f"{PREFIX}_outbox_depth", "Messages waiting in the outbox, per peer", labels=["peer"])
-        dead = GaugeMetricFamily(f"{PREFIX}_dead_letters", "Messages that exhausted their retries, per peer",
-                                 labels=["peer"])
-        up = GaugeMetricFamily(f"{PREFIX}_peer_link_up", "1 when the link to the peer is up", labels=["peer"])
-        state = GaugeMetricFamily(f"{PREFIX}_peer_link_state", "1 for the link's current state",
-                                  labels=["peer", "state"])
-        cursor = GaugeMetricFamily(f"{PREFIX}_sync_cursor", "Last change-log seq pulled from the peer", labels=["peer"])
-        pulled = GaugeMetricFamily(f"{PREFIX}_sync_last_pull_timestamp_seconds", "When the last pull of the peer's "
-                                   "change log completed (unix seconds)", labels=["peer"])
-        parked = GaugeMetricFamily(f"{PREFIX}_sync_parked", "Sync items from the peer given up on", labels=["peer"])
-        unknown_key = GaugeMetricFamily(f"{PREFIX}_sync_parked_unknown_key", "Sync items from the peer parked until "
-                                        "a key of their signer verifies them", labels=["peer"])
-        for peer, p in sorted(s.peers.items()):
-            depth.add_metric([peer], p.outbox_depth)
-            dead.add_metric([peer], p.dead_letters)
-            up.add_metric([peer], 1.0 if p.state == "up" else 0.0)
-            for st in LINK_STATES:
-                state.add_metric([peer, st], 1.0 if p.state == st else 0.0)
-            cursor.add_metric([peer], p.last_sync_seq)
-            parked.add_metric([peer], p.parked)
-            unknown_key.add_metric([peer], p.parked_unknown_key)
-            if p.sync_last_pull_unix_s is not None:
-                pulled.add_metric([peer], p.sync_last_pull_unix_s)
-        yield from (depth, dead, up, state, cursor, pulled, parked, unknown_key)
+        yield from _peer_families(s)
         rejections = CounterMetricFamily(f"{PREFIX}_rejections", "Inbound messages refused, by code", labels=["code"])
         for code, n in sorted(s.rejections.items()):
             rejections.add_metric([code], n)
@@ -143,6 +124,40 @@ def _mcp_families(s: Scrape) -> Iterator[Metric]:
     for (agent, outcome), n in sorted(s.agent_calls.items()):
         by_agent.add_metric([agent, outcome], n)
     yield by_agent
+
+
+def _peer_families(s: Scrape) -> Iterator[Metric]:
+    depth = GaugeMetricFamily(f"{PREFIX}_outbox_depth", "Messages waiting in the outbox, per peer", labels=["peer"])
+    dead = GaugeMetricFamily(f"{PREFIX}_dead_letters", "Messages that exhausted their retries, per peer",
+                             labels=["peer"])
+    up = GaugeMetricFamily(f"{PREFIX}_peer_link_up", "1 when the link to the peer is up", labels=["peer"])
+    state = GaugeMetricFamily(f"{PREFIX}_peer_link_state", "1 for the link's current state",
+                              labels=["peer", "state"])
+    cursor = GaugeMetricFamily(f"{PREFIX}_sync_cursor", "Last change-log seq pulled from the peer", labels=["peer"])
+    last_pull = GaugeMetricFamily(f"{PREFIX}_sync_last_pull_timestamp_seconds", "When the last pull of the peer's "
+                                  "change log completed (unix seconds)", labels=["peer"])
+    parked = GaugeMetricFamily(f"{PREFIX}_sync_parked", "Sync items from the peer given up on", labels=["peer"])
+    unknown_key = GaugeMetricFamily(f"{PREFIX}_sync_parked_unknown_key", "Sync items from the peer parked until "
+                                    "a key of their signer verifies them", labels=["peer"])
+    lag_seqs = GaugeMetricFamily(f"{PREFIX}_sync_lag_seqs", "Seqs of the peer's change log not pulled yet (its "
+                                 "last seq when it served the last page, minus our cursor)", labels=["peer"])
+    pulled = CounterMetricFamily(f"{PREFIX}_sync_pulled_items", "Items received in the peer's sync pages since "
+                                 "start", labels=["peer"])
+    for peer, p in sorted(s.peers.items()):
+        depth.add_metric([peer], p.outbox_depth)
+        dead.add_metric([peer], p.dead_letters)
+        up.add_metric([peer], 1.0 if p.state == "up" else 0.0)
+        for st in LINK_STATES:
+            state.add_metric([peer, st], 1.0 if p.state == st else 0.0)
+        cursor.add_metric([peer], p.last_sync_seq)
+        parked.add_metric([peer], p.parked)
+        unknown_key.add_metric([peer], p.parked_unknown_key)
+        if p.sync_last_pull_unix_s is not None:
+            last_pull.add_metric([peer], p.sync_last_pull_unix_s)
+        if p.sync_lag_seqs is not None:
+            lag_seqs.add_metric([peer], p.sync_lag_seqs)
+        pulled.add_metric([peer], p.sync_pulled)
+    yield from (depth, dead, up, state, cursor, last_pull, parked, unknown_key, lag_seqs, pulled)
 
 
 def _storage_families(s: Scrape) -> Iterator[Metric]:

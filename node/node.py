@@ -460,7 +460,9 @@ class Node:
         peers = {r["agent_id"]: PeerScrape(
             state=r["link_state"], outbox_depth=r["outbox_depth"], dead_letters=r["dead_letters"],
             last_sync_seq=r["last_sync_seq"], parked=r["parked"], parked_unknown_key=r["parked_unknown_key"],
-            sync_last_pull_unix_s=self._sync_last_pull(r["agent_id"], now))
+            sync_last_pull_unix_s=self._sync_last_pull(r["agent_id"], now),
+            sync_lag_seqs=self.syncs[r["agent_id"]].progress.lag(),
+            sync_pulled=self.syncs[r["agent_id"]].progress.pulled)
             for r in rows if r["agent_id"] in self.links}
         rejections: Counter[str] = Counter()
         for counters in (self.receiver.counters, self.fed.counters):
@@ -507,6 +509,10 @@ class Node:
     def restore_progress(self) -> dict[str, Any] | None:
         """The restore from the mesh this node runs (or ran since it started), or None."""
         return self.restore.snapshot() if self.restore is not None else None
+
+    def catch_up(self) -> dict[str, dict[str, Any]]:
+        """Each peer's catch-up: items pulled, its head vs our cursor, the percentage (sync.CatchUp)."""
+        return {peer: sync.progress.snapshot() for peer, sync in sorted(self.syncs.items())}
 
     def a2a_stats(self) -> dict[str, Any]:
         synced: Counter[str] = Counter()

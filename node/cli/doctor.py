@@ -119,6 +119,7 @@ def _status_lines(d: dict[str, Any]) -> str:
         peers = restore.get("peers", {})
         lines.append(f"  restore      {restore['state']}   items {restore.get('items') or 0}   {pct} of the peers' "
                      f"logs   peers read to the end {sum(1 for p in peers.values() if p['done'])} of {len(peers)}")
+    lines += _catch_up_lines(d.get("sync", {}).get("catch_up") or {})
     for t in d.get("transports", []):
         lines.append(f"  transport    {t}")
     for p in d["peers"]:
@@ -131,6 +132,17 @@ def _status_lines(d: dict[str, Any]) -> str:
     hooks = d.get("hooks", {}).get("hooks", [])
     lines.append(f"  hooks        {len(hooks)} ({', '.join(h['name'] for h in hooks) or 'none'})")
     return "\n".join(lines)
+
+
+def _catch_up_lines(peers: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per peer pulled from: items pulled, its head vs our cursor, the percentage."""
+    lines = []
+    for peer, c in peers.items():
+        pct = "-" if c.get("percent") is None else f"{c['percent']:g}%"
+        head = "?" if c.get("head") is None else c["head"]
+        lines.append(f"  sync         {peer:<28} {pct:>6}   pulled {c.get('pulled', 0)}   cursor {c.get('cursor')} "
+                     f"of head {head}   lag {c.get('lag_seqs') if c.get('lag_seqs') is not None else '-'} seqs")
+    return lines
 
 
 # ---- doctor ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,6 +78,8 @@ SYNC_RATE_WAIT_S = 1.0
 SYNC_RATE_WAIT_MAX_S = 60.0
 # One page's GET may take at least this long, however short a2a.ack_timeout_s is (a page is up to 500 changes).
 SYNC_FETCH_MIN_S = 10.0
+# While a pull has more pages to read, sync_progress is logged at most this often (seconds).
+SYNC_PROGRESS_LOG_S = 5.0
 
 
 class SyncOutcome(Counter[str]):
@@ -427,6 +430,26 @@ class PulledPages:
             outcome["pending"] += 1
 
 
+@dataclass(slots=True)
+class _RoundLog:
+    """One pull round's progress lines: when it began (time.monotonic()), ``progress.pulled`` then, when the last
+    line was logged, and whether one was."""
+
+    began: float
+    pulled_at_start: int
+    logged_at: float = 0.0
+    logged: bool = False
+
+    def __post_init__(self) -> None:
+        self.logged_at = self.began
+
+    def figures(self, p: CatchUp) -> dict[str, Any]:
+        items = p.pulled - self.pulled_at_start
+        took_s = time.monotonic() - self.began
+        return {"items": items, "cursor": p.cursor, "head": p.head, "percent": p.percent(),
+                "items_per_s": round(items / took_s, 1) if took_s > 0 else None}
+
+
 def ref_of(item: dict[str, Any]) -> Any:
     """What a pulled item names: its memory, transcript or link's first end (an invalidation: its link)."""
     memory_id = item.get("memory", {}).get("id")
@@ -465,6 +488,37 @@ def apply_order(item: dict[str, Any]) -> int:
             "link.put": 1}.get(str(item.get("kind")), 2)
 
 
+@dataclass(slots=True)
+class CatchUp:
+    """How far this node's pulls of one peer's change log got, for ``status``, ``/metrics`` and the log:
+    ``pulled`` items received in pages since start; ``cursor`` the last seq read; ``head`` the peer's last seq when
+    it served the last page (None before the first page); ``base`` the cursor the current catch-up began at (the
+    percentage counts from there: a log's seqs need not start at 1)."""
+
+    pulled: int = 0
+    cursor: int = 0
+    head: int | None = None
+    base: int = 0
+
+    def lag(self) -> int | None:
+        """Seqs of the peer's log not read yet (as of its last page); None before the first page."""
+        return None if self.head is None else max(0, self.head - self.cursor)
+
+    def percent(self) -> float | None:
+        """How much of the current catch-up was read, 0..100 (floored: 100 only when caught up); None before the
+        first page."""
+        if self.head is None:
+            return None
+        if self.cursor >= self.head:
+            return 100.0
+        span = self.head - self.base
+        return math.floor(1000.0 * (self.cursor - self.base) / span) / 10 if span > 0 else 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"pulled": self.pulled, "cursor": self.cursor, "head": self.head, "lag_seqs": self.lag(),
+                "percent": self.percent()}
+
+
 class SyncLink(Protocol):
     """What a pull needs of a peer link (``mesh.link.PeerLink``)."""
 
@@ -488,6 +542,7 @@ class PullSettings:
     rate_wait_max_s: float = SYNC_RATE_WAIT_MAX_S
     max_pages: int = SYNC_MAX_PAGES
     key_check_s: float = KEYRING_RECHECK_S
+    progress_log_s: float = SYNC_PROGRESS_LOG_S
 
     @classmethod
     def of(cls, cfg: NodeConfig) -> PullSettings:
@@ -518,6 +573,8 @@ class PeerSync:
         self.stats: Counter[str] = Counter()
         # time.monotonic() of the last completed pull; None before the first.
         self.synced_at: float | None = None
+        # How far the pulls got (status, /metrics, the log).
+        self.progress = CatchUp()
         self._stopping = False
         # The peer's parking is full (a page stalled): logged once until a page goes through again.
         self._stalled = False
@@ -596,6 +653,8 @@ class PeerSync:
                                if p != self.peer and other.state is LinkState.UP))
         restoring = self.restore is not None and self.restore.wants(self.peer)
         waited_s, told = 0.0, 0  # told: the items applied this round the restore's progress counts already
+        self.progress.cursor = self.progress.base = since
+        round_log = _RoundLog(time.monotonic(), self.progress.pulled)
         for _ in range(self.settings.max_pages):
             page = await self._page(since, skip, waited_s, restoring)
             if page is None:  # refused for now: waited, ask again
@@ -610,6 +669,7 @@ class PeerSync:
             if page["next"] > since:
                 since = page["next"]
                 await self.db.write(partial(changelog.set_peer_state, peer=self.peer, last_sync_seq=since))
+            self._progressed(page, since, round_log)
             if restoring and self.restore is not None:
                 # Read to its end with nothing from it still waiting to be applied (a link ahead of its memory).
                 self.restore.page(self.peer, since, page.get("head"), outcome["applied"] - told,
@@ -622,7 +682,26 @@ class PeerSync:
         level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] \
             or outcome["unknown_key"] or outcome["stalled"] else logging.DEBUG
         pull_log.log(level, "synced", extra={"ev": {"peer": self.peer, "last_sync_seq": since, **outcome}})
+        if round_log.logged:
+            pull_log.info("sync_caught_up", extra={"ev": {"peer": self.peer, **round_log.figures(self.progress)}})
         return outcome["applied"]
+
+    def _progressed(self, page: dict[str, Any], since: int, round_log: _RoundLog) -> None:
+        """Note one page in ``progress``; while more pages follow, log sync_progress every ``progress_log_s``."""
+        p = self.progress
+        items = page["items"]
+        if p.pulled == round_log.pulled_at_start and p.base == 0 and items and isinstance(items[0], dict) \
+                and isinstance(items[0].get("seq"), int):
+            p.base = items[0]["seq"] - 1  # a first pull: count from the log's first seq (a restored log starts high)
+        p.pulled += len(items)
+        p.cursor = since
+        head = page.get("head")
+        # An older peer's page has no head: the page's end is as far as it says.
+        p.head = max(head, since) if isinstance(head, int) and not isinstance(head, bool) else since
+        now = time.monotonic()
+        if page["more"] and now - round_log.logged_at >= self.settings.progress_log_s:
+            round_log.logged_at, round_log.logged = now, True
+            pull_log.info("sync_progress", extra={"ev": {"peer": self.peer, **round_log.figures(p)}})
 
     def _held_at(self, since: int, stalled: int) -> bool:
         """True when the page's ``unknown_key`` items found no parking room: the cursor stays at ``since`` (the

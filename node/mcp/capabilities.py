@@ -117,7 +117,9 @@ async def _sync(svc: Service, runtime: Runtime | None) -> dict[str, Any]:
     fed = svc.cfg.federation
     return {**stored, "interval_s": fed.sync_interval_s, "park_after": fed.sync_park_after,
             "page_limit": fed.sync_page_limit, "park_max": fed.sync_park_max,
-            "restore": await _restore(svc, runtime)}
+            "restore": await _restore(svc, runtime),
+            # The running node's pulls: per peer, items pulled, its head vs our cursor, percent (None: not running).
+            "catch_up": runtime.catch_up() if runtime is not None else None}
 
 
 async def _restore(svc: Service, runtime: Runtime | None) -> dict[str, Any] | None:

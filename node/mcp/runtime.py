@@ -24,6 +24,10 @@ class Runtime(Protocol):
         """The doors the node serves, e.g. ``mesh:mtls:HOST:PORT``, ``mcp:socket:PATH``."""
         ...
 
+    def catch_up(self) -> dict[str, dict[str, Any]]:
+        """Each peer's catch-up by sync: items pulled, the peer's head seq vs our cursor, lag in seqs, percent."""
+        ...
+
     def restore_progress(self) -> dict[str, Any] | None:
         """The restore from the mesh the node runs or ran since it started (items, percent, each peer), or None."""
         ...

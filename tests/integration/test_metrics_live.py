@@ -66,7 +66,10 @@ async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wa
     assert m[("aimem_peer_link_up", peer)] == 1.0
     assert m[("aimem_peer_link_state", (*peer, ("state", "up")))] == 1.0
     assert ("aimem_outbox_depth", peer) in m and ("aimem_dead_letters", peer) in m
-    assert ("aimem_sync_cursor", peer) in m
+    assert ("aimem_sync_cursor", peer) in m and ("aimem_sync_pulled_items_total", peer) in m
+    # Once a pull read node 2's log to its end, nothing of it is left to pull.
+    wait_for(lambda: samples(n1.health_port).get(("aimem_sync_lag_seqs", peer)) == 0.0,
+             "node 2's log pulled to its end")
     assert m[("aimem_mcp_calls_total", (("outcome", "ok"), ("tool", "memory_store")))] == 1.0
     assert m[("aimem_mcp_calls_total", (("outcome", "not_found"), ("tool", "memory_get")))] == 1.0
     assert m[("aimem_ready", ())] == 1.0
@@ -91,6 +94,10 @@ async def test_metrics_readiness_and_live_cli_on_a_running_mesh(mesh_factory, wa
     st = ai_memory(n1, "status", "--json")
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["source"] == "node" and json.loads(st.stdout)["node_running"] is True
+    assert json.loads(st.stdout)["sync"]["catch_up"][n2.agent_id]["percent"] == 100.0
+    human = ai_memory(n1, "status").stdout
+    row = rf"sync +{re.escape(n2.agent_id)} +100% +pulled \d+ +cursor \d+ of head \d+ +lag 0 seqs"
+    assert re.search(row, human), human
 
     # At the default level an idle sync round (nothing applied, pending or parked) is not logged.
     events = node_log(n1)

@@ -33,6 +33,9 @@ class FakeRuntime:
     def restore_progress(self) -> dict[str, Any] | None:
         return None
 
+    def catch_up(self) -> dict[str, dict[str, Any]]:
+        return {PEER: {"pulled": 7, "cursor": 7, "head": 7, "lag_seqs": 0, "percent": 100.0}}
+
 
 async def test_capabilities_read_the_runtime_when_a_node_runs_here(service) -> None:
     caps = await capabilities(service, FakeRuntime())

@@ -121,3 +121,78 @@ def test_reject_codes_are_the_strings_peers_have_always_been_sent() -> None:
         "rejected:rate_limited"
     applied = Applied(RejectCode.BAD_SIGNATURE)
     assert applied.code == "bad_signature" and type(applied.code) is str  # stored by value, never by name
+
+
+class GatedLink(PageLink):
+    """A PageLink that holds its ``gate_at``-th GET (1-based) until ``gate`` is set: the pull is mid-way."""
+
+    def __init__(self, gate_at: int, *answers: dict[str, Any]) -> None:
+        super().__init__(*answers)
+        self.gate_at = gate_at
+        self.gate = asyncio.Event()
+        self.held = asyncio.Event()
+
+    async def fetch(self, path: str, params: Mapping[str, int | str], *, timeout_s: float) -> bytes:
+        if len(self.asked) + 1 == self.gate_at:
+            self.held.set()
+            await asyncio.wait_for(self.gate.wait(), 10)
+        return await super().fetch(path, params, timeout_s=timeout_s)
+
+
+def _nth_memory_put(seq: int) -> dict[str, Any]:
+    item = _memory_put(seq)
+    return {**item, "memory": {**item["memory"], "id": f"11111111-1111-4111-8111-{seq:012d}"}}
+
+
+def _pages(total: int, per_page: int, head: int) -> list[dict[str, Any]]:
+    return [{"items": [_nth_memory_put(s) for s in range(start, min(start + per_page, total + 1))],
+             "next": min(start + per_page - 1, total), "more": start + per_page <= total, "head": head}
+            for start in range(1, total + 1, per_page)]
+
+
+async def _rendered(sync: PeerSync) -> str:
+    from node.metrics import NodeMetrics, PeerScrape, Scrape
+
+    peer = PeerScrape(state="up", outbox_depth=0, dead_letters=0, last_sync_seq=sync.progress.cursor, parked=0,
+                      parked_unknown_key=0, sync_last_pull_unix_s=None, sync_lag_seqs=sync.progress.lag(),
+                      sync_pulled=sync.progress.pulled)
+
+    async def scrape() -> Scrape:
+        return Scrape(peers={PEER: peer}, rejections={}, hooks={}, mcp_calls={}, ready=True, writer_busy_s=0.0)
+    return (await NodeMetrics(scrape).render()).decode()
+
+
+async def test_a_catch_up_over_several_pages_shows_its_percentage_while_behind_and_100_when_caught_up(
+        svc: Service, caplog: pytest.LogCaptureFixture) -> None:
+    link = GatedLink(3, *_pages(total=10, per_page=4, head=10))
+    settings = PullSettings(page_limit=4, interval_s=60.0, fetch_timeout_s=5.0, progress_log_s=0.0)
+    fed = svc.replicator
+    sync = PeerSync(PEER, {PEER: link}, fed.pulled, fed.accepts, svc.db, settings)  # type: ignore[union-attr]
+    assert sync.progress.snapshot() == {"pulled": 0, "cursor": 0, "head": None, "lag_seqs": None, "percent": None}
+    caplog.set_level("INFO", logger="node")
+    pull = asyncio.create_task(sync.pull())
+    await asyncio.wait_for(link.held.wait(), 10)  # two pages of three read, the third held
+    behind = sync.progress.snapshot()
+    assert behind == {"pulled": 8, "cursor": 8, "head": 10, "lag_seqs": 2, "percent": 80.0}
+    metrics = await _rendered(sync)
+    assert f'aimem_sync_lag_seqs{{peer="{PEER}"}} 2.0' in metrics
+    assert f'aimem_sync_pulled_items_total{{peer="{PEER}"}} 8.0' in metrics
+    link.gate.set()
+    assert await asyncio.wait_for(pull, 10) == 10
+    assert sync.progress.snapshot() == {"pulled": 10, "cursor": 10, "head": 10, "lag_seqs": 0, "percent": 100.0}
+    assert f'aimem_sync_lag_seqs{{peer="{PEER}"}} 0.0' in await _rendered(sync)
+    events = [(r.msg, getattr(r, "ev", {})) for r in caplog.records if r.msg in ("sync_progress", "sync_caught_up")]
+    # A line per page while more follow (progress_log_s 0), then one when caught up.
+    assert [(msg, ev["items"], ev["percent"]) for msg, ev in events] == [
+        ("sync_progress", 4, 40.0), ("sync_progress", 8, 80.0), ("sync_caught_up", 10, 100.0)]
+    assert all(ev["peer"] == PEER and "items_per_s" in ev for _, ev in events)
+
+
+def test_a_catch_up_counts_from_where_it_began_and_floors_below_100_until_caught_up() -> None:
+    from node.federation.sync import CatchUp
+
+    restored = CatchUp(pulled=500, cursor=1_700_000_000_000_500, head=1_700_000_000_001_000,
+                       base=1_700_000_000_000_000)
+    assert restored.percent() == 50.0 and restored.lag() == 500
+    assert CatchUp(cursor=99_999, head=100_000).percent() == 99.9
+    assert CatchUp(cursor=7, head=7, base=7).percent() == 100.0
