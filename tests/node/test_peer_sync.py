@@ -159,7 +159,8 @@ async def _rendered(sync: PeerSync) -> str:
 
     async def scrape() -> Scrape:
         return Scrape(peers={PEER: peer}, rejections={}, hooks={}, mcp_calls={}, ready=True, writer_busy_s=0.0)
-    return (await NodeMetrics(scrape).render()).decode()
+    body, _ = await NodeMetrics(scrape).render()
+    return body.decode()
 
 
 async def test_a_catch_up_over_several_pages_shows_its_percentage_while_behind_and_100_when_caught_up(
