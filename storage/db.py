@@ -77,9 +77,9 @@ _SEGMENT_PAGES_SQL = ("SELECT id >> 37, count(*) FROM memories_fts_data WHERE id
 # While the disk is full, the store is writable again once its filesystem has this much free (statvfs, for an
 # unprivileged writer) and a small write commits (``recheck_full``): room for a few batches' WAL frames.
 FULL_CLEAR_FREE_BYTES = 1024 * 1024
-# The errors that say something about the store as a whole (its condition), not about one write.
 # An SQLite file shorter than its header has lost its first page (truncated).
 SQLITE_HEADER_BYTES = 100
+# The errors that say something about the store as a whole (its condition), not about one write.
 _CONDITION_CODES = (StorageCode.STORAGE_FULL, StorageCode.STORAGE_CORRUPT, StorageCode.STORAGE_UNAVAILABLE)
 
 
