@@ -227,9 +227,10 @@ class Node:
         the ``node_ready`` line carries besides the bound port (``banner()``)."""
         notifier = notifier or Notifier(None)
         try:
-            # Every listener is bound before any task starts: a port or socket in use is one plain error.
-            port = await self.server.start()
+            # Every listener is bound before any task starts: a port or socket in use is one plain error. The
+            # local socket and MCP HTTP first, so that /healthz answering means every listener is up.
             await self._start_extras()
+            port = await self.server.start()
             self._warn_unpinned_peers(list(self.links))
             async with asyncio.TaskGroup() as tg:
                 for peer in self.links:
