@@ -29,20 +29,12 @@ from node.assemble import open_service
 from node.config import from_dict
 from node.mcp.backend import ServiceBackend
 from node.node import GIL_SWITCH_INTERVAL_S
+from testbed.bench.figures import ms_stats as stats
 from testbed.paths import BENCH_OUT
 
 NODE = "ai:bench@lab"
 AGENT = "ai:bench-agent@lab"
 ROUNDS = 40
-
-
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-
-
-def stats(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "p50_ms": pct(xs, 50), "p95_ms": pct(xs, 95), "p99_ms": pct(xs, 99)}
 
 
 async def local_calls(backend: ServiceBackend, calls: int) -> dict[str, dict[str, list[float]]]:

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import re
 import shlex
@@ -44,11 +42,17 @@ from typing import Any
 from node.assemble import open_service
 from node.config import load_config
 from node.service import Service
-from testbed.bench.federation_bench import ping_window, start_pinger, stop_pinger, wait_pinger_ready
+from testbed.bench.federation_bench import (
+    ping_window,
+    start_pinger,
+    stop_pinger,
+    wait_pinger_ready,
+    write_perf_md,
+    write_result,
+)
 from testbed.mesh.build import MeshLayout, NodeSpec, build_layout
 from testbed.mesh.local import LocalMesh, start_node
 from testbed.mesh.state import cpu_seconds
-from testbed.paths import BENCH_OUT, ROOT
 
 SECTION = "## Bootstrap (testbed/bench/bootstrap_bench.py)"
 RATIO_LIMIT = 2.0
@@ -298,29 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             mesh.stop_all()
     res["command"] = command
-    res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
-    out = BENCH_OUT / "bootstrap.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    write_result(res, "bootstrap")
     md = markdown(res, command)
     print(md)
     if not args.no_perf_md:
-        write_perf_md(md)
+        write_perf_md(md, SECTION)
     return 0 if all(j["pass_time"] and j["pass_ratio"] for j in res["joins"]) else 1
-
-
-def write_perf_md(body: str) -> None:
-    """This bench's section of PERFORMANCE.md, replaced in place (appended the first time)."""
-    path = ROOT / "PERFORMANCE.md"
-    text = path.read_text(encoding="utf-8")
-    section = f"{SECTION}\n\n{body}\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    path.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

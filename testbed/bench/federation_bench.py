@@ -584,17 +584,27 @@ def markdown(res: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_perf_md(body: str) -> None:
+def write_result(res: dict[str, Any], name: str) -> Path:
+    """``res`` with the machine it ran on, as BENCH_OUT/<name>.json (the bootstrap bench writes its own so)."""
+    res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    out = BENCH_OUT / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    return out
+
+
+def write_perf_md(body: str, section: str = SECTION) -> None:
+    """``section`` of PERFORMANCE.md (a "## " heading) replaced in place by ``body``, appended the first time."""
     path = ROOT / "PERFORMANCE.md"
     text = path.read_text(encoding="utf-8") if path.exists() else "# Performance\n"
-    section = f"{SECTION}\n\n{body}\n"
-    start = text.find(SECTION)
+    start = text.find(section)
+    new = f"{section}\n\n{body}\n"
     if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
+        text = text.rstrip("\n") + "\n\n" + new
     else:
-        nxt = text.find("\n## ", start + len(SECTION))
+        nxt = text.find("\n## ", start + len(section))
         end = len(text) if nxt < 0 else nxt + 1
-        text = text[:start] + section + ("\n" + text[end:] if nxt >= 0 else "")
+        text = text[:start] + new + ("\n" + text[end:] if nxt >= 0 else "")
     path.write_text(text, encoding="utf-8")
 
 
@@ -677,10 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     res["command"] = command
     res["federation_settings"] = federation_settings(args)
     res["cpu_pinning"] = pinned
-    res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
-    out = BENCH_OUT / "federation.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    write_result(res, "federation")
     md = markdown(res, command)
     print(md)
     if not args.no_perf_md:

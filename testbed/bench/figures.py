@@ -36,6 +36,15 @@ def percentile(sorted_s: list[float], p: float) -> float:
     return sorted_s[rank - 1]
 
 
+def ms_stats(xs: list[float]) -> dict[str, float]:
+    """Count and p50/p95/p99 of samples in ms (the index nearest p% of the way through the sorted samples)."""
+    s = sorted(xs)
+
+    def at(p: float) -> float:
+        return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return {"n": len(s), "p50_ms": at(50), "p95_ms": at(95), "p99_ms": at(99)}
+
+
 def figures(samples_s: list[float], wall_s: float, receiver_cpu_s: list[float], sender_cpu_s: float) -> Figures:
     s = sorted(samples_s)
     n = len(s)

@@ -31,20 +31,12 @@ from node.permissions.gate import Gate
 from node.permissions.rules import Operation, Request, decide_uncached
 from testbed.bench.everything_on import BENCH_AGENT as AGENT
 from testbed.bench.everything_on import NAMESPACE, rules_toml  # shared with testbed bench --everything-on
+from testbed.bench.figures import ms_stats as stats
 from testbed.bench.variants import variant
 from testbed.paths import BENCH_OUT
 
 TARGET_P95_MS = 0.2
 ROUNDS = 40
-
-
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-
-
-def stats(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "p50_ms": pct(xs, 50), "p95_ms": pct(xs, 95), "p99_ms": pct(xs, 99)}
 
 
 async def run(calls: int) -> dict[str, Any]:
