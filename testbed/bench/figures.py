@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Design budgets for the all-ACK p95 (DESIGN.md section 7), ms by node count.
+# Design budgets for the all-ACK p95 (the first design's, ../shared/DESIGN.md section 7), ms by node count.
 BUDGET_P95_MS = {3: 100.0, 5: 250.0, 10: 500.0}
 
 # One side's measurement: (latencies s, wall s, each receiver's CPU s, the sender's CPU s).
