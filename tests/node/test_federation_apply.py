@@ -335,8 +335,8 @@ async def test_signatures_use_the_keyring_as_last_read_but_a_new_or_rotated_key_
         svc: Service, cfg: NodeConfig, peer_key, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from node import trust
     stats = []
-    real = trust.mesh_keys.keyring_stamp
-    monkeypatch.setattr(trust.mesh_keys, "keyring_stamp", lambda d: stats.append(d) or real(d))
+    real = trust.peerkeys.keyring_stamp
+    monkeypatch.setattr(trust.peerkeys, "keyring_stamp", lambda d: stats.append(d) or real(d))
     await _seed(svc)
     body = _links_put(*(_link_put(peer_key, M1, M2, relation=f"r{i}") for i in range(50)))
     stats.clear()
