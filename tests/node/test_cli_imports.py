@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT = "ai:imports@test"
 # Modules a command that only opens the store must not load.
 HEAVY = ("aiohttp", "mcp", "mesh.link", "mesh.server", "uvicorn", "starlette", "importlib.metadata",
-         "node.events.delivery", "node.federation.sender", "node.mcp.server", "node.node")
+         "node.events.delivery", "node.federation.sender", "node.mcp.server", "node.node", "urllib.request",
+         "http.client")
+# The rooms a command that only reads or writes memories does not use, built (and imported) at first use: the
+# federation's inbound side and sync pages, the knowledge graph, transcripts and local agents.
+ROOMS = ("node.federation.inbound", "node.federation.sync", "node.kg", "node.transcripts", "node.agents.local")
 # Runs one command in a fresh interpreter and prints which of HEAVY it loaded.
 PROBE = """
 import json, sys
@@ -33,13 +37,13 @@ print(json.dumps(sorted(m for m in heavy if m in sys.modules)))
 def _loaded(home: Path, *args: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-c", PROBE, ",".join(HEAVY), "--home", str(home), *args, "--json"],
+    r = subprocess.run([sys.executable, "-c", PROBE, ",".join(HEAVY + ROOMS), "--home", str(home), *args, "--json"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     return list(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
-def test_recall_store_get_and_status_load_no_http_client_websocket_or_mcp_sdk(tmp_path: Path) -> None:
+def test_recall_store_get_and_status_load_no_http_client_websocket_mcp_sdk_or_unused_room(tmp_path: Path) -> None:
     home = tmp_path / "home"
     keys.generate_identity(home / "keys", AGENT)
     assert _loaded(home, "store", "a memory to read back") == []
@@ -49,7 +53,8 @@ def test_recall_store_get_and_status_load_no_http_client_websocket_or_mcp_sdk(tm
                             env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     memory_id = json.loads(listed.stdout)[0]["id"]
     assert _loaded(home, "get", memory_id) == []
-    assert _loaded(home, "status") == []
+    # status reports the knowledge graph's backend and the local agents: those two rooms, no other.
+    assert _loaded(home, "status") == ["node.agents.local", "node.kg"]
 
 
 def test_the_mcp_server_loads_no_service_until_it_opens_one_embedded() -> None:
@@ -61,3 +66,15 @@ def test_the_mcp_server_loads_no_service_until_it_opens_one_embedded() -> None:
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == []
+
+
+def test_a_command_that_uses_a_lazily_built_room_loads_it(tmp_path: Path) -> None:
+    # The knowledge graph is built at its first use, not skipped: `kg timeline` loads it.
+    home = tmp_path / "home"
+    keys.generate_identity(home / "keys", AGENT)
+    assert _loaded(home, "store", "a memory") == []
+    env = {k: v for k, v in os.environ.items() if k != "AI_MEMORY_HOME"}
+    listed = subprocess.run([sys.executable, "-m", "node.cli", "--home", str(home), "list", "--json"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    memory_id = json.loads(listed.stdout)[0]["id"]
+    assert _loaded(home, "kg", "timeline", memory_id) == ["node.kg"]
