@@ -78,3 +78,19 @@ def test_a_command_that_uses_a_lazily_built_room_loads_it(tmp_path: Path) -> Non
                             env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     memory_id = json.loads(listed.stdout)[0]["id"]
     assert _loaded(home, "kg", "timeline", memory_id) == ["node.kg"]
+
+
+def test_a_command_line_builds_only_its_commands_parser_and_parses_as_the_whole_parser_does() -> None:
+    from node.cli import build_parser
+    from node.cli.common import command_named
+
+    for argv in (["recall", "cats", "--limit", "3"], ["--home", "/h", "--json", "store", "x", "--tag", "a"],
+                 ["kg", "timeline", "m1", "--limit", "2"], ["get", "m1", "--home", "/h"],
+                 ["--config", "/c.toml", "status", "--json"]):
+        named = command_named(argv)
+        assert named == next(w for w in argv if w in {"recall", "store", "kg", "get", "status"})
+        whole, one = vars(build_parser().parse_args(argv)), vars(build_parser(named).parse_args(argv))
+        assert one == whole
+    # Where the command is not plain, every parser is built (abbreviated options, help, version, none).
+    for argv in (["--hom", "/h", "get", "x"], ["-h"], ["--version"], [], ["--config=/c.toml", "get", "x"]):
+        assert command_named(argv) is None
