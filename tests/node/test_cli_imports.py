@@ -20,7 +20,7 @@ HEAVY = ("aiohttp", "mcp", "mesh.link", "mesh.server", "uvicorn", "starlette", "
          "http.client")
 # The rooms a command that only reads or writes memories does not use, built (and imported) at first use: the
 # federation's inbound side and sync pages, the knowledge graph, transcripts and local agents.
-ROOMS = ("node.federation.inbound", "node.federation.sync", "node.kg", "node.transcripts", "node.agents.local")
+ROOMS = ("node.federation.inbound", "node.federation.sync", "node.federation.verify", "node.kg", "node.transcripts", "node.agents.local")
 # Runs one command in a fresh interpreter and prints which of HEAVY it loaded.
 PROBE = """
 import json, sys
