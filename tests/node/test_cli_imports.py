@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mesh import keys
+from testbed.mesh.local import node_command, node_env, wait_ready
+from tests.layouts import new_layout
+from tests.node_access import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "ai:imports@test"
@@ -20,7 +26,8 @@ HEAVY = ("aiohttp", "mcp", "mesh.link", "mesh.server", "uvicorn", "starlette", "
          "http.client")
 # The rooms a command that only reads or writes memories does not use, built (and imported) at first use: the
 # federation's inbound side and sync pages, the knowledge graph, transcripts and local agents.
-ROOMS = ("node.federation.inbound", "node.federation.sync", "node.federation.verify", "node.kg", "node.transcripts", "node.agents.local")
+ROOMS = ("node.federation.inbound", "node.federation.sync", "node.federation.verify", "node.kg", "node.transcripts",
+         "node.agents.local")
 # Runs one command in a fresh interpreter and prints which of HEAVY it loaded.
 PROBE = """
 import json, sys
@@ -94,3 +101,39 @@ def test_a_command_line_builds_only_its_commands_parser_and_parses_as_the_whole_
     # Where the command is not plain, every parser is built (abbreviated options, help, version, none).
     for argv in (["--hom", "/h", "get", "x"], ["-h"], ["--version"], [], ["--config=/c.toml", "get", "x"]):
         assert command_named(argv) is None
+
+
+# Runs `ai-memory serve` and, once it stops, writes which of the MCP SDK's modules it had loaded.
+SERVE_PROBE = """
+import json, sys
+from node.cli import main
+out, argv = sys.argv[1], sys.argv[2:]
+try:
+    main(argv)
+finally:
+    with open(out, "w") as f:
+        json.dump(sorted(m for m in ("mcp", "mcp_types", "uvicorn", "starlette", "node.mcp.server")
+                         if m in sys.modules), f)
+"""
+
+
+@pytest.mark.integration
+def test_a_node_without_an_mcp_http_door_serves_its_local_socket_without_loading_the_mcp_sdk(
+        short_tmp: Path) -> None:
+    # The SDK's import was most of `serve`'s start-up; the local socket (and `ai-memory mcp` joined over it,
+    # which imports the SDK in its own process) needs none of it.
+    layout = new_layout(short_tmp / "tb", 2, mcp_http=False)
+    spec = layout.node(1)
+    out = short_tmp / "loaded.json"
+    argv = [sys.executable, "-c", SERVE_PROBE, str(out), *node_command(spec)[3:]]
+    with open(spec.home / "node.log", "ab") as log:
+        proc = subprocess.Popen(argv, env=node_env(spec), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        wait_ready(layout, [spec], {1: proc}, timeout_s=60.0, want_links=False)
+        rc, status, _ = cli_in_process(spec.config_path, spec.home, "status")
+        assert rc == 0 and status["source"] == "node"  # the local socket answers
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert json.loads(out.read_text()) == []
