@@ -68,7 +68,9 @@ def test_the_mcp_server_loads_no_service_until_it_opens_one_embedded() -> None:
     # Joined to a running node, `ai-memory mcp` only forwards calls: the store's service is the node's.
     probe = ("import json, sys, node.mcp.server; print(json.dumps(sorted(m for m in sys.argv[1].split(',') "
              "if m in sys.modules)))")
-    service = "node.assemble,node.service,node.federation.facade,node.writepath,aiohttp,mesh.link"
+    # Nor the embedded backend, the agents' keys, or the HTTP door's bearer tokens (mesh.keys: the node's crypto).
+    service = ("node.assemble,node.service,node.federation.facade,node.writepath,aiohttp,mesh.link,node.mcp.backend,"
+               "node.agents.local,node.mcp.capabilities,mesh.keys,mesh.agentkeys,node.mcp.agents,storage.db")
     r = subprocess.run([sys.executable, "-c", probe, service], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
