@@ -1,4 +1,6 @@
-"""The receive decision (DESIGN.md §4): accept, duplicate, expired or reject. Pure: no I/O, no mutation."""
+"""The receive decision (docs/protocol.md, "Receiving"): accept, duplicate, expired or reject.
+
+Pure: no I/O, no mutation."""
 
 from __future__ import annotations
 

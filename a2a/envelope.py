@@ -1,4 +1,4 @@
-"""Envelope and ACK types and their CBOR codec (DESIGN.md §4).
+"""Envelope and ACK types and their CBOR codec (docs/protocol.md, "Envelope and ACK").
 
 Wire forms (canonical CBOR maps, RFC 8949 §4.2.1):
   envelope ``{v: 1, type: "msg", correlation_id, sender, recipients: [...], payload: {kind, ...}, expires_at}``

@@ -1,4 +1,4 @@
-"""The mesh CA and node certificates (DESIGN.md §2).
+"""The mesh CA and node certificates (docs/security.md, the transport).
 
 A node's TLS certificate is over the node's own Ed25519 identity key and names
 the node by a SAN URI ``urn:ai-memory:agent:<agent_id>``; that URI, not the CN

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nacl.bindings import crypto_core_ed25519_is_valid_point, crypto_sign_open
 from nacl.exceptions import BadSignatureError
 
-from mesh import keys
+from mesh import keys, peerkeys
 from mesh.errors import MeshCode, MeshError
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class BundleImport:
     (removed by their owner: delete them if they were compromised)."""
 
     agent_id: str
-    current: keys.PeerKey
+    current: peerkeys.PeerKey
     kept: tuple[str, ...]
     unlisted: tuple[str, ...]
 
@@ -224,7 +224,7 @@ def read_bundle(path: Path) -> KeyBundle:
 def import_bundle(peers_dir: Path, bundle: KeyBundle, now_ms: int, *, agent_id: str | None = None,
                   force: bool = False) -> BundleImport:
     """Trust ``bundle``'s keys for its agent: the retired ones into the keyring (verifying only), then the current
-    one (``keys.trust_peer_key``: a different key trusted so far is retired), then the record that this is the
+    one (``peerkeys.trust_peer_key``: a different key trusted so far is retired), then the record that this is the
     agent's whole history. A bundle that does not list the key trusted now for the agent is refused
     (``key_history_conflict``) unless ``force``: its owner removed that key, or it is not the owner's bundle."""
     peers_dir = Path(peers_dir)
@@ -232,7 +232,7 @@ def import_bundle(peers_dir: Path, bundle: KeyBundle, now_ms: int, *, agent_id: 
     if agent_id is not None and agent_id != owner:
         raise MeshError(MeshCode.KEY_BUNDLE_INVALID, f"the key history is {owner}'s, not {agent_id}'s")
     listed = {p.fingerprint for p in bundle.periods}
-    ring = keys.load_peer_keyrings(peers_dir).get(owner, ())
+    ring = peerkeys.load_peer_keyrings(peers_dir).get(owner, ())
     if ring and keys.fingerprint(ring[0]) not in listed and not force:
         raise MeshError(MeshCode.KEY_HISTORY_CONFLICT,
                         f"{owner} is trusted here with key {keys.fingerprint(ring[0])}, which its key history "
@@ -243,9 +243,9 @@ def import_bundle(peers_dir: Path, bundle: KeyBundle, now_ms: int, *, agent_id: 
     kept = []
     for p in bundle.periods[1:]:
         if p.fingerprint not in held:
-            keys.keep_retired(peers_dir, owner, p.public_key)
+            peerkeys.keep_retired(peers_dir, owner, p.public_key)
             kept.append(p.fingerprint)
-    current = keys.trust_peer_key(peers_dir, owner, bundle.current.public_key, force=force)
+    current = peerkeys.trust_peer_key(peers_dir, owner, bundle.current.public_key, force=force)
     _write_json(history_path(peers_dir, owner), {
         "current": bundle.current.fingerprint, "issued_at": bundle.issued_at, "imported_at": now_ms,
         "keys": {p.fingerprint: {"valid_from": p.valid_from, "valid_until": p.valid_until} for p in bundle.periods}},

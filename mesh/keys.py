@@ -1,6 +1,7 @@
-"""Identity key files: the node's Ed25519 keypair and its trusted peers' keys.
+"""Identity key files: the node's Ed25519 keypair, its keyring, and the file rules every key file follows
+(the trusted peers' files are :mod:`mesh.peerkeys`'s).
 
-Layout (DESIGN.md §2), all directories passed in by the caller:
+Layout (docs/operations.md, "Files, owners and modes"), all directories passed in by the caller:
 
 - ``<home>/keys/<agent_id>.priv``: PKCS#8 PEM, unencrypted, mode 0600
 - ``<home>/keys/<agent_id>.pub``: SubjectPublicKeyInfo PEM, mode 0644
@@ -20,7 +21,7 @@ file, ``retired/`` or its parent) means not trusted, logged.
 Every failure is a :class:`~mesh.errors.MeshError` with a stable code:
 ``bad_agent_id``, ``identity_exists``, ``key_missing``, ``key_file_mode``,
 ``key_invalid``, ``key_pair_mismatch``, ``no_identity``,
-``ambiguous_identity``, ``peer_key_conflict``, ``bad_key_file_name``.
+``ambiguous_identity``, ``bad_key_file_name`` (and ``peer_key_conflict`` in :mod:`mesh.peerkeys`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import stat
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -181,7 +181,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _ensure_dir(directory: Path, mode: int) -> None:
+def ensure_dir(directory: Path, mode: int) -> None:
     Path(directory).mkdir(mode=mode, parents=True, exist_ok=True)
 
 
@@ -311,7 +311,7 @@ class Identity:
                    pub_path=pub_path, fingerprint=fingerprint(public_key))
 
 
-def _identity_paths(keys_dir: Path, agent_id: str) -> tuple[Path, Path]:
+def identity_paths(keys_dir: Path, agent_id: str) -> tuple[Path, Path]:
     validate_agent_id(agent_id)
     keys_dir = Path(keys_dir)
     return keys_dir / f"{agent_id}{PRIV_SUFFIX}", keys_dir / f"{agent_id}{PUB_SUFFIX}"
@@ -323,7 +323,7 @@ def generate_identity(keys_dir: Path, agent_id: str, *, force: bool = False) -> 
     Refuses to replace an existing .priv or .pub (``identity_exists``) unless
     ``force``. Files are written atomically with modes 0600 / 0644.
     """
-    priv_path, pub_path = _identity_paths(keys_dir, agent_id)
+    priv_path, pub_path = identity_paths(keys_dir, agent_id)
     if not force:
         existing = [p for p in (priv_path, pub_path) if p.exists()]
         if existing:
@@ -333,7 +333,7 @@ def generate_identity(keys_dir: Path, agent_id: str, *, force: bool = False) -> 
                 "pass force to replace it (peers holding the old .pub will stop "
                 "trusting this node).",
             )
-    _ensure_dir(Path(keys_dir), KEYS_DIR_MODE)
+    ensure_dir(Path(keys_dir), KEYS_DIR_MODE)
     private_key = Ed25519PrivateKey.generate()
     public_key = private_key.public_key()
     try:
@@ -350,7 +350,7 @@ def generate_identity(keys_dir: Path, agent_id: str, *, force: bool = False) -> 
     return Identity.of(agent_id, private_key, priv_path, pub_path)
 
 
-def _agent_id_from_name(name: str, suffix: str) -> str:
+def agent_id_from_name(name: str, suffix: str) -> str:
     return name[: -len(suffix)] if name.endswith(suffix) else name
 
 
@@ -365,7 +365,7 @@ def load_identity(keys_dir: Path, agent_id: str | None = None) -> Identity:
     keys_dir = Path(keys_dir)
     if agent_id is None:
         candidates = sorted(
-            p for p in _list_files(keys_dir, PRIV_SUFFIX) if not p.name.startswith(".")
+            p for p in list_files(keys_dir, PRIV_SUFFIX) if not p.name.startswith(".")
         )
         if not candidates:
             raise MeshError(
@@ -373,13 +373,13 @@ def load_identity(keys_dir: Path, agent_id: str | None = None) -> Identity:
                 f"No identity found in {keys_dir}; run `ai-memory identity generate`.",
             )
         if len(candidates) > 1:
-            names = ", ".join(_agent_id_from_name(p.name, PRIV_SUFFIX) for p in candidates)
+            names = ", ".join(agent_id_from_name(p.name, PRIV_SUFFIX) for p in candidates)
             raise MeshError(
                 MeshCode.AMBIGUOUS_IDENTITY,
                 f"Several identities in {keys_dir} ({names}); name the agent_id to use.",
             )
-        agent_id = _agent_id_from_name(candidates[0].name, PRIV_SUFFIX)
-    priv_path, pub_path = _identity_paths(keys_dir, agent_id)
+        agent_id = agent_id_from_name(candidates[0].name, PRIV_SUFFIX)
+    priv_path, pub_path = identity_paths(keys_dir, agent_id)
     if not priv_path.exists():
         raise MeshError(
             MeshCode.NO_IDENTITY,
@@ -421,7 +421,7 @@ def rotate_identity(keys_dir: Path, agent_id: str) -> tuple[Identity, str]:
     retired_pub = retired_dir / retired_file_name(agent_id, old.fingerprint)
     backup = retired_dir / f"{agent_id}.{old.fingerprint}{PRIV_SUFFIX}"
     try:
-        _write_retired(retired_dir, agent_id, old.public_key, KEYS_DIR_MODE)
+        write_retired(retired_dir, agent_id, old.public_key, KEYS_DIR_MODE)
         write_file_atomic(backup, private_pem(old.private_key), PRIV_MODE, replace=True)
         old.pub_path.unlink(missing_ok=True)
         _fsync_dir(old.pub_path.parent)
@@ -448,10 +448,10 @@ def _put_back(old: Identity, retired_pub: Path, backup: Path) -> None:
     backup.unlink(missing_ok=True)
 
 
-def _priv_backups(retired_dir: Path, agent_id: str) -> list[Path]:
+def priv_backups(retired_dir: Path, agent_id: str) -> list[Path]:
     prefix = f"{agent_id}."
     out = []
-    for path in _list_files(retired_dir, PRIV_SUFFIX):
+    for path in list_files(retired_dir, PRIV_SUFFIX):
         middle = path.name[len(prefix): -len(PRIV_SUFFIX)]
         if path.name.startswith(prefix) and len(middle) == FINGERPRINT_LEN and set(middle) <= _HEX:
             out.append(path)
@@ -461,122 +461,17 @@ def _priv_backups(retired_dir: Path, agent_id: str) -> list[Path]:
 def _remove_priv_backups(retired_dir: Path, agent_id: str) -> None:
     # Left by a rotation that died after its backup: that key is either still the current one
     # (so the backup is a copy) or already replaced (so it is due to be destroyed).
-    for path in _priv_backups(retired_dir, agent_id):
+    for path in priv_backups(retired_dir, agent_id):
         log.warning("removing %s, left by an interrupted key rotation", path)
         path.unlink(missing_ok=True)
 
 
-def _list_files(directory: Path, suffix: str) -> list[Path]:
+def list_files(directory: Path, suffix: str) -> list[Path]:
     try:
         entries = list(Path(directory).iterdir())
     except FileNotFoundError:
         return []
     return [p for p in entries if p.name.endswith(suffix) and p.is_file()]
-
-
-# ----------------------------------------------------------------------- peers
-
-
-@dataclass(frozen=True)
-class PeerKey:
-    """A trusted peer's public key as stored in ``peers/``."""
-
-    agent_id: str
-    public_key: Ed25519PublicKey
-    path: Path
-    fingerprint: str
-    # Set when this import replaced another key for the peer: that key's fingerprint and its keyring file.
-    retired_fingerprint: str | None = None
-    retired_path: Path | None = None
-
-
-@dataclass(frozen=True)
-class KeyInfo:
-    """One row of ``ai-memory identity list``; ``retired`` keys only verify old signatures."""
-
-    agent_id: str
-    fingerprint: str
-    trust: Literal["self", "peer"]
-    path: Path
-    retired: bool = False
-
-
-class BadKeyFile(NamedTuple):
-    """A file in ``peers/`` that was skipped, and why."""
-
-    path: Path
-    error: MeshError
-
-
-class PeerKeys(NamedTuple):
-    """Result of :func:`load_peer_keys`; unpacks as ``keys, bad = ...``."""
-
-    keys: dict[str, Ed25519PublicKey]
-    bad: list[BadKeyFile]
-
-
-def import_peer(
-    peers_dir: Path,
-    pub_file: Path,
-    *,
-    agent_id: str | None = None,
-    force: bool = False,
-) -> PeerKey:
-    """Trust the Ed25519 public key in ``pub_file`` as ``agent_id`` (:func:`trust_peer_key`).
-
-    ``agent_id`` defaults to the file name without ``.pub``
-    (``ai:node-2@lab.pub`` → ``ai:node-2@lab``).
-    """
-    pub_file = Path(pub_file)
-    if agent_id is None:
-        agent_id = _agent_id_from_name(pub_file.name, PUB_SUFFIX)
-    validate_agent_id(agent_id)
-    return trust_peer_key(peers_dir, agent_id, load_public_key(pub_file), force=force)
-
-
-def trust_peer_key(peers_dir: Path, agent_id: str, public_key: Ed25519PublicKey, *, force: bool = False) -> PeerKey:
-    """Trust ``public_key`` as ``agent_id``'s current key.
-
-    Trusting the same key again is a no-op. A different key for a known peer means the peer rotated: the
-    key trusted so far moves to ``peers_dir/retired/<agent_id>.<fp>.pub`` (so what it signed keeps
-    verifying) and the result names it in ``retired_fingerprint``/``retired_path``. A trusted file that
-    cannot be read cannot be kept: replacing it needs ``force`` (``peer_key_conflict``). Stored as
-    ``peers_dir/<agent_id>.pub``, mode 0644, in canonical SPKI PEM.
-    """
-    validate_agent_id(agent_id)
-    peers_dir = Path(peers_dir)
-    dest = peers_dir / f"{agent_id}{PUB_SUFFIX}"
-    fp = fingerprint(public_key)
-    current: Ed25519PublicKey | None = None
-    if dest.exists():
-        try:
-            current = load_public_key(dest)
-        except MeshError as exc:
-            if not force:
-                raise MeshError(
-                    MeshCode.PEER_KEY_CONFLICT,
-                    f"Peer {agent_id} is trusted with a key file that cannot be read ({exc.message}); "
-                    "pass force to replace it without keeping the old key.",
-                ) from None
-        if current is not None and raw_public_bytes(current) == raw_public_bytes(public_key):
-            return PeerKey(agent_id, public_key, dest, fp)
-    _ensure_dir(peers_dir, PEERS_DIR_MODE)
-    retired_path = None
-    if current is not None:
-        # Keyring first: if writing the new key fails, the old one is still trusted where it was.
-        retired_path = keep_retired(peers_dir, agent_id, current)
-    write_file_atomic(dest, public_pem(public_key), PUB_MODE, replace=True)
-    # A key brought back from the keyring is current again, not also retired.
-    (peers_dir / RETIRED_DIR / retired_file_name(agent_id, fp)).unlink(missing_ok=True)
-    return PeerKey(agent_id, public_key, dest, fp,
-                   retired_fingerprint=fingerprint(current) if current is not None else None,
-                   retired_path=retired_path)
-
-
-def keep_retired(peers_dir: Path, agent_id: str, key: Ed25519PublicKey) -> Path:
-    """Keep ``key`` in ``agent_id``'s keyring, ``peers_dir/retired/<agent_id>.<fp>.pub``: it verifies what it
-    signed, never pins a TLS peer. Returns the file."""
-    return _write_retired(Path(peers_dir) / RETIRED_DIR, agent_id, key, PEERS_DIR_MODE)
 
 
 def retired_file_name(agent_id: str, fp: str) -> str:
@@ -596,8 +491,8 @@ def _parse_retired_name(name: str) -> tuple[str, str]:
     return validate_agent_id(agent_id), fp
 
 
-def _write_retired(retired_dir: Path, agent_id: str, key: Ed25519PublicKey, dir_mode: int) -> Path:
-    _ensure_dir(retired_dir, dir_mode)
+def write_retired(retired_dir: Path, agent_id: str, key: Ed25519PublicKey, dir_mode: int) -> Path:
+    ensure_dir(retired_dir, dir_mode)
     path = retired_dir / retired_file_name(agent_id, fingerprint(key))
     write_file_atomic(path, public_pem(key), PUB_MODE, replace=True)
     return path
@@ -614,14 +509,14 @@ def _untrusted_dir(directory: Path) -> Path | None:
     return None
 
 
-def _load_retired(retired_dir: Path, agent_id: str | None = None) -> dict[str, list[Ed25519PublicKey]]:
+def load_retired(retired_dir: Path, agent_id: str | None = None) -> dict[str, list[Ed25519PublicKey]]:
     """Every trusted keyring file in ``retired_dir`` (only ``agent_id``'s when given), by agent_id.
 
     A file that is writable by group or others (or in such a directory), badly named, unparsable,
     or whose key does not have the fingerprint its name says is skipped and logged as a warning.
     """
     out: dict[str, list[Ed25519PublicKey]] = {}
-    files = sorted(p for p in _list_files(retired_dir, PUB_SUFFIX) if not p.name.startswith("."))
+    files = sorted(p for p in list_files(retired_dir, PUB_SUFFIX) if not p.name.startswith("."))
     if not files:
         return out
     loose_dir = _untrusted_dir(retired_dir)
@@ -646,28 +541,6 @@ def _load_retired(retired_dir: Path, agent_id: str | None = None) -> dict[str, l
     return out
 
 
-def load_peer_keyrings(peers_dir: Path) -> dict[str, tuple[Ed25519PublicKey, ...]]:
-    """Every trusted peer's keyring: ``{agent_id: (current key, retired key, ...)}``.
-
-    The current key is the one :func:`load_peer_keys` returns (``peers_dir/<agent_id>.pub``) and
-    always comes first; retired keys (``peers_dir/retired/<agent_id>.<fp>.pub``) follow in file-name
-    order, without repeating the current key. A peer with no current ``.pub`` has no entry at all:
-    removing a peer's ``.pub`` withdraws trust in every key it had. Bad files are skipped and logged
-    as :func:`load_peer_keys` does; nothing raises. Cost: one directory listing and one small file
-    read per key file, so call it when the directories change (:func:`keyring_stamp`), not per
-    message. Use a retired key only to verify signatures, never to pin a TLS peer.
-    """
-    peers_dir = Path(peers_dir)
-    current = load_peer_keys(peers_dir).keys
-    retired = _load_retired(peers_dir / RETIRED_DIR)
-    out: dict[str, tuple[Ed25519PublicKey, ...]] = {}
-    for agent_id, key in current.items():
-        raw = raw_public_bytes(key)
-        older = tuple(k for k in retired.get(agent_id, ()) if raw_public_bytes(k) != raw)
-        out[agent_id] = (key, *older)
-    return out
-
-
 def retired_public_keys(keys_dir: Path, agent_id: str) -> tuple[Ed25519PublicKey, ...]:
     """This node's own retired public keys (``keys_dir/retired/<agent_id>.<fp>.pub``), in file-name order.
 
@@ -676,32 +549,13 @@ def retired_public_keys(keys_dir: Path, agent_id: str) -> tuple[Ed25519PublicKey
     which the node restarts, so read it once when the node opens its identity.
     """
     keys_dir = Path(keys_dir)
-    found = _load_retired(keys_dir / RETIRED_DIR, validate_agent_id(agent_id)).get(agent_id, [])
+    found = load_retired(keys_dir / RETIRED_DIR, validate_agent_id(agent_id)).get(agent_id, [])
     now = _current_public_key(keys_dir, agent_id)
     return tuple(k for k in found if now is None or raw_public_bytes(k) != raw_public_bytes(now))
 
 
-def keyring_stamp(directory: Path | str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """(mtime_ns, inode) of ``directory`` and of ``directory/retired`` (None where absent).
-
-    Changes whenever a key file is added, removed or renamed in either, so a caller can re-run
-    :func:`load_peer_keyrings` only when this differs from the last value (two ``stat`` calls).
-    The membership check runs it for every inbound frame, hence plain ``os`` calls on strings:
-    ``pathlib`` costs several times the two system calls.
-    """
-    def one(d: str) -> tuple[int, int] | None:
-        try:
-            st = os.stat(d)
-        except FileNotFoundError:
-            return None
-        return st.st_mtime_ns, st.st_ino
-
-    directory = os.fspath(directory)
-    return one(directory), one(os.path.join(directory, RETIRED_DIR))
-
-
 def _current_public_key(keys_dir: Path, agent_id: str) -> Ed25519PublicKey | None:
-    priv_path, pub_path = _identity_paths(keys_dir, agent_id)
+    priv_path, pub_path = identity_paths(keys_dir, agent_id)
     try:
         if pub_path.exists():
             return load_public_key(pub_path)
@@ -712,78 +566,13 @@ def _current_public_key(keys_dir: Path, agent_id: str) -> Ed25519PublicKey | Non
     return None
 
 
-def load_peer_keys(peers_dir: Path) -> PeerKeys:
-    """Load every trusted peer key in ``peers_dir``.
-
-    Returns ``PeerKeys(keys={agent_id: key}, bad=[BadKeyFile])``; a bad file
-    (unparsable, bad name, writable by group or others — anyone who can
-    write it could swap a trust anchor) is skipped, logged as a warning and
-    listed in ``bad``, never fatal. A missing directory means no peers.
-    """
-    keys: dict[str, Ed25519PublicKey] = {}
-    bad: list[BadKeyFile] = []
-    peers_dir = Path(peers_dir)
-    dir_writable = peers_dir.is_dir() and peers_dir.stat().st_mode & 0o022
-    for path in sorted(_list_files(peers_dir, PUB_SUFFIX)):
-        if path.name.startswith("."):
-            continue  # temp files from atomic writes, editor droppings
-        try:
-            if dir_writable or path.stat().st_mode & 0o022:
-                where = peers_dir if dir_writable else path
-                raise MeshError(MeshCode.KEY_FILE_MODE,
-                                f"{where} is writable by group or others, so anyone could replace "
-                                f"a trusted key; run: chmod go-w {where}")
-            agent_id = validate_agent_id(_agent_id_from_name(path.name, PUB_SUFFIX))
-            keys[agent_id] = load_public_key(path)
-        except MeshError as exc:
-            log.warning("skipping peer key file %s: %s", path, exc.message)
-            bad.append(BadKeyFile(path, exc))
-    return PeerKeys(keys, bad)
-
-
-def list_keys(keys_dir: Path, peers_dir: Path) -> list[KeyInfo]:
-    """Own identities (trust ``self``) then trusted peers (``peer``), by agent_id; each followed by
-    its retired keys (``retired=True``, path = the keyring file).
-
-    Unreadable files are logged and left out.
-    """
-    keys_dir, peers_dir = Path(keys_dir), Path(peers_dir)
-    out: list[KeyInfo] = []
-    for priv_path in sorted(_list_files(keys_dir, PRIV_SUFFIX)):
-        if priv_path.name.startswith("."):
-            continue
-        agent_id = _agent_id_from_name(priv_path.name, PRIV_SUFFIX)
-        pub_path = priv_path.with_name(f"{agent_id}{PUB_SUFFIX}")
-        try:
-            validate_agent_id(agent_id)
-            key = load_public_key(pub_path) if pub_path.exists() else load_private_key(priv_path).public_key()
-        except MeshError as exc:
-            log.warning("skipping identity %s: %s", priv_path, exc.message)
-            continue
-        out.append(KeyInfo(agent_id, fingerprint(key), "self", priv_path))
-        for backup in _priv_backups(keys_dir / RETIRED_DIR, agent_id):
-            log.warning("%s was left by an interrupted key rotation; the next `identity rotate` removes it, "
-                        "or delete it once this node runs with key %s", backup, fingerprint(key))
-        for old in retired_public_keys(keys_dir, agent_id):
-            fp = fingerprint(old)
-            out.append(KeyInfo(agent_id, fp, "self", keys_dir / RETIRED_DIR / retired_file_name(agent_id, fp),
-                               retired=True))
-    for agent_id, ring in sorted(load_peer_keyrings(peers_dir).items()):
-        out.append(KeyInfo(agent_id, fingerprint(ring[0]), "peer", peers_dir / f"{agent_id}{PUB_SUFFIX}"))
-        for old in ring[1:]:
-            fp = fingerprint(old)
-            out.append(KeyInfo(agent_id, fp, "peer", peers_dir / RETIRED_DIR / retired_file_name(agent_id, fp),
-                               retired=True))
-    return out
-
-
 def export_pub(keys_dir: Path, agent_id: str, out_dir: Path) -> Path:
     """Write this node's public key to ``out_dir/<agent_id>.pub`` (mode 0644).
 
     Reads ``keys_dir/<agent_id>.pub`` (or derives it from the .priv when the
     .pub is missing); an existing file in ``out_dir`` is replaced.
     """
-    priv_path, pub_path = _identity_paths(keys_dir, agent_id)
+    priv_path, pub_path = identity_paths(keys_dir, agent_id)
     if pub_path.exists():
         key = load_public_key(pub_path)
     elif priv_path.exists():
@@ -793,7 +582,7 @@ def export_pub(keys_dir: Path, agent_id: str, out_dir: Path) -> Path:
             MeshCode.NO_IDENTITY, f"No identity for {agent_id} in {keys_dir}."
         )
     out_dir = Path(out_dir)
-    _ensure_dir(out_dir, PEERS_DIR_MODE)
+    ensure_dir(out_dir, PEERS_DIR_MODE)
     dest = out_dir / f"{agent_id}{PUB_SUFFIX}"
     write_file_atomic(dest, public_pem(key), PUB_MODE, replace=True)
     return dest

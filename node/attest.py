@@ -1,4 +1,4 @@
-"""Attestation: canonical CBOR payloads, their ids, Ed25519 sign and verify (DESIGN.md section 3).
+"""Attestation: canonical CBOR payloads, their ids, Ed25519 sign and verify (docs/protocol.md).
 
 Links: the signed payload is canonical CBOR (RFC 8949 section 4.2.1) of exactly the six fields in
 ``SIGNED_FIELDS``; times are integer unix milliseconds and ``valid_until`` may be None.

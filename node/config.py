@@ -284,7 +284,7 @@ class NodeConfig:
     subscriptions: SubscriptionsConfig = SubscriptionsConfig()
     log: LogConfig = LogConfig()
 
-    # Derived paths: one place for the home layout (DESIGN.md section 2).
+    # Derived paths: one place for the home layout (docs/operations.md, "Files, owners and modes").
     @property
     def keys_dir(self) -> Path:
         return self.home / "keys"

@@ -7,14 +7,17 @@ uvicorn) go through the same formatter, their free text as the event.
 
 A warning repeated from one source (the same logger, event and peer or remote address, about no message in
 particular: a line naming a correlation_id is about that message, and always written) is written once per
-``REPEAT_WINDOW_S``; the next one written after the window says how many were left out (``repeated``).
+``REPEAT_WINDOW_S``; the next one written after the window says how many were left out (``repeated``), and
+when none comes, ``flush_repeats`` (the node calls it every window) writes the last one left out with its count.
 The CLI's commands write their warnings as ``ai-memory: warning <event> key=value ...`` (``setup_cli``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
@@ -103,16 +106,17 @@ STATE_CHANGE = "state_change"
 
 class RepeatLimit(logging.Filter):
     """Writes a warning from one source at most once per ``window_s`` (by the records' own times); the first one
-    written after the window carries ``repeated``, how many were left out meanwhile. Errors always pass, and so
-    do state changes (a record made with ``extra={..., STATE_CHANGE: True}``: an outage beginning, a link going
-    down): their sources already log each once per change, and a second outage within the window is news."""
+    written after the window carries ``repeated``, how many were left out meanwhile (``due`` gives the last one
+    left out, with its count, for a source that did not warn again). Errors always pass, and so do state
+    changes (a record made with ``extra={..., STATE_CHANGE: True}``: an outage beginning, a link going down):
+    their sources already log each once per change, and a second outage within the window is news."""
 
     def __init__(self, window_s: float = REPEAT_WINDOW_S, max_sources: int = REPEAT_SOURCES_MAX) -> None:
         super().__init__()
         self.window_s = window_s
         self.max_sources = max_sources
-        # source -> (when its last line was written, lines left out since)
-        self._last: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+        # source -> (when its last line was written, lines left out since, the last one left out)
+        self._last: OrderedDict[tuple[str, str, str], tuple[float, int, logging.LogRecord | None]] = OrderedDict()
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = getattr(record, "ev", None)
@@ -123,15 +127,42 @@ class RepeatLimit(logging.Filter):
         key = (record.name, record.getMessage(), source)
         last = self._last.get(key)
         if last is not None and record.created - last[0] < self.window_s:
-            self._last[key] = (last[0], last[1] + 1)
+            self._last[key] = (last[0], last[1] + 1, record)
             return False
         if last is not None and last[1]:
             record.ev = {**fields, "repeated": last[1]}
-        self._last[key] = (record.created, 0)
+        self._last[key] = (record.created, 0, None)
         self._last.move_to_end(key)
         while len(self._last) > self.max_sources:
             self._last.popitem(last=False)
         return True
+
+    def due(self, now: float) -> list[logging.LogRecord]:
+        """For each source whose window ended by ``now`` (time.time()) with lines left out and no line since: the
+        last one left out, carrying ``repeated`` (all of them), to be written now as it is; the count starts
+        again from 0."""
+        out = []
+        for key, (written_at, left_out, record) in list(self._last.items()):
+            if left_out and record is not None and now - written_at >= self.window_s:
+                fields = getattr(record, "ev", None)
+                record.ev = {**(fields if isinstance(fields, dict) else {}), "repeated": left_out}
+                self._last[key] = (written_at, 0, None)
+                out.append(record)
+        return out
+
+
+def flush_repeats(now: float | None = None) -> int:
+    """Write, through each root handler that holds warnings back, the last warning it left out from each source
+    that did not warn again after its window (with ``repeated``); returns how many were written."""
+    when = time.time() if now is None else now
+    written = 0
+    for handler in logging.getLogger().handlers:
+        for limit in [f for f in handler.filters if isinstance(f, RepeatLimit)]:
+            for record in limit.due(when):
+                with handler.lock or contextlib.nullcontext():
+                    handler.emit(record)
+                written += 1
+    return written
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]

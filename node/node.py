@@ -49,7 +49,7 @@ from node.federation.sync import PeerSync, PullSettings
 from node.hooks import HookEvent
 from node.hooks.config import load_hooks
 from node.hooks.pipeline import HookPipeline
-from node.log import STATE_CHANGE
+from node.log import REPEAT_WINDOW_S, STATE_CHANGE, flush_repeats
 from node.mcp.backend import ServiceBackend
 from node.mcp.peers import peer_rows
 from node.metrics import NodeMetrics, PeerScrape, Scrape, StorageScrape
@@ -242,7 +242,8 @@ class Node:
                               tg.create_task(self.svc.transcripts.run_lifecycle(), name="transcripts"),
                               tg.create_task(self.watch.run(), name="storage:watch"),
                               tg.create_task(self._reloads(signals, tg, notifier), name="config:reload"),
-                              tg.create_task(self._readiness_watch(), name="readiness")]
+                              tg.create_task(self._readiness_watch(), name="readiness"),
+                              tg.create_task(self._repeats_loop(), name="log:repeats")]
                 self._write_status(port)
                 self.ready = True
                 log.info("node_ready", extra={"ev": {**(started or {}), "port": port, "peers": list(self.links),
@@ -411,6 +412,13 @@ class Node:
             else:
                 pause.ok()
             await asyncio.sleep(wait_s)
+
+    async def _repeats_loop(self) -> None:
+        """Every REPEAT_WINDOW_S until the drain: the warnings held back from a source that did not warn again are
+        written with their count (node/log.py ``flush_repeats``), so a burst's size is told even when it ends."""
+        while not self._closing:
+            await asyncio.sleep(REPEAT_WINDOW_S)
+            flush_repeats()
 
     async def _readiness_watch(self) -> None:
         """Log each switch of /readyz, both ways (node/readiness.py), looking every WATCH_S until the drain."""

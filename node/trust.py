@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from mesh import keyhistory
+from mesh import keyhistory, peerkeys
 from mesh import keys as mesh_keys
 from mesh.errors import MeshError
 from node.config import NodeConfig
@@ -92,7 +92,7 @@ class Keyring:
         # peers/, peers/retired/ and keys/retired/: a key file copied straight into a retired/ directory
         # changes only that directory.
         peers_dir, keys_dir = self._stamp_dirs
-        return mesh_keys.keyring_stamp(peers_dir), mesh_keys.keyring_stamp(keys_dir)
+        return peerkeys.keyring_stamp(peers_dir), peerkeys.keyring_stamp(keys_dir)
 
     def _reload_if_changed(self) -> None:
         stamps = self._stamps()
@@ -100,7 +100,7 @@ class Keyring:
             return
         self._stamp_seen = stamps
         self.generation += 1
-        self._peer_rings = mesh_keys.load_peer_keyrings(self.cfg.peers_dir)
+        self._peer_rings = peerkeys.load_peer_keyrings(self.cfg.peers_dir)
         self._peer_keys = {agent: ring[0] for agent, ring in self._peer_rings.items()}
         records = keyhistory.peer_histories(self.cfg.peers_dir)
         self._histories = {

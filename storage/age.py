@@ -39,18 +39,57 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import psycopg
+
 from storage import graph
 from storage.graph import Edge
 
 GRAPH = "am_kg"
 
+# Where a role that is not a superuser loads AGE from: Postgres lets it LOAD only from $libdir/plugins/ (the
+# server host links AGE's library there: docs/operations.md, "Apache AGE with the node's role").
+PLUGIN_LIBRARY = "$libdir/plugins/age"
+
+
 def prepare_session(raw: Any) -> None:
-    """Every connection that runs Cypher loads AGE and can name its types; our own tables stay in the
-    schema they were created in (AGE's catalog comes last, so nothing of ours lands in it). The JIT is off:
-    AGE's estimates for a cypher() call are huge, so Postgres would compile every walk (~0.2 s) for nothing."""
-    raw.execute("LOAD 'age'")
+    """Every connection that runs Cypher loads AGE (a superuser from anywhere, any other role from
+    ``PLUGIN_LIBRARY``) and can name its types; our own tables stay in the schema they were created in (AGE's
+    catalog comes last, so nothing of ours lands in it). The JIT is off: AGE's estimates for a cypher() call are
+    huge, so Postgres would compile every walk (~0.2 s) for nothing."""
+    superuser = raw.execute("SELECT current_setting('is_superuser')").fetchone()[0] == "on"
+    raw.execute("LOAD 'age'" if superuser else f"LOAD '{PLUGIN_LIBRARY}'")
     raw.execute('SET search_path = "$user", public, ag_catalog')
     raw.execute("SET jit = off")
+
+
+def access_problem(raw: Any) -> str | None:
+    """Why this connection's role cannot keep the graph and walk it with AGE, or None when it can: it must use
+    ``ag_catalog``, load the library, and either own the graph's tables or be able to make the graph (a
+    superuser, or a role that may create schemas in the database). Leaves the session prepared when None."""
+    if not raw.execute("SELECT has_schema_privilege('ag_catalog', 'USAGE')").fetchone()[0]:
+        return "the role has no USAGE on schema ag_catalog (GRANT USAGE ON SCHEMA ag_catalog TO <role>)"
+    if not raw.execute("SELECT has_table_privilege('ag_catalog.ag_graph', 'SELECT') "
+                       "AND has_table_privilege('ag_catalog.ag_label', 'SELECT')").fetchone()[0]:
+        return ("the role may not read AGE's catalog "
+                "(GRANT SELECT ON ag_catalog.ag_graph, ag_catalog.ag_label TO <role>)")
+    try:
+        prepare_session(raw)
+    except psycopg.Error as e:
+        return f"AGE's library does not load for this role: {(e.diag.message_primary or str(e)).strip()}"
+    graph = raw.execute("SELECT namespace::regnamespace::text FROM ag_catalog.ag_graph WHERE name = %s",
+                        (GRAPH,)).fetchone()
+    if graph is None:
+        if raw.execute("SELECT current_setting('is_superuser') = 'on' "
+                       "OR has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+            return None
+        return f"the graph {GRAPH} does not exist and the role may not create it (a superuser makes it)"
+    foreign = raw.execute(
+        "SELECT string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_class AS c "
+        "WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'S') AND NOT pg_has_role(c.relowner, 'USAGE')",
+        (graph[0],)).fetchone()[0]
+    if foreign:
+        return f"the graph {GRAPH}'s tables belong to another role ({foreign}): ALTER ... OWNER TO the node's role"
+    return None
 
 
 _SETUP = (

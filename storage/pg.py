@@ -585,7 +585,15 @@ class PgDatabase(Database):
                                    "extension (CREATE EXTENSION age; build it from the AGE source)")
             return
         from storage import age
-        age.prepare_session(conn.raw)
+        problem = age.access_problem(conn.raw)
+        if problem is not None:
+            if self._age_mode == "on":
+                raise StorageError(StorageCode.AGE_UNAVAILABLE, f"storage.age is \"on\" but {problem} "
+                                   "(docs/operations.md, \"Apache AGE with the node's role\")")
+            log.warning("age_not_usable", extra={"ev": {
+                "reason": problem, "effect": "knowledge-graph walks use recursive CTEs (storage.age = \"auto\")",
+                "fix": "docs/operations.md, \"Apache AGE with the node's role\""}})
+            return
         age.setup(conn)
         conn.before_commit = age.sync
         self.kg_backend = "postgres-age"

@@ -131,10 +131,10 @@ def _rotation_steps(d: dict[str, Any], cfg: NodeConfig) -> str:
 
 
 def _import(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from mesh import keyhistory, keys
+    from mesh import keyhistory, peerkeys
     if keyhistory.is_bundle(args.file):
         return _import_history(args, cfg)
-    peer = keys.import_peer(cfg.peers_dir, args.file, agent_id=args.agent_id, force=args.force)
+    peer = peerkeys.import_peer(cfg.peers_dir, args.file, agent_id=args.agent_id, force=args.force)
     print(f"trusted peer {peer.agent_id}  fingerprint {peer.fingerprint}  ({peer.path})")
     if peer.retired_fingerprint is not None:
         print(f"  {peer.agent_id} rotated: its previous key {peer.retired_fingerprint} is kept in "
@@ -162,8 +162,8 @@ def _import_history(args: argparse.Namespace, cfg: NodeConfig) -> int:
 
 
 def _list(args: argparse.Namespace, cfg: NodeConfig) -> int:
-    from mesh import agentkeys, keys
-    infos = keys.list_keys(cfg.keys_dir, cfg.peers_dir)
+    from mesh import agentkeys, peerkeys
+    infos = peerkeys.list_keys(cfg.keys_dir, cfg.peers_dir)
     validity = _validity(cfg)
     rows = [{"agent_id": k.agent_id, "fingerprint": k.fingerprint, "trust": k.trust, "retired": k.retired,
              "path": str(k.path), **dict(zip(("valid_from", "valid_until"),

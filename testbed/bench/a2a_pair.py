@@ -36,6 +36,7 @@ from mesh import keys, tls
 from mesh.link import PeerLink
 from mesh.linkstate import LinkState
 from testbed.bench import floor as echo_floor  # the bare TLS echo server every bench compares with
+from testbed.bench.figures import pct
 from testbed.mesh.build import build_layout
 from testbed.mesh.local import LocalMesh
 from testbed.paths import BENCH_OUT, ROOT
@@ -48,9 +49,8 @@ TARGET_MSGS_PER_S = 20_000
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
-    ms = sorted(x * 1000 for x in samples_s)
-    q = statistics.quantiles(ms, n=100, method="inclusive")
-    return {"p50_ms": round(q[49], 4), "p95_ms": round(q[94], 4), "p99_ms": round(q[98], 4),
+    ms = [x * 1000 for x in samples_s]
+    return {"p50_ms": round(pct(ms, 50), 4), "p95_ms": round(pct(ms, 95), 4), "p99_ms": round(pct(ms, 99), 4),
             "mean_ms": round(statistics.fmean(ms), 4), "n": len(ms)}
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Design budgets for the all-ACK p95 (DESIGN.md section 7), ms by node count.
+# Design budgets for the all-ACK p95 (the first design's, ../shared/DESIGN.md section 7), ms by node count.
 BUDGET_P95_MS = {3: 100.0, 5: 250.0, 10: 500.0}
 
 # One side's measurement: (latencies s, wall s, each receiver's CPU s, the sender's CPU s).
@@ -36,13 +36,16 @@ def percentile(sorted_s: list[float], p: float) -> float:
     return sorted_s[rank - 1]
 
 
-def ms_stats(xs: list[float]) -> dict[str, float]:
-    """Count and p50/p95/p99 of samples in ms (the index nearest p% of the way through the sorted samples)."""
-    s = sorted(xs)
+def pct(samples: list[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) of samples in any order: the sorted sample whose index is nearest p% of the
+    way through them (no interpolation). Every bench reports its p50/p95/p99 through this one."""
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
-    def at(p: float) -> float:
-        return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
-    return {"n": len(s), "p50_ms": at(50), "p95_ms": at(95), "p99_ms": at(99)}
+
+def ms_stats(xs: list[float]) -> dict[str, float]:
+    """Count and p50/p95/p99 of samples in ms (``pct``)."""
+    return {"n": len(xs), "p50_ms": pct(xs, 50), "p95_ms": pct(xs, 95), "p99_ms": pct(xs, 99)}
 
 
 def figures(samples_s: list[float], wall_s: float, receiver_cpu_s: list[float], sender_cpu_s: float) -> Figures:

@@ -32,6 +32,7 @@ from node.hooks.pipeline import HookPipeline
 from node.node import GIL_SWITCH_INTERVAL_S
 from node.service import Service
 from testbed.bench.everything_on import DAEMON, hooks_toml  # shared with testbed bench --everything-on
+from testbed.bench.figures import pct
 from testbed.bench.variants import variant
 from testbed.paths import BENCH_OUT
 
@@ -52,14 +53,11 @@ def words(rng: random.Random, n: int) -> list[str]:
     return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9))) for _ in range(n)]
 
 
-def pct(samples_ns: list[int], q: float) -> float:
-    s = sorted(samples_ns)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] / 1e6
-
 
 def summary(samples_ns: list[int]) -> dict[str, float]:
-    return {"n": len(samples_ns), "p50_ms": pct(samples_ns, 0.50), "p95_ms": pct(samples_ns, 0.95),
-            "p99_ms": pct(samples_ns, 0.99), "mean_ms": sum(samples_ns) / len(samples_ns) / 1e6}
+    ms = [x / 1e6 for x in samples_ns]
+    return {"n": len(samples_ns), "p50_ms": pct(ms, 50), "p95_ms": pct(ms, 95),
+            "p99_ms": pct(ms, 99), "mean_ms": sum(samples_ns) / len(samples_ns) / 1e6}
 
 
 async def run(memories: int, calls: int, exec_calls: int) -> dict[str, Any]:

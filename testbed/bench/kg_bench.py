@@ -37,6 +37,7 @@ from storage import changelog, links, memories
 from storage.kg_ops import KG_BACKENDS
 from storage.links import LinkRow
 from storage.memories import MemoryRow
+from testbed.bench.figures import pct
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
@@ -61,10 +62,6 @@ FULL = Sizes(memories=20_000, links=100_000, queries=60, recall_memories=100_000
 MILLION = Sizes(memories=200_000, links=1_000_000, queries=60, recall_memories=1_000_000, recall_queries=500)
 QUICK = Sizes(memories=2_000, links=10_000, queries=50, recall_memories=10_000, recall_queries=200)
 
-
-def pct(samples: list[float], p: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
 def summary(samples_s: list[float]) -> dict[str, float]:

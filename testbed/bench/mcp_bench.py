@@ -34,6 +34,7 @@ from node.mcp.backend import ServiceBackend
 from node.mcp.server import start_http
 from node.mcp.socket import start_local_socket
 from node.service import Service
+from testbed.bench.figures import pct
 from testbed.paths import BENCH_OUT, ROOT
 
 AGENT = "ai:bench@lab"
@@ -47,14 +48,11 @@ def words(rng: random.Random, n: int) -> list[str]:
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(4, 9))) for _ in range(n)]
 
 
-def pct(samples_ns: list[int], q: float) -> float:
-    s = sorted(samples_ns)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] / 1e6
-
 
 def summary(samples_ns: list[int]) -> dict:
-    return {"n": len(samples_ns), "p50_ms": pct(samples_ns, 0.50), "p95_ms": pct(samples_ns, 0.95),
-            "p99_ms": pct(samples_ns, 0.99), "mean_ms": sum(samples_ns) / len(samples_ns) / 1e6}
+    ms = [x / 1e6 for x in samples_ns]
+    return {"n": len(samples_ns), "p50_ms": pct(ms, 50), "p95_ms": pct(ms, 95),
+            "p99_ms": pct(ms, 99), "mean_ms": sum(samples_ns) / len(samples_ns) / 1e6}
 
 
 async def measure(call: Callable[[str, dict], Awaitable[object]], calls: int, vocab: list[str],

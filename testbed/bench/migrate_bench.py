@@ -39,6 +39,7 @@ from storage.backend import open_database
 from storage.links import LinkRow
 from storage.port import BATCH_ROWS, Progress, Report, migrate
 from storage.portsides import Store
+from testbed.bench.figures import pct
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import Cluster, server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
@@ -60,10 +61,6 @@ class Sizes:
 FULL = Sizes(memories=100_000, links=100_000, runs=5)
 QUICK = Sizes(memories=10_000, links=10_000, runs=3)
 
-
-def pct(samples: list[float], p: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
 def summary(samples: list[float]) -> dict[str, float]:

@@ -32,6 +32,7 @@ import psycopg
 from storage import memories
 from storage.backend import open_database
 from storage.db import Database
+from testbed.bench.figures import pct
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
@@ -56,10 +57,6 @@ class Sizes:
 FULL = Sizes(100_000, 1_000)
 QUICK = Sizes(10_000, 200)
 
-
-def pct(samples: list[float], p: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
 def summary(samples_s: list[float]) -> dict[str, float]:

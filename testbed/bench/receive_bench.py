@@ -27,7 +27,7 @@ from pathlib import Path
 
 from a2a import new_envelope
 from a2a.envelope import decode_wire
-from mesh import keys
+from mesh import keys, peerkeys
 from node import attest
 from node.assemble import open_service
 from node.attest import LinkPayload
@@ -43,7 +43,7 @@ async def _measure(home: Path, envelopes: int, per: int) -> dict[str, list[float
     cfg = from_dict({"agent_id": ME, "home": str(home)}, env={})
     keys.generate_identity(cfg.keys_dir, ME)
     peer = keys.generate_identity(home / "peer-keys", PEER)
-    keys.import_peer(cfg.peers_dir, peer.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, peer.pub_path)
     svc = await open_service(cfg, require_identity=True)
     try:
         now = int(time.time() * 1000)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from a2a import Backoff, new_envelope
-from mesh import keys, tls
+from mesh import keys, peerkeys, tls
 from mesh.link import PeerLink
 from mesh.linkstate import LinkState
 from node.config import load_config
@@ -42,7 +42,7 @@ def ping_frame(layout: MeshLayout, sent_at_ms: int) -> tuple[str, bytes]:
 def _links(layout: MeshLayout) -> list[PeerLink]:
     cert, key, ca = node_creds(layout.node(1))
     ctx = tls.client_context(cert, key, ca)
-    pinned = keys.load_peer_keys(layout.node(1).home / "peers").keys
+    pinned = peerkeys.load_peer_keys(layout.node(1).home / "peers").keys
     cfg = load_config(layout.node(1).config_path, env={})
     return [PeerLink(n.agent_id, n.url, ctx, pinned=lambda: pinned,
                      backoff=Backoff(cfg.mesh.reconnect_min_s, cfg.mesh.reconnect_max_s),

@@ -28,6 +28,7 @@ from mesh import keys
 from node.assemble import open_service
 from node.config import from_dict
 from storage import transcripts
+from testbed.bench.figures import pct
 
 SEED = 13
 AGENT = "ai:bench@lab"
@@ -73,14 +74,10 @@ def conversation(rnd: random.Random, size: int) -> str:
     return text.encode("utf-8")[:size].decode("utf-8", "ignore")
 
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
 
 def summary(ms: list[float]) -> dict[str, float]:
-    return {"n": len(ms), "p50": round(pct(ms, 0.50), 3), "p95": round(pct(ms, 0.95), 3),
-            "p99": round(pct(ms, 0.99), 3), "mean": round(statistics.fmean(ms), 3)}
+    return {"n": len(ms), "p50": round(pct(ms, 50), 3), "p95": round(pct(ms, 95), 3),
+            "p99": round(pct(ms, 99), 3), "mean": round(statistics.fmean(ms), 3)}
 
 
 async def run(n: int, corpus_docs: int) -> dict[str, Any]:

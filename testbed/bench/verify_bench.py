@@ -17,11 +17,7 @@ import time
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from node.attest import LinkPayload, sign, verify
-
-
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+from testbed.bench.figures import pct
 
 
 def main() -> None:

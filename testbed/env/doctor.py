@@ -136,6 +136,20 @@ def _age() -> tuple[bool, str]:
     return (True, str(control)) if control.exists() else (False, f"Apache AGE not installed ({control} missing)")
 
 
+def _age_plugin() -> tuple[bool, str]:
+    """AGE's library where a role that is not a superuser may load it ($libdir/plugins)."""
+    pg_config = PG_BIN / "pg_config"
+    if not pg_config.exists():
+        return False, f"{pg_config} not installed"
+    try:
+        lib = subprocess.run([str(pg_config), "--pkglibdir"], capture_output=True, text=True,
+                             timeout=PROBE_TIMEOUT_S).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"`pg_config --pkglibdir` failed: {e}"
+    plugin = Path(lib) / "plugins" / "age.so"
+    return (True, str(plugin)) if plugin.exists() else (False, f"AGE not linked for non-superusers ({plugin} missing)")
+
+
 APT = "apt-get install -y"
 AGE_BUILD_DEPS = ("postgresql-server-dev-15", "bison", "flex", "build-essential")
 TOOLS: tuple[Tool, ...] = (
@@ -166,6 +180,8 @@ TOOLS: tuple[Tool, ...] = (
     Tool("age", "Apache AGE extension for PostgreSQL 15",
          f"scripts/system-deps (builds it from the vendored source; needs {APT} {' '.join(AGE_BUILD_DEPS)})",
          _age, AGE_BUILD_DEPS),
+    Tool("age-plugin", "Apache AGE loaded by a role that is not a superuser (tests/storage/test_pg_roles.py)",
+         "scripts/system-deps (links age.so into $libdir/plugins)", _age_plugin),
 )
 BY_NAME = {t.name: t for t in TOOLS}
 

@@ -1,5 +1,5 @@
 """Lay out an N-node mesh on disk: a CA, N identities, N certificates, every .pub in every other
-node's peers/, and N configs, exactly as operators would by hand (DESIGN.md section 7)."""
+node's peers/, and N configs, exactly as operators would by hand (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mesh import ca, keys
+from mesh import ca, keys, peerkeys
 from testbed.errors import TestbedError
 
 MAX_NODES = 64
@@ -136,7 +136,7 @@ def exchange_pubs(layout: MeshLayout, spec: NodeSpec) -> None:
     """Import every other node's .pub into this node's peers/ (the file operators hand each other)."""
     for other in layout.nodes:
         if other.agent_id != spec.agent_id:
-            keys.import_peer(spec.home / "peers", other.home / "keys" / f"{other.agent_id}.pub")
+            peerkeys.import_peer(spec.home / "peers", other.home / "keys" / f"{other.agent_id}.pub")
 
 
 def render_config(layout: MeshLayout, spec: NodeSpec, extra: str = "",

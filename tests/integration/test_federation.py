@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import new_envelope
-from mesh import keys, tls
+from mesh import peerkeys, tls
 from mesh.link import post_envelope
 from node import attest
 from node.attest import LinkPayload
@@ -93,7 +93,7 @@ def test_forged_link_injected_on_the_wire_is_rejected_and_absent(mesh3) -> None:
     env = new_envelope(c.agent_id, [b.agent_id], body, int(time.time() * 1000), 60_000)
     ctx = tls.client_context(c.home / "tls" / "node.crt", c.home / "keys" / f"{c.agent_id}.priv",
                              c.home / "tls" / "ca.crt")
-    pinned = keys.load_peer_keys(c.home / "peers").keys
+    pinned = peerkeys.load_peer_keys(c.home / "peers").keys
     status, ack, err = asyncio.run(post_envelope(b.url, env, ctx, expected_agent_id=b.agent_id, pinned=pinned,
                                                  timeout_s=10.0, max_bytes=1 << 20))
     assert status == 200 and ack is not None and ack.reason == "rejected:bad_signature"

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from mesh import ca, keys
+from mesh import ca, keys, peerkeys
 from node.config import LimitsConfig
 from node.mcp.socket import SocketClientBackend
 from testbed.mesh import health
@@ -68,7 +68,7 @@ def test_a_rotated_node_whose_peer_pins_the_old_key_is_told_peer_key_mismatch(me
     assert f"previous key {old_fp} is kept in" in text
     kept = n2.home / "peers" / "retired" / f"{n1.agent_id}.{old_fp}.pub"
     assert kept.exists()
-    assert [keys.fingerprint(k) for k in keys.load_peer_keyrings(n2.home / "peers")[n1.agent_id]] == \
+    assert [keys.fingerprint(k) for k in peerkeys.load_peer_keyrings(n2.home / "peers")[n1.agent_id]] == \
         [new_fp, old_fp]
     wait_for(lambda: (health(n1) or {}).get("peers", {}).get(n2.agent_id) == "up"
              and (health(n2) or {}).get("peers", {}).get(n1.agent_id) == "up",

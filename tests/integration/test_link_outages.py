@@ -10,7 +10,7 @@ import time
 import pytest
 
 from a2a import Backoff
-from mesh import keys, tls
+from mesh import peerkeys, tls
 from mesh.link import PeerLink
 from mesh.linkstate import LinkState
 
@@ -40,7 +40,7 @@ async def test_a_peer_that_goes_down_twice_gives_two_link_down_lines_and_a_fresh
     await asyncio.to_thread(mesh.start, [2], want_links=False)
     ctx = tls.client_context(n1.home / "tls" / "node.crt", n1.home / "keys" / f"{n1.agent_id}.priv",
                              n1.home / "tls" / "ca.crt")
-    pinned = keys.load_peer_keys(n1.home / "peers").keys
+    pinned = peerkeys.load_peer_keys(n1.home / "peers").keys
     backoff = Backoff(MIN_S, MAX_S)
     link = PeerLink(n2.agent_id, n2.url, ctx, pinned=lambda: pinned, backoff=backoff, ack_timeout_s=2.0,
                     max_bytes=1 << 20, settle_s=SETTLE_S)

@@ -1,4 +1,4 @@
-"""The mTLS A2A transport end to end, between real `ai-memory serve` processes (DESIGN.md section 4).
+"""The mTLS A2A transport end to end, between real `ai-memory serve` processes (docs/protocol.md).
 
 Time is driven through the retry schedule in each node's config, never by sleeping through the
 default 1/5/25 s schedule; every wait polls a condition with a bounded deadline.

@@ -1,4 +1,4 @@
-"""Bad input on real mTLS sockets against a real `ai-memory serve` process (DESIGN.md sections 2 and 4).
+"""Bad input on real mTLS sockets against a real `ai-memory serve` process (docs/protocol.md).
 
 Each case checks its documented outcome AND that the node then still serves a good peer.
 Client certificates are issued here with the layout's CA (or another CA) over real Ed25519 keys.

@@ -8,7 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import validate_payload
-from mesh import keys
+from mesh import keys, peerkeys
 from node import attest
 from node.attest import InvalidationPayload
 from node.config import NodeConfig
@@ -21,7 +21,7 @@ from tests.node.test_federation_apply import M1, M2, PEER, _env, _link_put, _see
 @pytest.fixture
 def peer_key(cfg: NodeConfig, tmp_path: Path) -> Ed25519PrivateKey:
     ident = keys.generate_identity(tmp_path / "peer-keys", PEER)
-    keys.import_peer(cfg.peers_dir, ident.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
     return ident.private_key
 
 

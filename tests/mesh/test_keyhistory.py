@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh import keyhistory, keys
+from mesh import keyhistory, keys, peerkeys
 from mesh.errors import MeshError
 
 AGENT = "ai:node-1@lab"
@@ -78,11 +78,11 @@ def test_a_late_joiner_that_imports_the_bundle_holds_every_key_and_knows_it_hold
     keys_dir, ident, fps = _rotated_twice(tmp_path)
     bundle = keyhistory.read_bundle(keyhistory.export_bundle(keys_dir, ident, tmp_path / "out", T0 + 5000))
     peers = tmp_path / "n2" / "peers"
-    keys.import_peer(peers, ident.pub_path)  # the late joiner was given the current .pub only
+    peerkeys.import_peer(peers, ident.pub_path)  # the late joiner was given the current .pub only
     assert keyhistory.peer_histories(peers) == {}
     done = keyhistory.import_bundle(peers, bundle, T0 + 6000)
     assert done.kept == (fps[1], fps[0]) and done.unlisted == () and done.current.retired_fingerprint is None
-    ring = [keys.fingerprint(k) for k in keys.load_peer_keyrings(peers)[AGENT]]
+    ring = [keys.fingerprint(k) for k in peerkeys.load_peer_keyrings(peers)[AGENT]]
     assert ring[0] == fps[2] and sorted(ring[1:]) == sorted(fps[:2])  # current first; retired in file-name order
     [history] = keyhistory.peer_histories(peers).values()
     assert history.complete_for(fps[2]) and not history.complete_for(fps[1])
@@ -96,10 +96,10 @@ def test_a_bundle_brings_the_new_key_of_a_peer_that_rotated_and_keeps_the_one_tr
     bundle = keyhistory.read_bundle(keyhistory.export_bundle(keys_dir, ident, tmp_path / "out", T0 + 5000))
     peers = tmp_path / "n2" / "peers"
     old = keys.load_public_key(keys_dir / "retired" / keys.retired_file_name(AGENT, fps[1]))
-    keys.trust_peer_key(peers, AGENT, old)  # trusted before the second rotation
+    peerkeys.trust_peer_key(peers, AGENT, old)  # trusted before the second rotation
     done = keyhistory.import_bundle(peers, bundle, T0 + 6000)
     assert done.current.fingerprint == fps[2] and done.current.retired_fingerprint == fps[1]
-    assert {keys.fingerprint(k) for k in keys.load_peer_keyrings(peers)[AGENT]} == set(fps)
+    assert {keys.fingerprint(k) for k in peerkeys.load_peer_keyrings(peers)[AGENT]} == set(fps)
 
 
 def test_a_bundle_that_does_not_list_the_key_trusted_now_needs_force(tmp_path: Path) -> None:
@@ -107,11 +107,11 @@ def test_a_bundle_that_does_not_list_the_key_trusted_now_needs_force(tmp_path: P
     bundle = keyhistory.read_bundle(keyhistory.export_bundle(keys_dir, ident, tmp_path / "out", T0 + 5000))
     peers = tmp_path / "n2" / "peers"
     stranger = keys.generate_identity(tmp_path / "stranger", AGENT)
-    keys.import_peer(peers, stranger.pub_path)
+    peerkeys.import_peer(peers, stranger.pub_path)
     with pytest.raises(MeshError) as err:
         keyhistory.import_bundle(peers, bundle, T0 + 6000)
     assert err.value.code == "key_history_conflict" and stranger.fingerprint in err.value.message
-    assert keys.load_peer_keyrings(peers)[AGENT] == (stranger.public_key,)  # nothing changed
+    assert peerkeys.load_peer_keyrings(peers)[AGENT] == (stranger.public_key,)  # nothing changed
     done = keyhistory.import_bundle(peers, bundle, T0 + 6000, force=True)
     assert done.unlisted == (stranger.fingerprint,) and done.current.retired_fingerprint == stranger.fingerprint
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh import keys
+from mesh import keys, peerkeys
 from mesh.errors import MeshError
 from node import attest
 
@@ -57,7 +57,7 @@ def test_rotating_twice_keeps_both_old_keys(tmp_path: Path) -> None:
     assert retired == second.fingerprint
     assert sorted(keys.fingerprint(k) for k in keys.retired_public_keys(keys_dir, A)) == \
         sorted([first.fingerprint, second.fingerprint])
-    listed = [(k.fingerprint, k.trust, k.retired) for k in keys.list_keys(keys_dir, tmp_path / "peers")]
+    listed = [(k.fingerprint, k.trust, k.retired) for k in peerkeys.list_keys(keys_dir, tmp_path / "peers")]
     assert listed[0] == (third.fingerprint, "self", False)
     assert sorted(listed[1:]) == sorted([(first.fingerprint, "self", True), (second.fingerprint, "self", True)])
 
@@ -124,21 +124,21 @@ def test_a_link_signed_before_rotation_still_verifies_with_the_keyring(tmp_path:
     b_keys = tmp_path / "b" / "keys"
     peers = tmp_path / "a" / "peers"
     before = keys.generate_identity(b_keys, B)
-    keys.import_peer(peers, before.pub_path)
+    peerkeys.import_peer(peers, before.pub_path)
     old_link = a_link(B)
     old_sig = attest.sign(before.private_key, old_link)
 
     after, _ = keys.rotate_identity(b_keys, B)
-    keys.import_peer(peers, after.pub_path)
+    peerkeys.import_peer(peers, after.pub_path)
     new_link = a_link(B)
     new_sig = attest.sign(after.private_key, new_link)
 
-    ring = keys.load_peer_keyrings(peers)[B]
+    ring = peerkeys.load_peer_keyrings(peers)[B]
     assert keys.fingerprint(ring[0]) == after.fingerprint  # the current key first
     assert verifies_with_some(ring, old_link, old_sig)
     assert verifies_with_some(ring, new_link, new_sig)
     # the current key alone (what load_peer_keys gives, and what TLS pins) no longer verifies the old link
-    assert not attest.verify(keys.load_peer_keys(peers).keys[B], old_link, old_sig)
+    assert not attest.verify(peerkeys.load_peer_keys(peers).keys[B], old_link, old_sig)
     # and the rotated node itself verifies its own old link with its retired keys
     assert verifies_with_some(keys.retired_public_keys(b_keys, B), old_link, old_sig)
     # a forgery by a stranger verifies with no key of the ring
@@ -150,22 +150,22 @@ def test_a_mode_loosened_keyring_file_is_not_trusted(tmp_path: Path, caplog: pyt
     peers = tmp_path / "peers"
     before = keys.generate_identity(tmp_path / "before", B)
     after = keys.generate_identity(tmp_path / "after", B)
-    keys.import_peer(peers, before.pub_path)
-    retired = keys.import_peer(peers, after.pub_path).retired_path
+    peerkeys.import_peer(peers, before.pub_path)
+    retired = peerkeys.import_peer(peers, after.pub_path).retired_path
     assert retired is not None
 
     os.chmod(retired, 0o666)
     with caplog.at_level("WARNING", logger="mesh.keys"):
-        ring = keys.load_peer_keyrings(peers)[B]
+        ring = peerkeys.load_peer_keyrings(peers)[B]
     assert [keys.fingerprint(k) for k in ring] == [after.fingerprint]
     assert any("writable by group or others" in r.getMessage() and str(retired) in r.getMessage()
                for r in caplog.records)
 
     os.chmod(retired, 0o644)
     os.chmod(retired.parent, 0o777)
-    assert [keys.fingerprint(k) for k in keys.load_peer_keyrings(peers)[B]] == [after.fingerprint]
+    assert [keys.fingerprint(k) for k in peerkeys.load_peer_keyrings(peers)[B]] == [after.fingerprint]
     os.chmod(retired.parent, 0o755)
-    assert len(keys.load_peer_keyrings(peers)[B]) == 2
+    assert len(peerkeys.load_peer_keyrings(peers)[B]) == 2
 
 
 def test_own_keyring_file_writable_by_others_is_not_trusted(tmp_path: Path) -> None:
@@ -181,36 +181,36 @@ def test_keyring_files_that_lie_or_are_misnamed_are_skipped(tmp_path: Path) -> N
     peers = tmp_path / "peers"
     b = keys.generate_identity(tmp_path / "b", B)
     other = keys.generate_identity(tmp_path / "other", B)
-    keys.import_peer(peers, b.pub_path)
+    peerkeys.import_peer(peers, b.pub_path)
     retired = peers / "retired"
     retired.mkdir()
     # a name that claims another fingerprint than the key it holds
     (retired / f"{B}.{b.fingerprint}.pub").write_bytes(other.pub_path.read_bytes())
     (retired / f"{B}.pub").write_bytes(other.pub_path.read_bytes())  # no fingerprint in the name
     (retired / f"{B}.NOTHEX0123456789.pub").write_bytes(other.pub_path.read_bytes())
-    assert [keys.fingerprint(k) for k in keys.load_peer_keyrings(peers)[B]] == [b.fingerprint]
+    assert [keys.fingerprint(k) for k in peerkeys.load_peer_keyrings(peers)[B]] == [b.fingerprint]
 
 
 def test_retired_keys_of_a_peer_without_a_current_pub_are_not_trusted(tmp_path: Path) -> None:
     peers = tmp_path / "peers"
     before = keys.generate_identity(tmp_path / "before", B)
     after = keys.generate_identity(tmp_path / "after", B)
-    keys.import_peer(peers, before.pub_path)
-    keys.import_peer(peers, after.pub_path)
+    peerkeys.import_peer(peers, before.pub_path)
+    peerkeys.import_peer(peers, after.pub_path)
     (peers / f"{B}.pub").unlink()
-    assert keys.load_peer_keyrings(peers) == {}
-    assert keys.load_peer_keys(peers).keys == {}
+    assert peerkeys.load_peer_keyrings(peers) == {}
+    assert peerkeys.load_peer_keys(peers).keys == {}
 
 
 def test_importing_a_retired_key_again_makes_it_current_only(tmp_path: Path) -> None:
     peers = tmp_path / "peers"
     before = keys.generate_identity(tmp_path / "before", B)
     after = keys.generate_identity(tmp_path / "after", B)
-    keys.import_peer(peers, before.pub_path)
-    keys.import_peer(peers, after.pub_path)
-    back = keys.import_peer(peers, before.pub_path)
+    peerkeys.import_peer(peers, before.pub_path)
+    peerkeys.import_peer(peers, after.pub_path)
+    back = peerkeys.import_peer(peers, before.pub_path)
     assert back.retired_fingerprint == after.fingerprint
-    assert [keys.fingerprint(k) for k in keys.load_peer_keyrings(peers)[B]] == [before.fingerprint,
+    assert [keys.fingerprint(k) for k in peerkeys.load_peer_keyrings(peers)[B]] == [before.fingerprint,
                                                                                 after.fingerprint]
     assert sorted(p.name for p in (peers / "retired").iterdir()) == [f"{B}.{after.fingerprint}.pub"]
 
@@ -218,11 +218,11 @@ def test_importing_a_retired_key_again_makes_it_current_only(tmp_path: Path) -> 
 def test_keyring_stamp_changes_when_a_retired_key_is_added(tmp_path: Path) -> None:
     peers = tmp_path / "peers"
     b = keys.generate_identity(tmp_path / "b", B)
-    keys.import_peer(peers, b.pub_path)
+    peerkeys.import_peer(peers, b.pub_path)
     (peers / "retired").mkdir()
-    stamp = keys.keyring_stamp(peers)
+    stamp = peerkeys.keyring_stamp(peers)
     other = keys.generate_identity(tmp_path / "other", B)
     (peers / "retired" / f"{B}.{other.fingerprint}.pub").write_bytes(other.pub_path.read_bytes())
     os.utime(peers / "retired", ns=(1, 1))  # a coarse clock must not hide the change: force a different mtime
-    assert keys.keyring_stamp(peers) != stamp
-    assert len(keys.load_peer_keyrings(peers)[B]) == 2
+    assert peerkeys.keyring_stamp(peers) != stamp
+    assert len(peerkeys.load_peer_keyrings(peers)[B]) == 2

@@ -1,4 +1,4 @@
-"""Identity key files (DESIGN.md §2): layout, modes, refusal rules, peers."""
+"""Identity key files (mesh/keys.py, mesh/peerkeys.py): layout, modes, refusal rules, peers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from a2a import ProtocolError
 from a2a.envelope import MAX_AGENT_ID_CHARS, new_envelope
-from mesh import keys
+from mesh import keys, peerkeys
 from mesh.errors import MeshError
 from tests.needs import needs
 
@@ -241,19 +241,19 @@ def test_import_list_export_round_trip(tmp_path: Path) -> None:
     assert exported == tmp_path / "outbox" / f"{B}.pub"
     assert mode_of(exported) == 0o644
 
-    peer = keys.import_peer(home_a / "peers", exported)
+    peer = peerkeys.import_peer(home_a / "peers", exported)
     assert peer.agent_id == B
     assert peer.path == home_a / "peers" / f"{B}.pub"
     assert peer.fingerprint == b.fingerprint
     assert mode_of(peer.path) == 0o644
 
-    listed = keys.list_keys(home_a / "keys", home_a / "peers")
+    listed = peerkeys.list_keys(home_a / "keys", home_a / "peers")
     assert [(k.agent_id, k.fingerprint, k.trust) for k in listed] == [
         (A, a.fingerprint, "self"),
         (B, b.fingerprint, "peer"),
     ]
 
-    loaded, bad = keys.load_peer_keys(home_a / "peers")
+    loaded, bad = peerkeys.load_peer_keys(home_a / "peers")
     assert bad == []
     assert list(loaded) == [B]
     assert keys.raw_public_bytes(loaded[B]) == keys.raw_public_bytes(b.public_key)
@@ -263,14 +263,14 @@ def test_import_with_explicit_agent_id(tmp_path: Path) -> None:
     b = keys.generate_identity(tmp_path / "b", B)
     odd = tmp_path / "whatever.pem"
     shutil.copyfile(b.pub_path, odd)
-    peer = keys.import_peer(tmp_path / "peers", odd, agent_id=B)
+    peer = peerkeys.import_peer(tmp_path / "peers", odd, agent_id=B)
     assert peer.path.name == f"{B}.pub"
 
 
 def test_import_same_key_twice_is_a_no_op(tmp_path: Path) -> None:
     b = keys.generate_identity(tmp_path / "b", B)
-    first = keys.import_peer(tmp_path / "peers", b.pub_path)
-    again = keys.import_peer(tmp_path / "peers", b.pub_path)
+    first = peerkeys.import_peer(tmp_path / "peers", b.pub_path)
+    again = peerkeys.import_peer(tmp_path / "peers", b.pub_path)
     assert (again.path, again.fingerprint) == (first.path, first.fingerprint)
 
 
@@ -278,15 +278,15 @@ def test_import_of_a_rotated_peer_key_keeps_the_old_one_in_the_keyring(tmp_path:
     before = keys.generate_identity(tmp_path / "before", B)
     after = keys.generate_identity(tmp_path / "after", B)
     peers = tmp_path / "peers"
-    keys.import_peer(peers, before.pub_path)
+    peerkeys.import_peer(peers, before.pub_path)
 
-    peer = keys.import_peer(peers, after.pub_path)
+    peer = peerkeys.import_peer(peers, after.pub_path)
 
     assert (peer.fingerprint, peer.retired_fingerprint) == (after.fingerprint, before.fingerprint)
     assert peer.retired_path == peers / "retired" / f"{B}.{before.fingerprint}.pub"
     assert mode_of(peer.retired_path) == 0o644
-    assert keys.fingerprint(keys.load_peer_keys(peers).keys[B]) == after.fingerprint
-    ring = keys.load_peer_keyrings(peers)[B]
+    assert keys.fingerprint(peerkeys.load_peer_keys(peers).keys[B]) == after.fingerprint
+    ring = peerkeys.load_peer_keyrings(peers)[B]
     assert [keys.fingerprint(k) for k in ring] == [after.fingerprint, before.fingerprint]
 
 
@@ -297,10 +297,10 @@ def test_import_refuses_to_replace_an_unreadable_trusted_key_without_force(tmp_p
     (peers / f"{B}.pub").write_bytes(b"-----BEGIN PUBLIC KEY-----\nnope\n")
 
     with pytest.raises(MeshError) as excinfo:
-        keys.import_peer(peers, b.pub_path)
+        peerkeys.import_peer(peers, b.pub_path)
     assert code_of(excinfo) == "peer_key_conflict"
 
-    replaced = keys.import_peer(peers, b.pub_path, force=True)
+    replaced = peerkeys.import_peer(peers, b.pub_path, force=True)
     assert (replaced.fingerprint, replaced.retired_fingerprint) == (b.fingerprint, None)
 
 
@@ -308,12 +308,12 @@ def test_import_refuses_garbage_and_private_keys(tmp_path: Path) -> None:
     garbage = tmp_path / f"{B}.pub"
     garbage.write_bytes(b"hello\n")
     with pytest.raises(MeshError) as excinfo:
-        keys.import_peer(tmp_path / "peers", garbage)
+        peerkeys.import_peer(tmp_path / "peers", garbage)
     assert code_of(excinfo) == "key_invalid"
 
     a = keys.generate_identity(tmp_path / "keys", A)
     with pytest.raises(MeshError) as excinfo:
-        keys.import_peer(tmp_path / "peers", a.priv_path, agent_id=A)
+        peerkeys.import_peer(tmp_path / "peers", a.priv_path, agent_id=A)
     assert code_of(excinfo) == "key_invalid"
     assert not (tmp_path / "peers").exists() or not any((tmp_path / "peers").iterdir())
 
@@ -321,18 +321,18 @@ def test_import_refuses_garbage_and_private_keys(tmp_path: Path) -> None:
 def test_import_refuses_a_bad_agent_id_from_the_file_name(tmp_path: Path) -> None:
     b = keys.generate_identity(tmp_path / "b", B)
     with pytest.raises(MeshError) as excinfo:
-        keys.import_peer(tmp_path / "peers", b.pub_path, agent_id="../escape")
+        peerkeys.import_peer(tmp_path / "peers", b.pub_path, agent_id="../escape")
     assert code_of(excinfo) == "bad_agent_id"
 
 
 def test_load_peer_keys_skips_and_reports_bad_files(tmp_path: Path) -> None:
     peers = tmp_path / "peers"
     b = keys.generate_identity(tmp_path / "b", B)
-    keys.import_peer(peers, b.pub_path)
+    peerkeys.import_peer(peers, b.pub_path)
     (peers / "ai:broken@lab.pub").write_bytes(b"-----BEGIN PUBLIC KEY-----\nnope\n")
     (peers / "README.txt").write_text("not a key file, ignored\n")
 
-    loaded = keys.load_peer_keys(peers)
+    loaded = peerkeys.load_peer_keys(peers)
     assert list(loaded.keys) == [B]
     assert [(bad.path.name, bad.error.code) for bad in loaded.bad] == [
         ("ai:broken@lab.pub", "key_invalid")
@@ -340,7 +340,7 @@ def test_load_peer_keys_skips_and_reports_bad_files(tmp_path: Path) -> None:
 
 
 def test_load_peer_keys_of_a_missing_dir_is_empty(tmp_path: Path) -> None:
-    assert keys.load_peer_keys(tmp_path / "nope") == ({}, [])
+    assert peerkeys.load_peer_keys(tmp_path / "nope") == ({}, [])
 
 
 @needs("openssl")
@@ -364,11 +364,10 @@ def test_openssl_reads_our_pub_file(home: Path) -> None:
 
 
 def test_group_writable_peer_key_is_not_trusted(tmp_path: Path) -> None:
-    from mesh import keys as k
-    ident = k.generate_identity(tmp_path / "other", "ai:peer@lab")
+    ident = keys.generate_identity(tmp_path / "other", "ai:peer@lab")
     peers = tmp_path / "peers"
-    k.import_peer(peers, ident.pub_path)
-    assert "ai:peer@lab" in k.load_peer_keys(peers).keys
+    peerkeys.import_peer(peers, ident.pub_path)
+    assert "ai:peer@lab" in peerkeys.load_peer_keys(peers).keys
     (peers / "ai:peer@lab.pub").chmod(0o666)
-    loaded = k.load_peer_keys(peers)
+    loaded = peerkeys.load_peer_keys(peers)
     assert "ai:peer@lab" not in loaded.keys and loaded.bad[0].error.code == "key_file_mode"

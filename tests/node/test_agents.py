@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from a2a import new_envelope
-from mesh import keys
+from mesh import keys, peerkeys
 from node.agents.acting import acting_as
 from node.assemble import open_service
 from node.config import NodeConfig
@@ -66,7 +66,7 @@ async def node(tmp_path: Path):
     cfg = make_config(tmp_path / "n", federation={"orphan_hold_s": 0.2})
     keys.generate_identity(cfg.keys_dir, AGENT)
     peer = keys.generate_identity(tmp_path / "k-peer", PEER)
-    keys.import_peer(cfg.peers_dir, peer.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, peer.pub_path)
     pk = {PEER: peer.private_key, STRANGER: Ed25519PrivateKey.generate(), BOT: Ed25519PrivateKey.generate(),
           OTHER_BOT: Ed25519PrivateKey.generate()}
     svc = await open_service(cfg, require_identity=True)
@@ -155,7 +155,7 @@ async def pair(tmp_path: Path, cfg: NodeConfig):
                   transcripts=replace(cfg.transcripts, default=keeps))
     peer_cfg = replace(make_config(tmp_path / "p"), agent_id=PEER, transcripts=cfg.transcripts)
     keys.generate_identity(peer_cfg.keys_dir, PEER)
-    keys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
+    peerkeys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
     origin = await open_service(cfg, require_identity=True)
     holder = await open_service(peer_cfg, require_identity=True)
     yield origin, holder

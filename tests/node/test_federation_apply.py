@@ -7,7 +7,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import Envelope, ProtocolError, new_envelope
-from mesh import keys
+from mesh import keys, peerkeys
 from node import attest
 from node.assemble import assemble, open_service, open_store
 from node.attest import LinkPayload
@@ -25,7 +25,7 @@ OTHER = "ai:peer-c@lab"
 @pytest.fixture
 def peer_key(cfg: NodeConfig, tmp_path: Path) -> Ed25519PrivateKey:
     ident = keys.generate_identity(tmp_path / "peer-keys", PEER)
-    keys.import_peer(cfg.peers_dir, ident.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
     return ident.private_key
 
 
@@ -345,11 +345,11 @@ async def test_signatures_use_the_keyring_as_last_read_but_a_new_or_rotated_key_
     # A peer rotates its key: a link signed with the new key verifies at once (a failed verify reads the
     # keyring again before refusing); so does a signer first imported just now.
     rotated = keys.generate_identity(tmp_path / "rotated", PEER, force=True)
-    keys.import_peer(cfg.peers_dir, rotated.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, rotated.pub_path)
     ack = await svc.replicator.apply(_env(PEER, _link_put(rotated.private_key, M1, M2, relation="new_key")), PEER)
     assert ack.accepted
     other = keys.generate_identity(tmp_path / "other", OTHER)
-    keys.import_peer(cfg.peers_dir, other.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, other.pub_path)
     ack = await svc.replicator.apply(_env(PEER, _link_put(other.private_key, M1, M2, observed_by=OTHER)), PEER)
     assert ack.accepted
     levels = {r["relation"]: (r["attest_level"], r["observed_by"]) for r in await svc.links_list()}

@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import Envelope, new_envelope
-from mesh import keys
+from mesh import keys, peerkeys
 from node import attest
 from node.assemble import open_service
 from node.attest import LinkPayload, MemoryPayload
@@ -65,7 +65,7 @@ def peer_keys(tmp_path: Path, cfg) -> dict[str, Ed25519PrivateKey]:
     out = {}
     for agent in (PEER, OTHER):
         ident = keys.generate_identity(tmp_path / f"keys-{agent}", agent)
-        keys.import_peer(cfg.peers_dir, ident.pub_path)
+        peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
         out[agent] = ident.private_key
     return out
 
@@ -103,7 +103,7 @@ async def test_a_named_writer_may_write_versions(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "w", federation={"namespaces": {"team/x": {"peers": [PEER], "writers": [PEER]}}})
     keys.generate_identity(cfg.keys_dir, AGENT)
     ident = keys.generate_identity(tmp_path / "pk", PEER)
-    keys.import_peer(cfg.peers_dir, ident.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
     svc = await open_service(cfg, require_identity=True)
     try:
         mine = await svc.memory_store("team note", namespace="team/x")
@@ -157,7 +157,7 @@ async def _restricted(tmp_path: Path) -> tuple[Service, dict[str, Ed25519Private
     pk = {}
     for agent in (PEER, OTHER):
         ident = keys.generate_identity(tmp_path / f"k-{agent}", agent)
-        keys.import_peer(cfg.peers_dir, ident.pub_path)
+        peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
         pk[agent] = ident.private_key
     return await open_service(cfg, require_identity=True), pk
 

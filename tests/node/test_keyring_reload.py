@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mesh import keys
+from mesh import keys, peerkeys
 from node.config import from_dict
 from node.trust import Keyring
 
@@ -24,13 +24,13 @@ def test_keys_for_gives_current_then_retired_and_follows_the_directories(tmp_pat
     own, own_old = keys.rotate_identity(cfg.keys_dir, A)
     b_before = keys.generate_identity(tmp_path / "b1", B)
     b_after = keys.generate_identity(tmp_path / "b2", B)
-    keys.import_peer(cfg.peers_dir, b_before.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, b_before.pub_path)
 
     ring = Keyring(cfg, own)
     assert fps(ring.keys_for(A)) == [own.fingerprint, own_old]
     assert fps(ring.keys_for(B)) == [b_before.fingerprint]
 
-    keys.import_peer(cfg.peers_dir, b_after.pub_path)  # B rotated
+    peerkeys.import_peer(cfg.peers_dir, b_after.pub_path)  # B rotated
     assert fps(ring.keys_for(B)) == [b_after.fingerprint, b_before.fingerprint]
     assert keys.fingerprint(ring.peer_keys[B]) == b_after.fingerprint  # pinning: the current key only
 

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a.envelope import RETRYABLE_REJECT_CODES
-from mesh import keys
+from mesh import keys, peerkeys
 from node.assemble import open_service
 from node.hooks import HookEvent, HookRefused, NoHooks
 from node.hooks.decision import Deny
@@ -58,7 +58,7 @@ async def _open(home: Path, peer_pub: Path, attached: bool) -> tuple[Service, _R
     missing memory for up to a minute (its end arrives well before)."""
     cfg = make_config(home, federation={"orphan_hold_s": 60.0}, permissions={"reload_check_s": 1e-9})
     keys.generate_identity(cfg.keys_dir, AGENT)
-    keys.import_peer(cfg.peers_dir, peer_pub)
+    peerkeys.import_peer(cfg.peers_dir, peer_pub)
     cfg.permissions_path.write_text(RULES, encoding="utf-8")
     hooks = _Recorder(attached)
     return await open_service(cfg, require_identity=True, hooks=hooks), hooks

@@ -11,7 +11,7 @@ import pytest
 
 from mesh import keys
 from node.cli import main
-from node.log import STATE_CHANGE, CliLines, JsonLines, RepeatLimit, TextLines
+from node.log import STATE_CHANGE, CliLines, JsonLines, RepeatLimit, TextLines, flush_repeats
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -43,6 +43,35 @@ def test_a_warning_repeated_from_one_source_is_written_once_per_window_with_its_
     assert limit.filter(later) and later.ev == {"remote": "10.0.0.9", "repeated": 13}
     again = record("not_a_member", at=T0 + 21, remote="10.0.0.9")
     assert limit.filter(again) and "repeated" not in again.ev
+
+
+def test_a_burst_that_ends_is_told_with_its_count_once_its_window_is_over() -> None:
+    """No later warning from the source: the last one held back is written by the flush, with the count."""
+    limit = RepeatLimit(window_s=10.0)
+    assert [limit.filter(record("not_a_member", at=T0 + i, remote="10.0.0.9")) for i in range(4)] \
+        == [True, False, False, False]
+    assert limit.due(T0 + 9.9) == []  # the window is not over yet
+    [told] = limit.due(T0 + 10)
+    assert told.created == T0 + 3 and told.ev == {"remote": "10.0.0.9", "repeated": 3}
+    assert limit.due(T0 + 30) == []  # told once
+    later = record("not_a_member", at=T0 + 31, remote="10.0.0.9")
+    assert limit.filter(later) and "repeated" not in later.ev  # not counted twice
+
+
+def test_flush_repeats_writes_through_the_root_handler_that_held_them(capsys: pytest.CaptureFixture[str]) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLines("ai:n@lab"))
+    handler.addFilter(RepeatLimit(window_s=10.0))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        for i in range(3):
+            handler.handle(record("not_a_member", at=T0 + i, remote="10.0.0.9"))
+        assert flush_repeats(T0 + 10) == 1 and flush_repeats(T0 + 20) == 0
+    finally:
+        root.removeHandler(handler)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [(x["event"], x.get("repeated")) for x in lines] == [("not_a_member", None), ("not_a_member", 2)]
 
 
 def test_a_state_change_is_never_held_back() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mesh import keys
+from mesh import keys, peerkeys
 from node.assemble import open_service
 from node.config import NamespacePolicy, NodeConfig
 from node.errors import ServiceError
@@ -55,7 +55,7 @@ async def holder(tmp_path: Path, cfg: NodeConfig) -> AsyncIterator[Service]:
     """PEER's store, holding what the node under test (AGENT, ``cfg``'s keys) wrote and sent it."""
     peer_cfg = replace(make_config(tmp_path / "peer"), agent_id=PEER)
     keys.generate_identity(peer_cfg.keys_dir, PEER)
-    keys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
+    peerkeys.import_peer(peer_cfg.peers_dir, cfg.keys_dir / f"{AGENT}.pub")
     svc = await open_service(peer_cfg, require_identity=True)
     yield svc
     await svc.close()
@@ -89,7 +89,7 @@ async def test_a_store_rebuilt_from_a_peers_pages_holds_its_own_writes_self_sign
     had = await _written_by(origin, holder)
     lost = _with_peer(make_config(tmp_path / "restored"), tmp_path)
     shutil.copytree(cfg.keys_dir, lost.keys_dir)
-    keys.import_peer(lost.peers_dir, holder.identity.pub_path)
+    peerkeys.import_peer(lost.peers_dir, holder.identity.pub_path)
     restored = await open_service(lost, require_identity=True)
     try:
         progress = await prepare(lost, restored.db, requested=True, now_ms=now_ms())

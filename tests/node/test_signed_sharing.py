@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import Envelope, decode_frame, new_envelope
-from mesh import keys
+from mesh import keys, peerkeys
 from node.assemble import open_service
 from node.service import Service, now_ms
 from storage import changelog, outbox
@@ -66,7 +66,7 @@ async def node(tmp_path: Path):
     pk = {}
     for agent in (ORIGIN, RELAY, WRITER):
         ident = keys.generate_identity(tmp_path / f"k-{agent}", agent)
-        keys.import_peer(cfg.peers_dir, ident.pub_path)
+        peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
         pk[agent] = ident.private_key
     svc = await open_service(cfg, require_identity=True)
     yield svc, pk
@@ -171,7 +171,7 @@ async def sender(tmp_path: Path):
                       federation={"namespaces": {"secret": {"peers": [NEW, OLD]}}})
     ident = keys.generate_identity(cfg.keys_dir, AGENT)
     new = keys.generate_identity(tmp_path / "k-new", NEW)
-    keys.import_peer(cfg.peers_dir, new.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, new.pub_path)
     sender_keys[NEW] = new.private_key
     svc = await open_service(cfg, require_identity=True)
     svc.replicator.note_accepts(NEW, ["links.put", "memory.put.v2"])

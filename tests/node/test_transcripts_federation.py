@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from mesh import keys
+from mesh import keys, peerkeys
 from node import attest
 from node.assemble import open_service
 from node.attest import TranscriptPayload
@@ -40,7 +40,7 @@ def fcfg(cfg: NodeConfig) -> NodeConfig:
 @pytest.fixture
 def peer_key(fcfg: NodeConfig, tmp_path: Path) -> Ed25519PrivateKey:
     ident = keys.generate_identity(tmp_path / "peer-keys", PEER)
-    keys.import_peer(fcfg.peers_dir, ident.pub_path)
+    peerkeys.import_peer(fcfg.peers_dir, ident.pub_path)
     return ident.private_key
 
 

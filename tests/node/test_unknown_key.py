@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from a2a import new_envelope
-from mesh import keyhistory, keys
+from mesh import keyhistory, keys, peerkeys
 from node import attest
 from node.assemble import open_service
 from node.attest import AttestLevel, LinkPayload, MemoryPayload
@@ -77,7 +77,7 @@ class Rotated:
         self.then = now_ms() - HOUR_MS
         os.utime(first.pub_path, ns=(self.then * 1_000_000 - 1, self.then * 1_000_000 - 1))  # made just before
         self.current, _ = keyhistory.rotate(self.keys_dir, PEER, now_ms() - HOUR_MS // 2)
-        keys.import_peer(cfg.peers_dir, self.current.pub_path)
+        peerkeys.import_peer(cfg.peers_dir, self.current.pub_path)
         self.cfg = cfg
 
     def import_history(self) -> keyhistory.BundleImport:

@@ -210,12 +210,12 @@ async def test_kg_invalidate_under_an_ask_is_parked_and_runs_once_approved(open_
 
 
 async def test_a_peers_invalidation_is_gated_as_its_link_is(open_service, cfg: NodeConfig, tmp_path) -> None:
-    from mesh import keys
+    from mesh import keys, peerkeys
     from node.attest import LinkPayload
     from tests.kg.test_kg_federation import _invalidate
     from tests.node.test_federation_apply import _link_put
     ident = keys.generate_identity(tmp_path / "peer-keys", PEER)
-    keys.import_peer(cfg.peers_dir, ident.pub_path)
+    peerkeys.import_peer(cfg.peers_dir, ident.pub_path)
     svc = await open_service()
     for mid in (M1, M2):
         assert (await svc.replicator.apply(_env(PEER, _mput(_memory(mid, namespace="team/x"))), PEER)).accepted

@@ -157,6 +157,38 @@ async def test_a_peers_memory_and_link_reach_subscribers_as_local_ones_do(node) 
         await receiver.stop()
 
 
+async def test_what_an_agent_writes_reaches_subscribers_naming_the_agent(node) -> None:
+    """An agent acting on this node: its memory and link arrive as memory.stored / link.attested whose bodies
+    name the agent as writer and signer (the node only vouches for it), not the node."""
+    from node.agents.acting import acting_as
+
+    svc, _ = node
+    port = _free_port()
+    await svc.webhooks.subscribe(f"http://127.0.0.1:{port}/hook", ["memory.stored", "link.attested"])
+    receiver = Receiver()
+    await receiver.start(port)
+    bot = "ai:claude-code@laptop"
+    try:
+        principal = await svc.agents.principal(bot)
+        assert principal is not None
+        with acting_as(principal):
+            a = await svc.memory_store("the agent's own", namespace="elsewhere")
+            b = await svc.memory_store("and another", namespace="elsewhere")
+            await svc.memory_link(a["id"], b["id"], "related_to")
+
+        async def three() -> bool:
+            return len(receiver.got) >= 3
+        await _until(three, "three deliveries")
+        got = [(h["X-Webhook-Event"], json.loads(body)["data"]) for h, body in receiver.got]
+        memories = [d for e, d in got if e == "memory.stored"]
+        assert sorted(d["id"] for d in memories) == sorted([a["id"], b["id"]])
+        assert all((d["writer"], d["origin"], d["signed_by"]) == (bot, bot, bot) for d in memories)
+        [link] = [d for e, d in got if e == "link.attested"]
+        assert link["observed_by"] == bot and AGENT not in (link["observed_by"], *(d["writer"] for d in memories))
+    finally:
+        await receiver.stop()
+
+
 def test_cli_refuses_out_of_range_delivery_limits_and_ids_with_a_message(tmp_path) -> None:
     from tests.kg.test_kg_mcp_cli import _cli
     from tests.mcp.conftest import make_home

@@ -19,6 +19,7 @@ import pytest
 from mesh import keys
 from node.assemble import open_service
 from node.config import from_dict
+from storage.errors import StorageError
 from storage.port import migrate
 from storage.portsides import TABLES, Store
 from testbed.env import doctor
@@ -61,11 +62,10 @@ def role(pg_cluster: Cluster) -> Iterator[str]:
         _as_superuser(pg_cluster, "postgres", [f"DROP ROLE IF EXISTS {name}"])
 
 
-async def _work(home: Path, dsn: str) -> dict[str, Any]:
-    """What a node does with its store, through the service: the counts and the chain at the end."""
+async def _work(home: Path, dsn: str, *, age: str = "off") -> dict[str, Any]:
+    """What a node does with its store, through the service: the chain at the end, and the walks' engine."""
     keys.generate_identity(home / "keys", AGENT)
-    cfg = from_dict({"agent_id": AGENT, "home": str(home), "storage": {"backend": "postgres", "dsn": dsn}}, env={})
-    svc = await open_service(cfg, require_identity=True)
+    svc = await open_service(_config(home, dsn, age), require_identity=True)
     try:
         a = (await svc.memory_store("alpha beta gamma", title="a"))["id"]
         b = (await svc.memory_store("beta delta", title="b"))["id"]
@@ -74,9 +74,56 @@ async def _work(home: Path, dsn: str) -> dict[str, Any]:
         assert [m["id"] for m in await svc.memory_recall("beta")] == [b, a]
         walk = await svc.kg.query(a, depth=2)
         assert [n["memory_id"] for n in walk["neighbours"]] == [b]
-        return await svc.audit_verify()
+        return {**await svc.audit_verify(), "kg_backend": walk["kg_backend"]}
     finally:
         await svc.close()
+
+
+def _config(home: Path, dsn: str, age: str) -> Any:
+    return from_dict({"agent_id": AGENT, "home": str(home),
+                      "storage": {"backend": "postgres", "dsn": dsn, "age": age}}, env={})
+
+
+def _age_sql() -> list[str]:
+    """The superuser's statements of the docs' "Apache AGE with the node's role"."""
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text[text.index("### Apache AGE with the node's role"):]
+    block = re.findall(r"```sql\n(.*?)```", section, re.S)[0]
+    statements, current = [], ""
+    for line in block.splitlines(keepends=True):
+        current += line
+        if line.rstrip().endswith(";") and current.count("$$") % 2 == 0:  # not inside a $$ body
+            statements.append(current.strip())
+            current = ""
+    return statements
+
+
+def _needs_age() -> None:
+    if reason := doctor.missing("age", "age-plugin"):
+        pytest.skip(reason)
+
+
+async def test_age_runs_as_the_documented_role_after_the_documented_steps(role: str, tmp_path: Path,
+                                                                          pg_cluster: Cluster) -> None:
+    _needs_age()
+    name = role.rsplit("=", 1)[1]
+    _as_superuser(pg_cluster, name, [re.sub(r"\baimem\b", name, s) for s in _age_sql()])
+    got = await _work(tmp_path / "home", role, age="on")
+    assert got["ok"] and got["kg_backend"] == "postgres-age"
+
+
+async def test_a_role_that_cannot_use_age_walks_with_ctes_on_auto_and_refuses_on(
+        role: str, tmp_path: Path, pg_cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """The extension made, none of the rest of the steps: "auto" says why and uses CTEs, "on" refuses to start."""
+    _needs_age()
+    _as_superuser(pg_cluster, role.rsplit("=", 1)[1], ["CREATE EXTENSION age"])
+    got = await _work(tmp_path / "home", role, age="auto")
+    assert got["ok"] and got["kg_backend"] == "postgres-cte"
+    [warned] = [r for r in caplog.records if r.getMessage() == "age_not_usable"]
+    assert "USAGE on schema ag_catalog" in warned.ev["reason"]  # type: ignore[attr-defined]
+    with pytest.raises(StorageError) as e:
+        await open_service(_config(tmp_path / "home", role, "on"), require_identity=True)
+    assert e.value.code == "age_unavailable" and "Apache AGE with the node's role" in e.value.message
 
 
 def _counts(dsn: str) -> dict[str, int]:
@@ -131,9 +178,7 @@ async def test_pg_dump_and_pg_restore_as_the_docs_say(role: str, tmp_path: Path,
                             f"--dbname={pg_cluster.dsn(restored)}", str(dump))
     back = role.replace(f"dbname={name}", f"dbname={restored}")
     assert _counts(back) == _counts(role)
-    cfg = from_dict({"agent_id": AGENT, "home": str(tmp_path / "home"),
-                     "storage": {"backend": "postgres", "dsn": back}}, env={})
-    svc = await open_service(cfg, require_identity=True)
+    svc = await open_service(_config(tmp_path / "home", back, "off"), require_identity=True)
     try:
         audit = await svc.audit_verify()
         assert audit["ok"] and audit["checked"] == 4
