@@ -72,17 +72,23 @@ class Federation:
         # The inbound side (verifier thread, apply, sync pages) is built at its first use: a CLI command or an
         # embedded MCP server only enqueues, and importing and building the receive path was most of its start-up.
         self._parts = _InboundParts(cfg, db, keyring, clock, events, hooks, gate, agent_forms)
+        self._closed = False
 
     def close(self) -> None:
+        self._closed = True
         if "verifier" in self.__dict__:  # never built: no thread to stop
             self.verifier.close()
 
     @cached_property
     def verifier(self) -> VerifyBatcher:
-        """The one signature-verifying thread's batcher (``federation.background_nice``)."""
+        """The one signature-verifying thread's batcher (``federation.background_nice``); after ``close`` one
+        already shut (a check then fails as it did on a verifier built at construction and closed)."""
         from node.federation.verify import VerifyBatcher, verify_thread
 
-        return VerifyBatcher(verify_thread(self._parts.cfg.federation.background_nice))
+        batcher = VerifyBatcher(verify_thread(self._parts.cfg.federation.background_nice))
+        if self._closed:
+            batcher.close()
+        return batcher
 
     @cached_property
     def inbound(self) -> Inbound:
