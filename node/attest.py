@@ -415,3 +415,19 @@ def verify_many(items: Iterable[tuple[tuple[Ed25519PublicKey, ...], Signable, by
     """Verify a batch, each against a signer's keyring; run on a worker thread so the event loop keeps
     serving between verifications."""
     return [verify_any(keys, p, s) for keys, p, s in items]
+
+
+def claimed_at(payload: Signable) -> int:
+    """The time a signed payload claims for itself (unix ms)."""
+    if isinstance(payload, MemoryPayload):
+        updated_at = dict(payload.fields)["updated_at"]
+        return updated_at if isinstance(updated_at, int) else 0
+    if isinstance(payload, LinkPayload):
+        return payload.valid_from
+    if isinstance(payload, InvalidationPayload):
+        return payload.valid_until
+    if isinstance(payload, DelegationPayload):
+        return payload.valid_from
+    if isinstance(payload, RevocationPayload):
+        return payload.revoked_at
+    return payload.created_at

@@ -362,15 +362,15 @@ class Node:
         if self.cfg.approval.enabled and self.cfg.approval.http_port:
             from node.permissions.approval_api import start_approval_api
             self.extra_services.append(await start_approval_api(self.svc, self.cfg))
-        try:
-            from node.mcp import server as mcp_server
-            from node.mcp.socket import start_local_socket
-        except ImportError:
-            return
+        from node.mcp.socket import start_local_socket
+
         backend = self.backend = ServiceBackend(self.svc, runtime=self)
         self.extra_services.append(await start_local_socket(backend, self.cfg.socket_path))
         if self.cfg.mcp.http_port:
+            # The MCP SDK (most of a start's CPU) loads only for the HTTP door: the local socket speaks our own
+            # frames, and `ai-memory mcp` joined over it imports the SDK in its own process.
             from mesh.agentkeys import AgentTokens
+            from node.mcp import server as mcp_server
             # A request carrying an agent's bearer token acts as that agent (docs/mcp.md, "Agents").
             self.extra_services.append(await mcp_server.start_http(backend, self.cfg.mcp.http_host,
                                                                    self.cfg.mcp.http_port, self.cfg.mcp.profile,

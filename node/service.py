@@ -12,7 +12,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -20,19 +21,16 @@ from mesh.keys import Identity
 from node import attest
 from node.agents.acting import acting_as
 from node.agents.book import AgentBook
-from node.agents.local import LocalAgents
 from node.attest import SIGNED_SET_SHARED, AttestLevel, LinkPayload, MemoryPayload
 from node.config import NodeConfig
 from node.errors import ServiceError, describe, is_project_error
 from node.events.webhooks import Webhooks
 from node.hooks import HookEvent, Hooks
-from node.kg import KnowledgeGraph
 from node.limits import check_confidence
 from node.permissions import approvals as approval
 from node.permissions.approvals import APPROVED, Approvals
 from node.permissions.gate import Gate
 from node.permissions.rules import Operation
-from node.transcripts import TranscriptRoom
 from node.trust import Keyring
 from node.wire import link_dict, link_wire, memory_dict
 from node.writepath import Queued, Replicator, WritePath
@@ -40,6 +38,11 @@ from storage import changelog, events, links, memories
 from storage.db import Database
 from storage.links import LinkRow
 from storage.memories import MemoryRow
+
+if TYPE_CHECKING:
+    from node.agents.local import LocalAgents
+    from node.kg import KnowledgeGraph
+    from node.transcripts import TranscriptRoom
 
 Clock = Callable[[], int]
 # SQLite INTEGER is signed 64-bit: a version or time at the top cannot be moved past.
@@ -83,16 +86,33 @@ class Service:
         self.writes = writes
         self.clock = clock
         self.webhooks = webhooks
-        # This node's agents (node/agents/local.py): the principal an MCP client names, made on first use.
-        self.agents = LocalAgents(writes, agents if agents is not None else AgentBook(writes.db, writes.keyring),
-                                  clock)
-        # memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py).
-        self.kg = KnowledgeGraph(writes, clock)
-        # memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py);
-        # a transcript's proposed memories are stored as memory_store stores any.
-        self.transcripts = TranscriptRoom(writes, clock, self.memory_store)
+        self._book = agents if agents is not None else AgentBook(writes.db, writes.keyring)
         # Which words are in half the memories (recall leaves them out of the ranking), shared by the readers.
         self.doc_freqs = memories.DocFreqs()
+
+    # The rooms a command may not use are built (and imported) at first use: a CLI recall or store needs none.
+
+    @cached_property
+    def agents(self) -> LocalAgents:
+        """This node's agents (node/agents/local.py): the principal an MCP client names, made on first use."""
+        from node.agents.local import LocalAgents
+
+        return LocalAgents(self.writes, self._book, self.clock)
+
+    @cached_property
+    def kg(self) -> KnowledgeGraph:
+        """memory_kg_query / memory_find_paths / memory_kg_timeline / memory_kg_invalidate (node/kg.py)."""
+        from node.kg import KnowledgeGraph
+
+        return KnowledgeGraph(self.writes, self.clock)
+
+    @cached_property
+    def transcripts(self) -> TranscriptRoom:
+        """memory_transcript_store / memory_replay and the archive-then-prune lifecycle (node/transcripts.py); a
+        transcript's proposed memories are stored as memory_store stores any."""
+        from node.transcripts import TranscriptRoom
+
+        return TranscriptRoom(self.writes, self.clock, self.memory_store)
 
     async def close(self) -> None:
         await self.hooks.close()
@@ -622,7 +642,7 @@ class Service:
             return False, f"{what} is unsigned"
         keys = self.keyring.keys_for(signed_by)
         if not keys:  # an agent's: the keys delegations by nodes trusted here vouch for
-            keys = tuple(key for _, key in await self.db.read(self.agents.book.vouched_keys, signed_by))
+            keys = tuple(key for _, key in await self.db.read(self._book.vouched_keys, signed_by))
         if not keys:
             return False, f"signer {signed_by!r} is not a trusted key on this node, nor an agent one vouches for"
         if not attest.verify_any(keys, payload, signature):

@@ -18,7 +18,15 @@ from typing import Any
 
 from node import files, log
 from node.cli import agents, doctor, identity, kg, mcp, memory, mesh, migrate, permissions, probe, repair, transcripts
-from node.cli.common import EXIT_FAILED, EXIT_PIPE_CLOSED, CommandParser, Handler, error_line, resolve_config
+from node.cli.common import (
+    EXIT_FAILED,
+    EXIT_PIPE_CLOSED,
+    CommandParser,
+    Handler,
+    command_named,
+    error_line,
+    resolve_config,
+)
 from node.config import HOME_ENV
 from node.errors import is_project_error
 from node.version import version
@@ -29,8 +37,11 @@ GROUPS = (identity.add_parsers, memory.add_parsers, kg.add_parsers, transcripts.
           repair.add_parsers, migrate.add_parsers, permissions.add_parsers, agents.add_parsers)
 
 
-def build_parser() -> CommandParser:
-    p = CommandParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.")
+def build_parser(command: str | None = None) -> CommandParser:
+    """The parser of every command, or with ``command`` one that builds only that command's arguments (the others
+    are still named: ``--help`` lists them and a mistyped command is told the choices)."""
+    p = CommandParser(prog="ai-memory", description="attested-mesh node: memories, signed links, federation.",
+                      only=command)
     p.add_argument("--version", action=_Version, help="show the version and exit")
     p.add_argument("--config", type=Path, help="node config TOML (default: <home>/config.toml when it exists)")
     p.add_argument("--home", type=Path, help=f"node home directory (overrides {HOME_ENV} and the config file)")
@@ -72,14 +83,15 @@ def _global_options_anywhere(parser: CommandParser) -> None:
 
 
 @cache
-def _parser() -> CommandParser:
-    """The parser, built once a process (a test runs ``main`` hundreds of times; a parser parses any number of
-    argument lists)."""
-    return build_parser()
+def _parser(command: str | None) -> CommandParser:
+    """The parser for ``command`` (None: all), built once a process (a test runs ``main`` hundreds of times; a
+    parser parses any number of argument lists)."""
+    return build_parser(command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = _parser(command_named(words)).parse_args(words)
     log.setup_cli()  # a warning a command meets is a readable line on stderr (`serve` and `mcp` set their own)
     handler: Handler = args.handler
     home: Path | None = None

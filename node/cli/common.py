@@ -37,33 +37,64 @@ class CommandParser(argparse.ArgumentParser):
     options by name (``options``), so that the global options can be given after a subcommand too
     (``node.cli.build_parser``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, only: str | None = None, built: bool = True, **kwargs: Any) -> None:
         # Before argparse's own __init__, which adds -h through add_argument.
         self.commands: list[CommandParser] = []
         self.options: dict[str, argparse.Action] = {}
+        # ``only``: the one subcommand this parser will parse (``command_named``); the others are named for
+        # choices and errors but not ``built``: their arguments are not added (building all ~60 parsers was ~10 ms
+        # of every command's start-up).
+        self.only = only
+        self.built = built
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if not self.built:
+            return _UNBUILT
         action = super().add_argument(*args, **kwargs)
         self.options.update(dict.fromkeys(action.option_strings, action))
         return action
 
     def add_commands(self, **kwargs: Any) -> Commands:
         """``add_subparsers(**kwargs)``, whose parsers are CommandParsers kept in ``commands``."""
-        return Commands(self.add_subparsers(parser_class=CommandParser, **kwargs), self.commands)
+        return Commands(self.add_subparsers(parser_class=CommandParser, **kwargs), self.commands,
+                        self.only if self.built else "")
+
+
+# What an unbuilt parser's add_argument returns: an action no parser holds.
+_UNBUILT = argparse.Action([], argparse.SUPPRESS)
+# The options ``ai-memory`` takes before its command: those followed by a value, and flags.
+_GLOBAL_VALUED = ("--config", "--home")
+_GLOBAL_FLAGS = ("--json",)
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word after the global options), or None where that is not plain
+    (no command, --help, --version, an abbreviated or ``=`` option): then every command's parser is built."""
+    words = iter(argv)
+    for word in words:
+        if word in _GLOBAL_VALUED:
+            next(words, None)
+        elif word not in _GLOBAL_FLAGS:
+            return None if word.startswith("-") else word
+    return None
 
 
 class Commands:
     """A parser's subcommands, as a command group adds to them in its ``add_parsers(sub)``."""
 
-    def __init__(self, subparsers: _AddParser, kept: list[CommandParser]) -> None:
+    def __init__(self, subparsers: _AddParser, kept: list[CommandParser], only: str | None = None) -> None:
         self._subparsers = subparsers
         self._kept = kept
+        # None: build every command; a name: only that one (and all of its own subcommands).
+        self._only = only
 
     def add_parser(self, name: str, **kwargs: Any) -> CommandParser:
-        parser = self._subparsers.add_parser(name, **kwargs)
+        built = self._only is None or self._only == name
+        parser = self._subparsers.add_parser(name, built=built, **kwargs)
         assert isinstance(parser, CommandParser)  # add_commands makes every subcommand's parser one
-        self._kept.append(parser)
+        if built:
+            self._kept.append(parser)
         return parser
 
 

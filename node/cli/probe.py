@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +45,9 @@ def probe_url(cfg: NodeConfig, ready: bool) -> str | None:
 
 
 def _health(args: argparse.Namespace, cfg: NodeConfig) -> int:
+    import urllib.error  # the HTTP client (and ssl, email parsing) loads only for this command
+    import urllib.request
+
     url = probe_url(cfg, args.ready)
     config = args.config or cfg.home / "config.toml"
     if url is None and not Path(config).exists():  # no file read: every setting is a default (health_port 0)

@@ -8,21 +8,17 @@ to the node; nothing here imports the service.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from a2a import Ack, Envelope
 from node.agents.book import AgentBook
 from node.config import NodeConfig
-from node.events import EventSink, NoEvents
+from node.events import EventSink
 from node.federation.forms import AgentForms, MemoryForms
-from node.federation.inbound import Inbound
-from node.federation.inbound.common import Applied, ApplyContext, Arrivals, Clock, GateChecks
 from node.federation.outbound import ACCEPTS, AckSignal, Delivery, Outbound, PeerAccepts, Queued
 from node.federation.policy import Policy
-from node.federation.sync import PulledPages, SyncOutcome, SyncPages
-from node.federation.verify import Attester, SignerKeys, VerifyBatcher, verify_thread
-from node.hooks import Hooks, NoHooks
+from node.hooks import Hooks
 from node.permissions.gate import Gate
 from node.ratelimit import RateLimiter
 from node.trust import Keyring
@@ -30,7 +26,14 @@ from storage.db import Database
 from storage.memories import MemoryRow
 
 if TYPE_CHECKING:  # the mesh server (and its HTTP stack) is the node's, not a CLI command's
+    from a2a import Ack, Envelope
     from mesh.server import SyncQuery
+    from node.federation.inbound import Inbound
+    from node.federation.inbound.common import Applied
+    from node.federation.sync import PulledPages, SyncOutcome, SyncPages
+    from node.federation.verify import VerifyBatcher
+
+Clock = Callable[[], int]
 
 
 def peer_rate_of(cfg: NodeConfig) -> RateLimiter | None:
@@ -66,21 +69,65 @@ class Federation:
         agent_forms = AgentForms(self.agents, self.forms)
         self.outbound = Outbound(cfg, db, self.agent_id, self.policy, delivery, self.accepts,
                                  acks if acks is not None else AckSignal(), self.forms, agent_forms)
-        self.verifier = VerifyBatcher(verify_thread(cfg.federation.background_nice))
-        ctx = ApplyContext(cfg=cfg, db=db, clock=clock, policy=self.policy,
-                           attester=Attester(SignerKeys(keyring), self.verifier, db, self.counters, self.agents,
-                                             cfg.federation.orphan_hold_s),
-                           # The same permission gate as local operations: a peer's write is admitted as a local one.
-                           gate=GateChecks(gate), hooks=hooks if hooks is not None else NoHooks(),
-                           events=events if events is not None else NoEvents(), counters=self.counters,
-                           arrivals=Arrivals(db, self.policy, cfg.federation.orphan_hold_s))
-        self.inbound = Inbound(ctx, self.agent_id, peer_rate)
-        self.pages = SyncPages(cfg, db, self.policy, clock, peer_rate, self.counters, self.forms, agent_forms)
-        self.pulled = PulledPages(self.inbound, db, clock, cfg.federation.sync_park_after, keyring,
-                                  cfg.federation.sync_park_max, self.agents)
+        # The inbound side (verifier thread, apply, sync pages) is built at its first use: a CLI command or an
+        # embedded MCP server only enqueues, and importing and building the receive path was most of its start-up.
+        self._parts = _InboundParts(cfg, db, keyring, clock, events, hooks, gate, agent_forms)
+        self._closed = False
 
     def close(self) -> None:
-        self.verifier.close()
+        self._closed = True
+        if "verifier" in self.__dict__:  # never built: no thread to stop
+            self.verifier.close()
+
+    @cached_property
+    def verifier(self) -> VerifyBatcher:
+        """The one signature-verifying thread's batcher (``federation.background_nice``); after ``close`` one
+        already shut (a check then fails as it did on a verifier built at construction and closed)."""
+        from node.federation.verify import VerifyBatcher, verify_thread
+
+        batcher = VerifyBatcher(verify_thread(self._parts.cfg.federation.background_nice))
+        if self._closed:
+            batcher.close()
+        return batcher
+
+    @cached_property
+    def inbound(self) -> Inbound:
+        """Peers' changes applied: verified by the same keys, admitted by the same gate, hooks and events as local
+        writes."""
+        from node.events import NoEvents
+        from node.federation.inbound import Inbound
+        from node.federation.inbound.common import ApplyContext, Arrivals, GateChecks
+        from node.federation.verify import Attester, SignerKeys
+        from node.hooks import NoHooks
+
+        p = self._parts
+        orphan_hold_s = p.cfg.federation.orphan_hold_s
+        ctx = ApplyContext(cfg=p.cfg, db=p.db, clock=p.clock, policy=self.policy,
+                           attester=Attester(SignerKeys(p.keyring), self.verifier, p.db, self.counters, self.agents,
+                                             orphan_hold_s),
+                           # The same permission gate as local operations: a peer's write is admitted as a local one.
+                           gate=GateChecks(p.gate), hooks=p.hooks if p.hooks is not None else NoHooks(),
+                           events=p.events if p.events is not None else NoEvents(), counters=self.counters,
+                           arrivals=Arrivals(p.db, self.policy, orphan_hold_s))
+        return Inbound(ctx, self.agent_id, self.peer_rate)
+
+    @cached_property
+    def pages(self) -> SyncPages:
+        """The sync pages this node serves its peers."""
+        from node.federation.sync import SyncPages
+
+        p = self._parts
+        return SyncPages(p.cfg, p.db, self.policy, p.clock, self.peer_rate, self.counters, self.forms, p.agent_forms)
+
+    @cached_property
+    def pulled(self) -> PulledPages:
+        """The sync pages pulled from peers, applied through ``inbound``."""
+        from node.federation.sync import PulledPages
+
+        p = self._parts
+        fed = p.cfg.federation
+        return PulledPages(self.inbound, p.db, p.clock, fed.sync_park_after, p.keyring, fed.sync_park_max,
+                           self.agents)
 
     def reconfigure(self, cfg: NodeConfig) -> None:
         """Follow a reloaded configuration's peers and namespace policies (what goes to whom, who may write)."""
@@ -135,3 +182,12 @@ class Federation:
 
     def note_accepts(self, peer: str, accepts: Any) -> None:
         self.accepts.note(peer, accepts)
+
+
+class _InboundParts:
+    """What the lazily built inbound side of a ``Federation`` is built from (all given at its construction)."""
+
+    def __init__(self, cfg: NodeConfig, db: Database, keyring: Keyring, clock: Clock, events: EventSink | None,
+                 hooks: Hooks | None, gate: Gate | None, agent_forms: AgentForms) -> None:
+        self.cfg, self.db, self.keyring, self.clock = cfg, db, keyring, clock
+        self.events, self.hooks, self.gate, self.agent_forms = events, hooks, gate, agent_forms

@@ -37,8 +37,8 @@ from node.attest import (
     MemoryPayload,
     Signable,
     TranscriptPayload,
+    claimed_at,
 )
-from node.federation.verify import claimed_at
 from node.wire import memory_put_body, memory_put_v2_body
 from storage.agents import DelegationRow
 from storage.memories import MemoryRow

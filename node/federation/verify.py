@@ -24,12 +24,8 @@ from node import attest, priority
 from node.agents.book import AgentBook, DelegationState
 from node.attest import (
     AttestLevel,
-    DelegationPayload,
-    InvalidationPayload,
-    LinkPayload,
-    MemoryPayload,
-    RevocationPayload,
     Signable,
+    claimed_at,
 )
 from node.federation.codes import RejectCode
 from node.trust import UNKNOWN_SIGNER, Keyring, SignerHistory
@@ -211,22 +207,6 @@ def may_be_unknown_key(history: SignerHistory, claimed_at: int) -> bool:
     the payload claims a time before this node began trusting the signer's current key: anything later must be
     that key's, and with the whole history every key the signer ever had is here."""
     return not history.complete and history.since_ms is not None and claimed_at < history.since_ms
-
-
-def claimed_at(payload: Signable) -> int:
-    """The time a signed payload claims for itself (unix ms)."""
-    if isinstance(payload, MemoryPayload):
-        updated_at = dict(payload.fields)["updated_at"]
-        return updated_at if isinstance(updated_at, int) else 0
-    if isinstance(payload, LinkPayload):
-        return payload.valid_from
-    if isinstance(payload, InvalidationPayload):
-        return payload.valid_until
-    if isinstance(payload, DelegationPayload):
-        return payload.valid_from
-    if isinstance(payload, RevocationPayload):
-        return payload.revoked_at
-    return payload.created_at
 
 
 @dataclass(frozen=True, slots=True)

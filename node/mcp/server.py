@@ -22,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import mcp_types as types
@@ -36,19 +36,19 @@ from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 
-from mesh.agentkeys import AgentTokens
 from node import files
 from node.config import DEFAULT_HOME, LimitsConfig, MeshConfig, NodeConfig
 from node.errors import ServiceCode, ServiceError, describe
-from node.mcp.agents import BearerAgents
-from node.mcp.agents import agent_of as bearer_agent
-from node.mcp.backend import ServiceBackend, ToolBackend
 from node.mcp.edge import AnsweredBodies, CheckedLines, private_stdin
 from node.mcp.profiles import Family, parse_family
 from node.mcp.registry import JSON, Args, Door, ToolSpec, instructions, listed, loader_specs, tool_specs
 from node.mcp.socket import SocketClientBackend
 from node.mcp.validate import ArgValidator
 from node.ratelimit import MAX_CALLERS, RateLimiter
+
+if TYPE_CHECKING:  # a joined stdio server forwards calls: the service's backend and the HTTP door's agents are not its
+    from mesh.agentkeys import AgentTokens
+    from node.mcp.backend import ToolBackend
 
 log = logging.getLogger("node.mcp")
 
@@ -220,6 +220,7 @@ async def open_backend(cfg: NodeConfig, *, embedded: bool = False,
                             **_as_agent(client.whoami)}, client.close
     _check_embedded_home(cfg)
     from node.assemble import open_service
+    from node.mcp.backend import ServiceBackend
 
     service = await open_service(cfg)
     backend = ServiceBackend(service)
@@ -403,6 +404,9 @@ async def start_http(backend: ToolBackend, host: str, port: int, profile: str = 
                      tokens: AgentTokens | None = None) -> HttpHandle:
     """Serve streamable HTTP MCP at http://host:port/mcp; port 0 picks a free port (see handle.port). ``tokens``:
     the agents' bearer tokens (a request carrying one acts as its agent; one naming no agent is answered 401)."""
+    from node.mcp.agents import BearerAgents
+    from node.mcp.agents import agent_of as bearer_agent
+
     check_loopback(host)
 
     def agent_of(ctx: ServerRequestContext[Any]) -> str | None:

@@ -409,3 +409,25 @@ async def test_apply_now_answers_a_ping_as_apply_does_and_leaves_other_kinds_to_
     got, counters, refused = outcomes["apply"]
     assert got[0] == (True, None, True, AGENT) and refused == 3 and counters["rejected:rate_limited"] == 3
     assert any(len(g) == 2 for g in got[:5])  # some pings were malformed (and still spent their token)
+
+
+async def test_the_inbound_side_is_built_at_its_first_use_and_a_closed_federation_verifies_nothing(
+        tmp_path: Path) -> None:
+    # A CLI command never builds the receive path; a peer's first message does, with the same checks.
+    cfg = make_config(tmp_path / "h")
+    keys.generate_identity(cfg.keys_dir, AGENT)
+    store = await open_store(cfg, require_identity=True)
+    fed = assemble(store).federation
+    try:
+        assert "inbound" not in vars(fed) and "verifier" not in vars(fed)
+        ack = await fed.apply(_env(PEER, _mput(_memory(M1))), PEER)
+        assert ack.accepted and "inbound" in vars(fed) and "verifier" in vars(fed)
+    finally:
+        fed.close()
+        await store.close()
+    # Closed before its verifier was ever built: one built now is already shut, as a closed one was.
+    unused = assemble(await open_store(cfg, require_identity=True))
+    unused.federation.close()
+    with pytest.raises(RuntimeError):
+        unused.federation.verifier.executor.submit(print)
+    await unused.service.close()
