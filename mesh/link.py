@@ -80,9 +80,6 @@ class _Reading:
     def on_frame(self, data: bytes) -> None:
         self.link.on_ack_frame(data)
 
-    def idle(self) -> None:
-        pass  # an ACK settles its send at once: nothing waits for the end of a read
-
 
 @dataclass
 class LinkHealth:

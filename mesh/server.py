@@ -292,7 +292,7 @@ class _Socket:
             await ws.close(drain=False)
 
     async def _read(self) -> None:
-        self.end(await read_frames(self.ws, self))
+        self.end(await read_frames(self.ws, self, self.idle))
 
     def end(self, error: BaseException | None) -> None:
         if not self.ended.done():

@@ -6,9 +6,9 @@ loop), sets ``heard`` on every message, and answers a ping with its pong at once
 aiohttp's, unchanged.
 
 ``receive()`` returns without waiting while aiohttp holds frames already parsed (all those one TCP read carried);
-``read_frames`` steps it once by hand to learn whether it would wait, and calls the sink's ``idle()`` just before
-it does: the server writes there the ACKs of everything that read carried, in the reader's own task step, instead
-of in a loop callback one turn later (one wake-up per read, not two).
+given an ``idle`` callback, ``read_frames`` steps it once by hand to learn whether it would wait, and calls
+``idle()`` just before it does: the server writes there the ACKs of everything that read carried, in the reader's
+own task step, instead of in a loop callback one turn later (one wake-up per read, not two).
 """
 
 from __future__ import annotations
@@ -46,19 +46,17 @@ class FrameSink(Heard, Protocol):
         """One binary message; what it returns (if anything) is awaited before the next is read (room to take
         more)."""
 
-    def idle(self) -> None:
-        """The reader is about to wait (for the next read, or for room): every frame read so far was handed
-        to ``on_frame``."""
 
-
-async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[Any], sink: FrameSink) \
-        -> BaseException | None:
+async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[Any], sink: FrameSink,
+                      idle: Callable[[], None] | None = None) -> BaseException | None:
     """Read ``ws`` (opened with ``autoping=False``) until it ends: each binary message to ``sink.on_frame``, each
     ping answered with its pong at once, a text frame logged and ignored. Returns None when the peer closed or
     the stream ended (aiohttp has answered the close), else the error (a parse error, an oversized frame; aiohttp
-    has closed the socket with its code)."""
+    has closed the socket with its code). ``idle()``, when given, is called whenever the reader is about to wait
+    (for the next read, or for room), every frame read so far handed to ``on_frame``."""
+    on_idle = _nothing if idle is None else idle
     while True:
-        msg = _next_message(ws, sink)
+        msg = await ws.receive() if idle is None else _next_message(ws, idle)
         if isinstance(msg, Resumed):
             msg = await msg
         sink.heard = True
@@ -66,7 +64,7 @@ async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[A
         if kind is WSMsgType.BINARY:
             room = sink.on_frame(msg.data)
             if room is not None:
-                sink.idle()
+                on_idle()
                 await room
         elif kind is WSMsgType.PING:
             if not ws.closed:
@@ -76,19 +74,23 @@ async def read_frames(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[A
         elif kind is WSMsgType.TEXT:
             log.warning("protocol_error", extra={"ev": {"peer": sink.peer, "code": "text_frame"}})
         else:  # an error, a close: the socket ends
-            sink.idle()
+            on_idle()
             return _ending(msg, sink)
 
 
-def _next_message(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[Any], sink: FrameSink) -> Any:
-    """The next message when aiohttp has it parsed already, else (after ``sink.idle()``) the awaitable that
-    waits for it: ``receive()`` stepped once by hand."""
+def _nothing() -> None:
+    pass
+
+
+def _next_message(ws: ClientWebSocketResponse[Any] | web.WebSocketResponse[Any], idle: Callable[[], None]) -> Any:
+    """The next message when aiohttp has it parsed already, else (after ``idle()``) the awaitable that waits
+    for it: ``receive()`` stepped once by hand."""
     receiving = ws.receive()
     try:
         waiting = receiving.send(None)
     except StopIteration as done:
         return done.value
-    sink.idle()
+    idle()
     return Resumed(receiving, waiting)
 
 
