@@ -233,8 +233,9 @@ class _Socket:
     A message whose apply needs no waiting is answered inline (no task, no timer); one that waits (on
     storage) finishes in a task, at most ``WS_INFLIGHT`` at once (past that the rest of the frame's envelopes
     wait in ``backlog`` and the socket reads nothing more, which pushes back on the sender over TCP once
-    aiohttp's read buffer is full). ACKs produced in one loop turn are written together, as one batch frame
-    when the peer negotiated them. An ACK write the transport cannot take (the peer does not read) stops
+    aiohttp's read buffer is full). The ACKs of the frames one read carried are written together when the reader
+    is about to wait (``idle``), those of applies that waited at the end of their loop turn; either way as one
+    batch frame when the peer negotiated them. An ACK write the transport cannot take (the peer does not read) stops
     reading until it drains, bounded by ``ACK_SEND_TIMEOUT_S``, past which the socket is closed.
     """
 
@@ -248,6 +249,9 @@ class _Socket:
         self.tg: asyncio.TaskGroup | None = None  # set by serve(), which starts the reading
         self.loop = asyncio.get_running_loop()
         self.acks: list[bytes] = []
+        # Inside on_frame: the reader's idle() writes the ACKs made meanwhile; elsewhere (an apply that waited,
+        # the backlog taken) they go at the end of the loop turn.
+        self.reading = False
         self.flush_at_turn_end = False
         self.draining: asyncio.Task[None] | None = None
         self.waiting_applies = 0
@@ -288,7 +292,7 @@ class _Socket:
             await ws.close(drain=False)
 
     async def _read(self) -> None:
-        self.end(await read_frames(self.ws, self))
+        self.end(await read_frames(self.ws, self, self.idle))
 
     def end(self, error: BaseException | None) -> None:
         if not self.ended.done():
@@ -302,10 +306,19 @@ class _Socket:
         """One data frame, from the reader; returns what to await before reading the next (room for more)."""
         if self.ended.done() or not self._member_or_end():
             return None
-        self._take(self.receiver.units(data, self.peer))
+        self.reading = True  # the ACKs this frame makes wait for idle(): one write for all a read carried
+        try:
+            self._take(self.receiver.units(data, self.peer))
+        finally:
+            self.reading = False
         if self.draining is not None or self.backlog:
             return self._room()
         return None
+
+    def idle(self) -> None:
+        """The reader is about to wait: write the ACKs of the frames it read (nothing waits for the loop turn)."""
+        if self.acks:
+            self.flush()
 
     async def _room(self) -> None:
         """Until the backlog is taken and no ACK write drains (a socket that ends cancels the reader)."""
@@ -382,7 +395,7 @@ class _Socket:
         if result.ack is None:
             return
         self.acks.append(result.ack.to_wire())
-        if not self.flush_at_turn_end:
+        if not self.reading and not self.flush_at_turn_end:
             self.flush_at_turn_end = True
             self.loop.call_soon(self._flush_at_turn_end)
 

@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from a2a import Ack, Envelope, decode_frame, new_envelope
+from a2a import BATCH_SUBPROTOCOL, Ack, Batch, Envelope, decode_frame, decode_wire, encode_batch, new_envelope
 from mesh import server
 from tests.mesh.wire_fixture import CLIENT_ID, SERVER_ID, pair, until
 
@@ -20,6 +20,14 @@ def _live(kind: str = "ping") -> Envelope:
 
 async def _ok(env: Envelope, sender: str) -> Ack:
     return Ack.ok(env.correlation_id, SERVER_ID)
+
+
+def _ping_now(env: Envelope, sender: str) -> Ack | None:
+    return Ack.ok(env.correlation_id, SERVER_ID) if env.kind == "ping" else None
+
+
+async def _never(env: Envelope, sender: str) -> Ack:
+    raise AssertionError(f"{env.kind} should have been settled inline")
 
 
 async def _ack(ws: aiohttp.ClientWebSocketResponse) -> Ack:
@@ -137,3 +145,28 @@ async def test_frames_waiting_for_room_are_not_applied_once_the_sender_stops_bei
                 break
         assert closed is not None and ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
         assert started == [e.correlation_id for e in envs[:3]]  # the waiting seven were never applied
+
+
+async def test_envelopes_settled_inline_are_acked_before_the_reader_waits_in_one_batch_frame(pki) -> None:
+    async with pair(pki, _never, apply_now=_ping_now) as p, aiohttp.ClientSession() as s, \
+            s.ws_connect(p.link.url + "/a2a/v1/ws", ssl=pki.ctx(CLIENT_ID), protocols=(BATCH_SUBPROTOCOL,)) as ws:
+        envs = [_live() for _ in range(40)]
+        await ws.send_bytes(encode_batch([e.to_wire() for e in envs]))
+        msg = await asyncio.wait_for(ws.receive(), 10)
+        batch = decode_wire(msg.data, 1 << 20)
+        assert isinstance(batch, Batch)  # every ACK the frame made, in the one write made before reading on
+        acks = [decode_frame(item, 1 << 20) for item in batch.items]
+        assert [a.correlation_id for a in acks if isinstance(a, Ack) and a.accepted] == \
+            [e.correlation_id for e in envs]
+        for _ in range(3):  # one envelope a frame: each answered on its own, the socket reading on
+            env = _live()
+            await ws.send_bytes(env.to_wire())
+            assert (await _ack(ws)).correlation_id == env.correlation_id
+
+
+async def test_a_link_fanning_pings_out_gets_every_ack_when_they_are_settled_inline(pki) -> None:
+    async with pair(pki, _never, apply_now=_ping_now) as p:
+        for _ in range(50):
+            env = _live()
+            ack = await asyncio.wait_for(p.link.send_wire(env.correlation_id, env.to_wire()), 10)
+            assert ack.accepted and ack.correlation_id == env.correlation_id

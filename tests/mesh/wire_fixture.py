@@ -14,7 +14,7 @@ from a2a import Backoff, SeenCache
 from mesh import ca, keys, tls
 from mesh.link import PeerLink
 from mesh.linkstate import LinkState
-from mesh.receive import Apply, Receiver
+from mesh.receive import Apply, ApplyNow, Receiver
 from mesh.server import MeshServer, ServerHooks
 
 SERVER_ID, CLIENT_ID = "ai:server@test", "ai:client@test"
@@ -67,9 +67,9 @@ class Pair:
 @asynccontextmanager
 async def pair(pki: Pki, apply: Apply, *, batch_frames: bool = True, apply_timeout_s: float = 10.0,
                member=None, member_generation=None, ack_timeout_s: float = 5.0,
-               clock_ms=lambda: int(time.time() * 1000)) -> AsyncIterator[Pair]:
+               clock_ms=lambda: int(time.time() * 1000), apply_now: ApplyNow | None = None) -> AsyncIterator[Pair]:
     receiver = Receiver(SERVER_ID, SeenCache(10_000), apply, max_bytes=1 << 20, clock_ms=clock_ms,
-                        apply_timeout_s=apply_timeout_s)
+                        apply_timeout_s=apply_timeout_s, apply_now=apply_now)
     pinned = {SERVER_ID: pki.server.public_key, CLIENT_ID: pki.client.public_key}
     hooks = ServerHooks(receiver=receiver, pinned=lambda: pinned, health=lambda: {"status": "ok"},
                         member=member, batch_frames=batch_frames)
