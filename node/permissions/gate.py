@@ -10,6 +10,7 @@ returns the decision.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import tomllib
@@ -113,6 +114,9 @@ class Gate:
         self.counts: Counter[str] = Counter()
         # Each agent's stored bytes as last summed, and when (time.monotonic()), for the storage quota.
         self._used: LRUCache[str, tuple[int, float]] = LRUCache(QUOTA_AGENTS)
+        # One sum at a time: the calls that find an agent's sum stale together (a pulled page's memories, applied
+        # together) wait for one reader hop and use its result, rather than each summing the agent's memories.
+        self._summing = asyncio.Lock()
         self._install()
 
     @classmethod
@@ -215,10 +219,13 @@ class Gate:
     async def usage(self, agent: str) -> int:
         """The content + title bytes of the memories whose current version ``agent`` wrote (as summed at most
         ``permissions.reload_check_s`` ago, plus what was admitted since)."""
-        now = time.monotonic()
         cached = self._used.get(agent)
-        if cached is None or now - cached[1] >= self.cfg.permissions.reload_check_s:
-            cached = self._used[agent] = (await self.db.read(rule_rows.bytes_by_writer, agent), now)
+        if cached is None or time.monotonic() - cached[1] >= self.cfg.permissions.reload_check_s:
+            async with self._summing:
+                cached = self._used.get(agent)
+                now = time.monotonic()
+                if cached is None or now - cached[1] >= self.cfg.permissions.reload_check_s:
+                    cached = self._used[agent] = (await self.db.read(rule_rows.bytes_by_writer, agent), now)
         return cached[0]
 
     def check(self, agent: str, namespace: str, operation: Operation) -> tuple[Decision, Rule | None]:
