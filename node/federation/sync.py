@@ -66,6 +66,9 @@ SYNCED_KINDS = ("memory.put", MEMORY_PUT_V2, "link.put", "links.put", "link.inva
 PARKED_UNTIL_KNOWN = (RejectCode.UNKNOWN_KEY, RejectCode.UNKNOWN_DELEGATION, RejectCode.AGENT_CLAIMED)
 # Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
+# Most seqs of the change log one sync page scans for changes the puller does not skip (a peer whose log is mostly
+# others' writes answers a short or empty page past them, rather than one read of its whole log).
+SYNC_PAGE_SCAN = 100_000
 # Pending sync items retried per peer per pull round.
 PENDING_RETRY_MAX = 1000
 # Pulled items of one kind applied at once: their writes share the storage writer's group commits (one at a time,
@@ -139,11 +142,15 @@ class SyncPages:
 
         def read(conn: Any) -> dict[str, Any]:
             nonlocal read_rows
-            rows = changelog.page(conn, since, limit)
-            read_rows = len(rows)
             who = _Puller(peer, frozenset({*skip} - {peer} if mine else {peer, *skip}), peer if mine else None,
                           reads_v2, reads_v2 and AGENT_DELEGATE in reads)
-            return {**self._page_of(conn, who, since, rows, limit), "head": changelog.last_seq(conn),
+            head = changelog.last_seq(conn)
+            # The changes written by those the puller skips are left out in SQL (their rows name their author);
+            # a page scans at most SYNC_PAGE_SCAN seqs of the log to fill itself.
+            upto = min(head, since + SYNC_PAGE_SCAN)
+            rows = changelog.page(conn, since, limit, skip=who.omit, upto=upto)
+            read_rows = len(rows)
+            return {**self._page_of(conn, who, since, rows, limit, upto, head), "head": head,
                     **({"mine": True} if mine else {})}
 
         read_at = self.clock()
@@ -175,8 +182,10 @@ class SyncPages:
                                f"({self.cfg.limits.peer_requests_per_second}); retry in {wait * 1000:.0f} ms")
         return limit
 
-    def _page_of(self, conn: Any, who: _Puller, since: int, rows: list[changelog.ChangeRow],
-                 limit: int) -> dict[str, Any]:
+    def _page_of(self, conn: Any, who: _Puller, since: int, rows: list[changelog.ChangeRow], limit: int,
+                 upto: int, head: int) -> dict[str, Any]:
+        """The page of ``rows`` (the changes after ``since`` up to seq ``upto`` not left out in SQL, at most
+        ``limit``): ``next`` is past every seq read, up to ``upto`` when fewer than ``limit`` rows were found."""
         items: list[dict[str, Any]] = []
         budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
         for r in rows:
@@ -187,8 +196,10 @@ class SyncPages:
                 budget -= len(item.get("body", b""))
             if budget < 0:
                 break  # transcripts filled the page: the rest comes on the next one
-        return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq),
-                "accepts": list(ACCEPTS)}
+        cut = len(rows) == limit or (bool(rows) and last != rows[-1].seq)
+        # Fewer rows than asked: every seq up to ``upto`` was read (the others were left out in SQL).
+        nxt = last if cut else max(since, upto)
+        return {"items": items, "next": nxt, "more": cut or nxt < head, "accepts": list(ACCEPTS)}
 
     def _item(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
         """The item serving change ``r`` to the puller, or None."""

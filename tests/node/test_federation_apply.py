@@ -251,6 +251,29 @@ async def test_sync_page_keeps_a_restricted_namespace_from_other_peers(tmp_path:
         await svc.close()
 
 
+async def test_a_sync_page_leaves_out_the_writers_the_puller_skips_and_reads_on_past_them(svc: Service) -> None:
+    await _seed(svc)  # M1 and M2, written by PEER
+    mine = await svc.memory_store("mine")
+    # A change recorded before the change log named authors (migration 18): its author is read from its item.
+    await svc.db.write(lambda c: c.execute("UPDATE change_log SET author = NULL WHERE ref_id = ?", (M2,)))
+    page = await svc.replicator.sync_page(OTHER, 0, 100, [PEER])
+    assert [i["memory"]["id"] for i in page["items"]] == [mine["id"]]
+    assert page["next"] == page["head"] and not page["more"]
+    # A row at a time: M1 is left out in SQL, M2 read and left out, then this node's own.
+    got, since = [], 0
+    for _ in range(5):
+        page = await svc.replicator.sync_page(OTHER, since, 1, [PEER])
+        got.append(([i["memory"]["id"] for i in page["items"]], page["next"], page["more"]))
+        since = page["next"]
+        if not page["more"]:
+            break
+    head = page["head"]
+    assert got == [([], head - 1, True), ([mine["id"]], head, True), ([], head, False)]
+    # Nothing skipped: every change, in order.
+    page = await svc.replicator.sync_page(OTHER, 0, 100)
+    assert [i["memory"]["id"] for i in page["items"]] == [M1, M2, mine["id"]]
+
+
 async def test_sync_items_that_cannot_be_stored_yet_are_counted_for_retry(svc: Service) -> None:
     orphan = _link_put(None, M1, M2)  # its memories are not here
     outcome = await svc.replicator.apply_sync_items(PEER, [{"seq": 1, **orphan}])

@@ -131,7 +131,7 @@ class MemoryApply:
             kept.append(row)
             now = ctx.clock()
             events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, now)
-            changelog.append(conn, "memory", row.id, row.version, now)
+            changelog.append(conn, "memory", row.id, row.version, now, row.author)
             changelog.incr(conn, f"applied:memory.{result}")
             return OK_CHANGED
 
