@@ -12,6 +12,7 @@ from node.attest import SIGNED_SET_OLD, SIGNED_SET_SHARED, AttestLevel, MemoryPa
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
 from node.federation.inbound.common import OK_CHANGED, OK_UNCHANGED, Applied, ApplyContext
+from node.federation.verify import TurnBatch
 from node.hooks import HookError, HookEvent
 from node.limits import check_db_budget, check_memory_fields, check_text
 from node.permissions.rules import Operation
@@ -27,6 +28,9 @@ class MemoryApply:
 
     def __init__(self, ctx: ApplyContext) -> None:
         self.ctx = ctx
+        # The stored versions the memory versions of one loop turn (a pulled page's, a batch frame's) compare
+        # with: one reader hop for them all.
+        self.lookups: TurnBatch[str, MemoryRow | None] = TurnBatch(self._stored_versions)
 
     async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         """Bound, authorise, verify and store one memory version from ``sender`` (the body's ``kind`` says which
@@ -40,7 +44,7 @@ class MemoryApply:
                                           sender, what=m["id"], pulled=pulled, delegation=body.get("delegation"))
         if not isinstance(level, AttestLevel):
             return Applied(level)
-        stored = await ctx.db.read(memories.get, m["id"])
+        stored = await self.lookups(m["id"])
         if stored is not None and not ctx.policy.visible_to(sender, stored):
             # Answered exactly as if absent: an ACK never tells a peer whether a memory it may not see exists.
             return await self._as_if_absent(m, sender)
@@ -61,6 +65,10 @@ class MemoryApply:
         await ctx.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m,
                                                                "stored": applied.changed})
         return applied
+
+    async def _stored_versions(self, ids: list[str]) -> list[MemoryRow | None]:
+        found = await self.ctx.db.read(memories.get_many, ids)
+        return [found.get(i) for i in ids]
 
     async def _quota_code(self, m: dict[str, Any]) -> str | None:
         return await self.ctx.gate.quota_code(m["writer"], len(m["content"].encode()) + len(m["title"].encode()))
