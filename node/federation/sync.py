@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
@@ -441,6 +441,32 @@ class PulledPages:
             outcome["pending"] += 1
 
 
+class _PageAhead:
+    """The one page a pull asks for before it has applied the page before it (so the peer reads the next page
+    while this node applies the last): owned here until taken or dropped."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[dict[str, Any] | None] | None = None
+
+    @property
+    def asked(self) -> bool:
+        return self._task is not None
+
+    def ask(self, fetch: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
+        self._task = asyncio.get_running_loop().create_task(fetch)
+
+    async def take(self) -> dict[str, Any] | None:
+        """The page asked ahead (None: refused for the request budget, waited), its fetch's error raised here."""
+        task, self._task = self._task, None
+        return None if task is None else await task
+
+    async def drop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 @dataclass(slots=True)
 class _RoundLog:
     """One pull round's progress lines: when it began (time.monotonic()), ``progress.pulled`` then, when the last
@@ -666,28 +692,34 @@ class PeerSync:
         waited_s, told = 0.0, 0  # told: the items applied this round the restore's progress counts already
         self.progress.cursor = self.progress.base = since
         round_log = _RoundLog(time.monotonic(), self.progress.pulled)
-        for _ in range(self.settings.max_pages):
-            page = await self._page(since, skip, waited_s, restoring)
-            if page is None:  # refused for now: waited, ask again
-                waited_s += self.settings.rate_wait_s
-                continue
-            if self.accepts.note(self.peer, page.get("accepts")):
-                await self.db.write(changelog.set_peer_accepts, self.peer, sorted(self.accepts.of(self.peer)))
-            got = await self.pulled.apply(self.peer, page["items"])
-            outcome.update(got)
-            if self._held_at(since, got["stalled"]):
-                break
-            if page["next"] > since:
-                since = page["next"]
-                await self.db.write(partial(changelog.set_peer_state, peer=self.peer, last_sync_seq=since))
-            self._progressed(page, since, round_log)
-            if restoring and self.restore is not None:
-                # Read to its end with nothing from it still waiting to be applied (a link ahead of its memory).
-                self.restore.page(self.peer, since, page.get("head"), outcome["applied"] - told,
-                                  done=not page["more"] and not outcome["pending"], own=page.get("mine") is True)
-                told = outcome["applied"]
-            if not page["more"]:
-                break
+        ahead = _PageAhead()
+        try:
+            for _ in range(self.settings.max_pages):
+                page = await (ahead.take() if ahead.asked else self._page(since, skip, waited_s, restoring))
+                if page is None:  # refused for now: waited, ask again
+                    waited_s += self.settings.rate_wait_s
+                    continue
+                if page["more"]:  # the next page is read by the peer while this one is applied here
+                    ahead.ask(self._page(page["next"], skip, waited_s, restoring))
+                if self.accepts.note(self.peer, page.get("accepts")):
+                    await self.db.write(changelog.set_peer_accepts, self.peer, sorted(self.accepts.of(self.peer)))
+                got = await self.pulled.apply(self.peer, page["items"])
+                outcome.update(got)
+                if self._held_at(since, got["stalled"]):
+                    break
+                if page["next"] > since:
+                    since = page["next"]
+                    await self.db.write(partial(changelog.set_peer_state, peer=self.peer, last_sync_seq=since))
+                self._progressed(page, since, round_log)
+                if restoring and self.restore is not None:
+                    # Read to its end with nothing from it still waiting to be applied (a link ahead of its memory).
+                    self.restore.page(self.peer, since, page.get("head"), outcome["applied"] - told,
+                                      done=not page["more"] and not outcome["pending"], own=page.get("mine") is True)
+                    told = outcome["applied"]
+                if not page["more"]:
+                    break
+        finally:
+            await ahead.drop()  # a page asked ahead of a round that ended (stalled, failed, or out of pages)
         self.stats.update(outcome)
         self.synced_at = time.monotonic()
         level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] \
