@@ -73,7 +73,7 @@ SYNC_PAGE_SCAN = 100_000
 PENDING_RETRY_MAX = 1000
 # Pulled items of one kind applied at once: their writes share the storage writer's group commits (one at a time,
 # each item waited for its own commit: a restore ran at the disk's fsync rate).
-APPLY_TOGETHER = 64
+APPLY_TOGETHER = 256
 # Pages pulled per catch-up run; a longer backlog continues on the next reconnect or poll.
 SYNC_MAX_PAGES = 10_000
 # A sync page refused 429 (the peer's request budget for us): wait this long and ask again, at most this long a round.

@@ -40,8 +40,9 @@ class MemoryApply:
         code = self._out_of_bounds(m) or self._not_allowed(body, sender) or list_code(body, signed_set)
         if code is not None:
             return self._refused(code, sender, m)
-        level = await ctx.attester.attest(MemoryPayload.from_mapping(m, signed_set), body["signature"], m["writer"],
-                                          sender, what=m["id"], pulled=pulled, delegation=body.get("delegation"))
+        payload = MemoryPayload.from_mapping(m, signed_set)
+        level = await ctx.attester.attest(payload, body["signature"], m["writer"], sender, what=m["id"],
+                                          pulled=pulled, delegation=body.get("delegation"))
         if not isinstance(level, AttestLevel):
             return Applied(level)
         stored = await self.lookups(m["id"])
@@ -61,7 +62,7 @@ class MemoryApply:
             await ctx.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
         except (ServiceError, HookError) as e:  # a hook refusal is permanent and carries the hook's code
             return self._refused(e.code, sender, m)
-        applied = await self._store(row, sender)
+        applied = await self._store(row, sender, payload)
         await ctx.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m,
                                                                "stored": applied.changed})
         return applied
@@ -120,7 +121,8 @@ class MemoryApply:
                                                     "writer": m.get("writer"), "origin": m.get("origin")}})
         return Applied(code)
 
-    async def _store(self, row: MemoryRow, sender: str) -> Applied:
+    async def _store(self, row: MemoryRow, sender: str, payload: MemoryPayload) -> Applied:
+        """``row`` written (``payload``: its signed fields, as its signature was checked over them)."""
         ctx = self.ctx
         step = ctx.cfg.federation.max_version_step
         kept: list[MemoryRow] = []
@@ -138,7 +140,7 @@ class MemoryApply:
                 return OK_UNCHANGED
             kept.append(row)
             now = ctx.clock()
-            events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, now)
+            events.append(conn, "memory", None, row.author, payload.version_hash, row.signature, now)
             changelog.append(conn, "memory", row.id, row.version, now, row.author)
             changelog.incr(conn, f"applied:memory.{result}")
             return OK_CHANGED
