@@ -1,7 +1,7 @@
 """A new node's bootstrap: it joins a mesh whose nodes hold many memories and links and catches up by sync.
 
     flock /tmp/bench.lock .venv/bin/python -m testbed.bench.bootstrap_bench [--nodes 5] [--memories 100000]
-        [--page-limits 500[,2000]] [--replicated] [--dir DIR] [--baseline-s 10] [--ping-interval-ms 20]
+        [--page-limits 500[,2000]] [--replicated] [--dir DIR] [--fill-only] [--baseline-s 10] [--ping-interval-ms 20]
         [--timeout-s 900] [--no-perf-md]
 
 1. A real mesh of ``--nodes`` + 1 nodes is laid out (testbed.mesh); the last one is the joiner.
@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import re
 import shlex
@@ -259,6 +260,7 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
                args: argparse.Namespace) -> dict[str, Any]:
     """One join of an empty joiner asking pages of ``page_limit``: until caught up, then it is stopped."""
     set_page_limit(joiner, page_limit)
+    served_from = filled_cpu(mesh, filled)
     t0, t_spawn = time.monotonic_ns(), time.monotonic()
     mesh.procs[joiner.index] = start_node(joiner)
     try:
@@ -266,6 +268,7 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
         done = await wait_caught_up(joiner, [s.agent_id for s in filled], want, args.timeout_s, t_spawn)
         t1 = time.monotonic_ns()
         cpu = cpu_seconds(mesh.procs[joiner.index].pid)
+        served = filled_cpu(mesh, filled) - served_from
     finally:
         mesh.stop(joiner.index)
     items = 2 * want[0]
@@ -273,7 +276,15 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
             "items_per_s": round(items / done["seconds"]), "held": done["held"], "progress": done["progress"],
             "log_lines": log_lines(joiner),
             # CPU seconds per wall second of the catch-up: near 1, the joiner is CPU-bound (one event loop).
-            "joiner_cpu_per_wall_s": None if cpu is None else round(cpu / done["seconds"], 2)}
+            "joiner_cpu_per_wall_s": None if cpu is None else round(cpu / done["seconds"], 2),
+            "joiner_cpu_ms_per_item": None if cpu is None else round(1000 * cpu / items, 3),
+            # The filled nodes' CPU meanwhile (serving their logs to the joiner, pulling its log), all of them.
+            "filled_cpu_per_wall_s": round(served / done["seconds"], 2)}
+
+
+def filled_cpu(mesh: LocalMesh, filled: list[NodeSpec]) -> float:
+    """CPU seconds the filled nodes' processes have used, together."""
+    return sum(cpu_seconds(mesh.procs[s.index].pid) or 0.0 for s in filled)
 
 
 async def fill(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace) -> dict[str, Any]:
@@ -299,6 +310,7 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
               filling: dict[str, Any]) -> dict[str, Any]:
     filled = [layout.node(i) for i in range(1, args.nodes + 1)]
     joiner = layout.node(args.nodes + 1)
+    load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     mesh.start([s.index for s in filled], want_links=False, timeout_s=120)
     proc, ready, stop, out = start_pinger(layout, workdir, args.ping_interval_ms / 1000)
     joins = []
@@ -323,7 +335,7 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
         j["p95_ratio"] = None if ratio is None else round(ratio, 2)
         j["pass_time"] = j["caught_up_s"] <= TIME_LIMIT_S
         j["pass_ratio"] = ratio is not None and ratio <= RATIO_LIMIT
-    return {"bench": "bootstrap", "nodes": args.nodes, "memories_per_node": args.memories,
+    return {"bench": "bootstrap", "load": load, "nodes": args.nodes, "memories_per_node": args.memories,
             "links_per_node": args.memories, "items": 2 * args.nodes * args.memories, "replicated": args.replicated,
             **filling, "ping_baseline": base, "ping_after": after, "joins": joins}
 
@@ -346,6 +358,8 @@ async def bench(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     else:
         filling = json.loads((root / "filled.json").read_text())["fill"]
         print(f"reusing the filled mesh in {root}", file=sys.stderr)
+    if args.fill_only:
+        return {}
     for spec in layout.nodes:  # the page size asked may differ from the run that filled it
         text = spec.config_path.read_text()
         spec.config_path.write_text(re.sub(r"^sync_page_limit = \d+$", f"sync_page_limit = {max(args.page_limits)}",
@@ -364,20 +378,26 @@ def fmt(v: Any) -> str:
 def markdown(r: dict[str, Any], command: str) -> str:
     rows = [f"`{command}`", "",
             f"{r['nodes']} nodes x {r['memories_per_node']:,} memories + {r['links_per_node']:,} links each "
-            f"({r['items']:,} items for the joiner); {r['env']['cpus']} CPUs, Python {r['env']['python']}. "
-            "Each join from an empty store, one after the other in this run, against the same baseline.", "",
+            f"({r['items']:,} items for the joiner); "
+            + ("replicated: each filled node holds every writer's items (its change log interleaves its own writes "
+               "with what it applied from the others); " if r.get("replicated") else
+               "each filled node holds only its own items; ")
+            + f"{r['env']['cpus']} CPUs, Python {r['env']['python']}, load average {r.get('load', '-')} before the "
+            "run. Each join from an empty store, one after the other in this run, against the same baseline.", "",
             "| join (page size) | caught up (spawn to every lag 0, every item held) | items/s | joiner CPU/wall | "
-            "sync_progress / sync_caught_up lines | ping p50 / p95 / p99 ms | p95 / baseline |",
-            "|---|---|---|---|---|---|---|"]
+            "joiner CPU ms/item | filled nodes' CPU/wall | sync_progress / sync_caught_up lines | "
+            "ping p50 / p95 / p99 ms | p95 / baseline |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for j in r["joins"]:
         p = j["ping_during"]
         rows.append(f"| {j['page_limit']} | {j['caught_up_s']} s | {j['items_per_s']:,} | "
-                    f"{fmt(j['joiner_cpu_per_wall_s'])} | {j['log_lines']['sync_progress']} / "
+                    f"{fmt(j['joiner_cpu_per_wall_s'])} | {j['joiner_cpu_ms_per_item']} | "
+                    f"{fmt(j['filled_cpu_per_wall_s'])} | {j['log_lines']['sync_progress']} / "
                     f"{j['log_lines']['sync_caught_up']} | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / "
                     f"{fmt(p.get('p99_ms'))} (n {p.get('n')}, failed {p.get('failed')}) | **{fmt(j['p95_ratio'])}x** |")
     for name, key in (("baseline, no bootstrap", "ping_baseline"), ("after the joins", "ping_after")):
         p = r[key]
-        rows.append(f"| {name} | | | | | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / {fmt(p.get('p99_ms'))} "
+        rows.append(f"| {name} | | | | | | | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / {fmt(p.get('p99_ms'))} "
                     f"(n {p.get('n')}, failed {p.get('failed')}) | |")
     rows += ["", f"Targets: caught up <= {TIME_LIMIT_S:g} s at 5 nodes x 100k + 100k, live p95 <= {RATIO_LIMIT:g}x "
              "the baseline."]
@@ -395,6 +415,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="each filled node also holds the others' items, replicated by sync before the joins")
     p.add_argument("--dir", type=Path, default=None,
                    help="keep the filled mesh here and reuse it on a later run of the same shape")
+    p.add_argument("--fill-only", action="store_true", help="fill (and keep, with --dir) the mesh, join nothing")
     p.add_argument("--baseline-s", type=float, default=10.0, help="seconds of pings with no bootstrap")
     p.add_argument("--ping-interval-ms", type=float, default=20.0)
     p.add_argument("--timeout-s", type=float, default=900.0, help="most seconds the catch-up may take")
@@ -410,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bootbench")))
         root.mkdir(parents=True, exist_ok=True)
         res = asyncio.run(asyncio.wait_for(bench(root, args), (4 + 2 * args.nodes) * args.timeout_s + 600))
+    if args.fill_only:
+        return 0
     res["command"] = command
     write_result(res, "bootstrap")
     md = markdown(res, command)
