@@ -401,3 +401,9 @@ async def test_quota_checks_made_together_sum_the_agents_memories_once(cfg: Node
         assert await gate.usage(AGENT) == 10 + 64  # the sum, and what was admitted since
     finally:
         await svc.close()
+
+
+def test_an_agents_bytes_are_summed_again_no_sooner_than_twenty_times_the_last_sum_took() -> None:
+    from node.permissions.gate import sum_every_s
+    assert sum_every_s(1.0, 0.002) == 1.0  # a small store: every reload_check_s
+    assert sum_every_s(1.0, 0.25) == 5.0  # a sum of a quarter second: at most 5% of a reader's time
