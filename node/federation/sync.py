@@ -402,15 +402,18 @@ class PulledPages:
 
     async def _applied_all(self, peer: str, items: list[dict[str, Any]]) -> list[tuple[Applied, bool]]:
         """Each item applied (``_applied``), answers in the items' order: memories first, then links, then the
-        rest (each finds what it refers to), up to APPLY_TOGETHER of one kind at once, so that their writes share
-        the writer's commits and a link held for its memory does not hold up the others."""
+        rest (each finds what it refers to), up to APPLY_TOGETHER of one kind at once (links as one run of stages),
+        so that their writes share the writer's commits and a link held for its memory does not hold up the others."""
         answers: list[tuple[Applied, bool] | None] = [None] * len(items)
         order = sorted(range(len(items)), key=lambda i: apply_order(items[i]))
         for _, phase in groupby(order, key=lambda i: apply_order(items[i])):
             idx = list(phase)
             for start in range(0, len(idx), APPLY_TOGETHER):
                 chunk = idx[start:start + APPLY_TOGETHER]
-                got = await asyncio.gather(*(self._applied(peer, items[i]) for i in chunk), return_exceptions=True)
+                got: Sequence[tuple[Applied, bool] | BaseException]
+                links_only = all(items[i].get("kind") == "link.put" for i in chunk)  # one run of stages
+                got = await self._applied_links(peer, [items[i] for i in chunk]) if links_only else \
+                    await asyncio.gather(*(self._applied(peer, items[i]) for i in chunk), return_exceptions=True)
                 for i, answer in zip(chunk, got, strict=True):
                     if isinstance(answer, BaseException):
                         raise answer  # what no apply answers (a hook or the event sink failing): the round fails
@@ -428,6 +431,16 @@ class PulledPages:
         except StorageError as e:
             return Applied(e.code), True
         return applied, applied.code in RETRYABLE_REJECT_CODES
+
+    async def _applied_links(self, peer: str, items: list[dict[str, Any]]) -> list[tuple[Applied, bool]]:
+        """``_applied`` for a run of link.put items, applied as one run (``Inbound.apply_links``); storage trouble
+        leaves each of them to a later round."""
+        try:
+            got = await self.inbound.apply_links([{k: v for k, v in i.items() if k != "seq"} for i in items], peer)
+        except StorageError as e:
+            return [(Applied(e.code), True)] * len(items)
+        return [(Applied(a.code), False) if isinstance(a, ProtocolError) else (a, a.code in RETRYABLE_REJECT_CODES)
+                for a in got]
 
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
