@@ -336,7 +336,7 @@ async def test_links_put_applies_each_link_on_its_own_and_a_forged_one_is_refuse
     stored = {link["relation"]: link for link in await svc.links_list()}
     assert sorted(stored) == [f"rel_{i}" for i in range(4)]
     assert all(link["attest_level"] == "peer_attested" and link["received_from"] == PEER for link in stored.values())
-    assert svc.replicator.counters["rejected:unknown_key"] == 1
+    assert svc.replicator.counters["rejected:bad_signature"] == 1
     # Sent again one per envelope (as the sender does after such an answer): duplicates ACK ok, the forged one alone
     # is refused.
     for body in good:
