@@ -113,6 +113,9 @@ class MemoryPayload:
 
     fields: tuple[tuple[str, Any], ...]
     signed_set: int = SIGNED_SET_OLD
+    # The canonical bytes once encoded: a received version's signature check and its audit event's version hash
+    # are both over them.
+    _canonical: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], signed_set: int = SIGNED_SET_OLD) -> MemoryPayload:
@@ -140,8 +143,11 @@ class MemoryPayload:
         return cls.from_mapping({f: getattr(obj, f) for f in names}, signed_set)
 
     def canonical_bytes(self) -> bytes:
-        kind = MEMORY_SHARED_TYPE if self.signed_set == SIGNED_SET_SHARED else MEMORY_PAYLOAD_TYPE
-        return cbor2.dumps({"type": kind, **dict(self.fields)}, canonical=True)
+        if self._canonical is None:
+            kind = MEMORY_SHARED_TYPE if self.signed_set == SIGNED_SET_SHARED else MEMORY_PAYLOAD_TYPE
+            object.__setattr__(self, "_canonical", cbor2.dumps({"type": kind, **dict(self.fields)}, canonical=True))
+        assert self._canonical is not None
+        return self._canonical
 
     @property
     def version_hash(self) -> str:

@@ -275,7 +275,7 @@ class KnowledgeGraph:
             graph.insert_invalidation(conn, row)
             events.append(conn, "link_invalidation", link_id, w.agent_id, row.inval_id, row.signature, ts)
             # The change log's 'link' kind carries link records: links and their invalidations.
-            changelog.append(conn, "link", row.inval_id, 1, ts)
+            changelog.append(conn, "link", row.inval_id, 1, ts, row.observed_by)
             # An invalidation goes where its link went: to peers that may see both ends.
             scope = list(memories.get_many(conn, {link.src_id, link.dst_id}).values())
             return scope, w.replicate(conn, "link.invalidate", invalidation_wire(row), scope, ts)

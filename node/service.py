@@ -401,7 +401,7 @@ class Service:
     def _record_version(self, conn: Any, row: MemoryRow, ts: int) -> Queued:
         """In the write's transaction: the audit event, the change-log entry and the outbox rows."""
         events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, ts)
-        changelog.append(conn, "memory", row.id, row.version, ts)
+        changelog.append(conn, "memory", row.id, row.version, ts, row.author)
         return self.writes.replicate_memory(conn, row, ts)
 
     def _check_may_write(self, old: MemoryRow) -> None:
@@ -450,7 +450,7 @@ class Service:
                 continue
             links.insert(conn, row)
             events.append(conn, "link", row.link_id, self.agent_id, row.link_id, row.signature, ts)
-            changelog.append(conn, "link", row.link_id, 1, ts)
+            changelog.append(conn, "link", row.link_id, 1, ts, row.observed_by)
             # A link goes only where both of its ends go (as memory_link).
             queued += self.writes.replicate(conn, "link.put", link_wire(row), [src, ends[row.dst_id]], ts)
             made.append(link_dict(row))
@@ -584,7 +584,7 @@ class Service:
         if job is not None:
             job.stored.add(row.link_id)
             job.event = event
-        changelog.append(conn, "link", row.link_id, 1, ts)
+        changelog.append(conn, "link", row.link_id, 1, ts, row.observed_by)
         # A link goes only where both of its ends go.
         scope = list(ends.values())
         if job is not None and job.outgoing is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,25 +30,43 @@ class PeerState:
     last_ack_at: int | None   # unix ms
 
 
-def append(conn: sqlite3.Connection, kind: ChangeKind, ref_id: str, version: int, created_at: int) -> int:
-    """Record a local or applied change; returns its seq (strictly increasing, never reused)."""
-    cur = conn.execute("INSERT INTO change_log (kind, ref_id, version, created_at) VALUES (?,?,?,?)",
-                       (kind, ref_id, version, created_at))
+def append(conn: sqlite3.Connection, kind: ChangeKind, ref_id: str, version: int, created_at: int,
+           author: str | None = None) -> int:
+    """Record a local or applied change; returns its seq (strictly increasing, never reused). ``author``: who wrote
+    it as the item names it (a memory version's writer, a link's observer); None where not recorded."""
+    cur = conn.execute("INSERT INTO change_log (kind, ref_id, version, created_at, author) VALUES (?,?,?,?,?)",
+                       (kind, ref_id, version, created_at, author))
     return inserted_id(cur)
 
 
-def append_many(conn: sqlite3.Connection, kind: ChangeKind, items: Sequence[tuple[str, int, int]]) -> None:
-    """``append`` for each (ref_id, version, created_at), in order, in one statement."""
+def append_many(conn: sqlite3.Connection, kind: ChangeKind, items: Sequence[tuple[str, int, int]],
+                authors: Sequence[str | None] | None = None) -> None:
+    """``append`` for each (ref_id, version, created_at), in order, in one statement; ``authors``: each one's
+    author (None: none recorded)."""
     if not items:
         return
-    conn.executemany("INSERT INTO change_log (kind, ref_id, version, created_at) VALUES (?,?,?,?)",
-                     [(kind, ref_id, version, created_at) for ref_id, version, created_at in items])
+    who = list(authors) if authors is not None else [None] * len(items)
+    if len(who) != len(items):
+        raise ValueError(f"{len(items)} changes and {len(who)} authors")
+    conn.executemany("INSERT INTO change_log (kind, ref_id, version, created_at, author) VALUES (?,?,?,?,?)",
+                     [(kind, ref_id, version, created_at, author)
+                      for (ref_id, version, created_at), author in zip(items, who, strict=True)])
 
 
-def page(conn: sqlite3.Connection, since_seq: int, limit: int) -> list[ChangeRow]:
-    """Changes with seq > ``since_seq``, oldest first, at most ``limit``."""
-    rows = conn.execute("SELECT seq, kind, ref_id, version, created_at FROM change_log WHERE seq > ? "
-                        "ORDER BY seq LIMIT ?", (since_seq, limit))
+def page(conn: sqlite3.Connection, since_seq: int, limit: int, *, skip: Collection[str] = (),
+         upto: int | None = None) -> list[ChangeRow]:
+    """Changes with seq > ``since_seq`` (and <= ``upto``), oldest first, at most ``limit``; without those whose
+    recorded author is one of ``skip`` (a change with no author recorded is always in)."""
+    where: list[str] = ["seq > ?"]
+    args: list[object] = [since_seq]
+    if upto is not None:
+        where.append("seq <= ?")
+        args.append(upto)
+    if skip:
+        where.append(f"(author IS NULL OR author NOT IN ({','.join('?' * len(skip))}))")
+        args += [*sorted(skip)]
+    rows = conn.execute(f"SELECT seq, kind, ref_id, version, created_at FROM change_log WHERE {' AND '.join(where)} "
+                        "ORDER BY seq LIMIT ?", (*args, limit))
     return [ChangeRow(seq=r[0], kind=r[1], ref_id=r[2], version=r[3], created_at=r[4]) for r in rows]
 
 

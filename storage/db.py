@@ -57,6 +57,10 @@ READER_MMAP_BYTES = 256 * 1024 * 1024
 # to never spill to anyway: recall p50 -5 to -9% at 100k memories, p95 about the same (docs/perf-history.md "Recall
 # at 100k"). A reader's larger sorts (none on its paths is unbounded) would take memory, not temp files.
 READER_TEMP_STORE = "MEMORY"
+# ``bytes_used`` stats the file and its WAL at most this often (seconds): every memory a peer sends asks, and a
+# stat here took ~20 us (two per memory were ~11% of a catch-up's CPU per memory); the budget it guards moves by
+# at most what is written in that time.
+SIZE_FRESH_S = 0.1
 # PRAGMA synchronous values by setting name.
 SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 # Idle FTS5 merging (``fts_merge_pages``): each write transaction adds a segment to the full-text index and
@@ -120,6 +124,8 @@ class Database:
             raise ValueError("batch_max and readers must be >= 1")
         self.path = path
         self._wal_path = path.with_name(path.name + "-wal")
+        # bytes_used's last answer and when (time.monotonic()).
+        self._size = (0, float("-inf"))
         self._batch_max = batch_max
         self._readers_n = readers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -201,8 +207,14 @@ class Database:
         return 0.0 if started is None else time.monotonic() - started
 
     def bytes_used(self) -> int:
-        """Bytes the database holds on disk now: the file and its WAL (what ``limits.max_db_bytes`` bounds)."""
-        return _size(self.path) + _size(self._wal_path)
+        """Bytes the database holds on disk now, as of at most SIZE_FRESH_S ago: the file and its WAL (what
+        ``limits.max_db_bytes`` bounds)."""
+        size, at = self._size
+        now = time.monotonic()
+        if now - at >= SIZE_FRESH_S:
+            size = _size(self.path) + _size(self._wal_path)
+            self._size = (size, now)
+        return size
 
     def _after_commit(self, conn: Any) -> None:
         """Called on the writer thread after each successful COMMIT (a backend's bookkeeping)."""

@@ -350,9 +350,18 @@ _M17_REPLAYED_FROM = Migration(17, "replayed_from", (
     "ALTER TABLE a2a_outbox ADD COLUMN replayed_from INTEGER NULL",
 ))
 
+# Who wrote each change, as the item names it (a memory version's writer, a link's or an invalidation's observer):
+# a sync page skips the writers its puller gets from their own nodes in SQL, rather than reading each row's item
+# to find its author (node/federation/sync.py). NULL: not recorded (rows written before, and the kinds that do not
+# record it); such a row's author is read from its item as before.
+_M18_CHANGE_AUTHOR = Migration(18, "change_author", (
+    "ALTER TABLE change_log ADD COLUMN author TEXT NULL",
+))
+
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
                                      _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING,
-                                     _M10_PEER_ACCEPTS, _M11_AGENTS, _M14_PG_RECALL, _M17_REPLAYED_FROM)
+                                     _M10_PEER_ACCEPTS, _M11_AGENTS, _M14_PG_RECALL, _M17_REPLAYED_FROM,
+                                     _M18_CHANGE_AUTHOR)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
@@ -66,11 +66,14 @@ SYNCED_KINDS = ("memory.put", MEMORY_PUT_V2, "link.put", "links.put", "link.inva
 PARKED_UNTIL_KNOWN = (RejectCode.UNKNOWN_KEY, RejectCode.UNKNOWN_DELEGATION, RejectCode.AGENT_CLAIMED)
 # Most bytes of transcript frames one sync page carries; past it the page ends early (more = true).
 SYNC_PAGE_TRANSCRIPT_BYTES = 8 * 1024 * 1024
+# Most seqs of the change log one sync page scans for changes the puller does not skip (a peer whose log is mostly
+# others' writes answers a short or empty page past them, rather than one read of its whole log).
+SYNC_PAGE_SCAN = 100_000
 # Pending sync items retried per peer per pull round.
 PENDING_RETRY_MAX = 1000
 # Pulled items of one kind applied at once: their writes share the storage writer's group commits (one at a time,
 # each item waited for its own commit: a restore ran at the disk's fsync rate).
-APPLY_TOGETHER = 64
+APPLY_TOGETHER = 256
 # Pages pulled per catch-up run; a longer backlog continues on the next reconnect or poll.
 SYNC_MAX_PAGES = 10_000
 # A sync page refused 429 (the peer's request budget for us): wait this long and ask again, at most this long a round.
@@ -139,11 +142,15 @@ class SyncPages:
 
         def read(conn: Any) -> dict[str, Any]:
             nonlocal read_rows
-            rows = changelog.page(conn, since, limit)
-            read_rows = len(rows)
             who = _Puller(peer, frozenset({*skip} - {peer} if mine else {peer, *skip}), peer if mine else None,
                           reads_v2, reads_v2 and AGENT_DELEGATE in reads)
-            return {**self._page_of(conn, who, since, rows, limit), "head": changelog.last_seq(conn),
+            head = changelog.last_seq(conn)
+            # The changes written by those the puller skips are left out in SQL (their rows name their author);
+            # a page scans at most SYNC_PAGE_SCAN seqs of the log to fill itself.
+            upto = min(head, since + SYNC_PAGE_SCAN)
+            rows = changelog.page(conn, since, limit, skip=who.omit, upto=upto)
+            read_rows = len(rows)
+            return {**self._page_of(conn, who, since, rows, limit, upto, head), "head": head,
                     **({"mine": True} if mine else {})}
 
         read_at = self.clock()
@@ -175,8 +182,10 @@ class SyncPages:
                                f"({self.cfg.limits.peer_requests_per_second}); retry in {wait * 1000:.0f} ms")
         return limit
 
-    def _page_of(self, conn: Any, who: _Puller, since: int, rows: list[changelog.ChangeRow],
-                 limit: int) -> dict[str, Any]:
+    def _page_of(self, conn: Any, who: _Puller, since: int, rows: list[changelog.ChangeRow], limit: int,
+                 upto: int, head: int) -> dict[str, Any]:
+        """The page of ``rows`` (the changes after ``since`` up to seq ``upto`` not left out in SQL, at most
+        ``limit``): ``next`` is past every seq read, up to ``upto`` when fewer than ``limit`` rows were found."""
         items: list[dict[str, Any]] = []
         budget, last = SYNC_PAGE_TRANSCRIPT_BYTES, since
         for r in rows:
@@ -187,8 +196,10 @@ class SyncPages:
                 budget -= len(item.get("body", b""))
             if budget < 0:
                 break  # transcripts filled the page: the rest comes on the next one
-        return {"items": items, "next": last, "more": len(rows) == limit or (bool(rows) and last != rows[-1].seq),
-                "accepts": list(ACCEPTS)}
+        cut = len(rows) == limit or (bool(rows) and last != rows[-1].seq)
+        # Fewer rows than asked: every seq up to ``upto`` was read (the others were left out in SQL).
+        nxt = last if cut else max(since, upto)
+        return {"items": items, "next": nxt, "more": cut or nxt < head, "accepts": list(ACCEPTS)}
 
     def _item(self, conn: Any, who: _Puller, r: changelog.ChangeRow) -> dict[str, Any] | None:
         """The item serving change ``r`` to the puller, or None."""
@@ -391,15 +402,18 @@ class PulledPages:
 
     async def _applied_all(self, peer: str, items: list[dict[str, Any]]) -> list[tuple[Applied, bool]]:
         """Each item applied (``_applied``), answers in the items' order: memories first, then links, then the
-        rest (each finds what it refers to), up to APPLY_TOGETHER of one kind at once, so that their writes share
-        the writer's commits and a link held for its memory does not hold up the others."""
+        rest (each finds what it refers to), up to APPLY_TOGETHER of one kind at once (links as one run of stages),
+        so that their writes share the writer's commits and a link held for its memory does not hold up the others."""
         answers: list[tuple[Applied, bool] | None] = [None] * len(items)
         order = sorted(range(len(items)), key=lambda i: apply_order(items[i]))
         for _, phase in groupby(order, key=lambda i: apply_order(items[i])):
             idx = list(phase)
             for start in range(0, len(idx), APPLY_TOGETHER):
                 chunk = idx[start:start + APPLY_TOGETHER]
-                got = await asyncio.gather(*(self._applied(peer, items[i]) for i in chunk), return_exceptions=True)
+                got: Sequence[tuple[Applied, bool] | BaseException]
+                links_only = all(items[i].get("kind") == "link.put" for i in chunk)  # one run of stages
+                got = await self._applied_links(peer, [items[i] for i in chunk]) if links_only else \
+                    await asyncio.gather(*(self._applied(peer, items[i]) for i in chunk), return_exceptions=True)
                 for i, answer in zip(chunk, got, strict=True):
                     if isinstance(answer, BaseException):
                         raise answer  # what no apply answers (a hook or the event sink failing): the round fails
@@ -418,6 +432,16 @@ class PulledPages:
             return Applied(e.code), True
         return applied, applied.code in RETRYABLE_REJECT_CODES
 
+    async def _applied_links(self, peer: str, items: list[dict[str, Any]]) -> list[tuple[Applied, bool]]:
+        """``_applied`` for a run of link.put items, applied as one run (``Inbound.apply_links``); storage trouble
+        leaves each of them to a later round."""
+        try:
+            got = await self.inbound.apply_links([{k: v for k, v in i.items() if k != "seq"} for i in items], peer)
+        except StorageError as e:
+            return [(Applied(e.code), True)] * len(items)
+        return [(Applied(a.code), False) if isinstance(a, ProtocolError) else (a, a.code in RETRYABLE_REJECT_CODES)
+                for a in got]
+
     async def _note_pending(self, peer: str, item: dict[str, Any], code: str, outcome: SyncOutcome) -> None:
         kind = str(item.get("kind"))
         pending = await self.db.write(changelog.note_pending, peer, item["seq"], kind, str(ref_of(item)), code,
@@ -428,6 +452,32 @@ class PulledPages:
                                                           "code": code, "rounds": pending.rounds}})
         else:
             outcome["pending"] += 1
+
+
+class _PageAhead:
+    """The one page a pull asks for before it has applied the page before it (so the peer reads the next page
+    while this node applies the last): owned here until taken or dropped."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[dict[str, Any] | None] | None = None
+
+    @property
+    def asked(self) -> bool:
+        return self._task is not None
+
+    def ask(self, fetch: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
+        self._task = asyncio.get_running_loop().create_task(fetch)
+
+    async def take(self) -> dict[str, Any] | None:
+        """The page asked ahead (None: refused for the request budget, waited), its fetch's error raised here."""
+        task, self._task = self._task, None
+        return None if task is None else await task
+
+    async def drop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass(slots=True)
@@ -655,28 +705,34 @@ class PeerSync:
         waited_s, told = 0.0, 0  # told: the items applied this round the restore's progress counts already
         self.progress.cursor = self.progress.base = since
         round_log = _RoundLog(time.monotonic(), self.progress.pulled)
-        for _ in range(self.settings.max_pages):
-            page = await self._page(since, skip, waited_s, restoring)
-            if page is None:  # refused for now: waited, ask again
-                waited_s += self.settings.rate_wait_s
-                continue
-            if self.accepts.note(self.peer, page.get("accepts")):
-                await self.db.write(changelog.set_peer_accepts, self.peer, sorted(self.accepts.of(self.peer)))
-            got = await self.pulled.apply(self.peer, page["items"])
-            outcome.update(got)
-            if self._held_at(since, got["stalled"]):
-                break
-            if page["next"] > since:
-                since = page["next"]
-                await self.db.write(partial(changelog.set_peer_state, peer=self.peer, last_sync_seq=since))
-            self._progressed(page, since, round_log)
-            if restoring and self.restore is not None:
-                # Read to its end with nothing from it still waiting to be applied (a link ahead of its memory).
-                self.restore.page(self.peer, since, page.get("head"), outcome["applied"] - told,
-                                  done=not page["more"] and not outcome["pending"], own=page.get("mine") is True)
-                told = outcome["applied"]
-            if not page["more"]:
-                break
+        ahead = _PageAhead()
+        try:
+            for _ in range(self.settings.max_pages):
+                page = await (ahead.take() if ahead.asked else self._page(since, skip, waited_s, restoring))
+                if page is None:  # refused for now: waited, ask again
+                    waited_s += self.settings.rate_wait_s
+                    continue
+                if page["more"]:  # the next page is read by the peer while this one is applied here
+                    ahead.ask(self._page(page["next"], skip, waited_s, restoring))
+                if self.accepts.note(self.peer, page.get("accepts")):
+                    await self.db.write(changelog.set_peer_accepts, self.peer, sorted(self.accepts.of(self.peer)))
+                got = await self.pulled.apply(self.peer, page["items"])
+                outcome.update(got)
+                if self._held_at(since, got["stalled"]):
+                    break
+                if page["next"] > since:
+                    since = page["next"]
+                    await self.db.write(partial(changelog.set_peer_state, peer=self.peer, last_sync_seq=since))
+                self._progressed(page, since, round_log)
+                if restoring and self.restore is not None:
+                    # Read to its end with nothing from it still waiting to be applied (a link ahead of its memory).
+                    self.restore.page(self.peer, since, page.get("head"), outcome["applied"] - told,
+                                      done=not page["more"] and not outcome["pending"], own=page.get("mine") is True)
+                    told = outcome["applied"]
+                if not page["more"]:
+                    break
+        finally:
+            await ahead.drop()  # a page asked ahead of a round that ended (stalled, failed, or out of pages)
         self.stats.update(outcome)
         self.synced_at = time.monotonic()
         level = logging.INFO if outcome["applied"] or outcome["pending"] or outcome["parked"] \

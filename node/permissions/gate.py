@@ -10,6 +10,7 @@ returns the decision.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import tomllib
@@ -44,6 +45,15 @@ log = logging.getLogger("node.permissions")
 
 # Agents whose stored bytes are remembered between sums (the least recently asked go first).
 QUOTA_AGENTS = 4096
+# An agent's stored bytes are summed again at most every this many times as long as the last sum took (a sum
+# reads every memory the agent wrote: at a million memories a reader would otherwise spend most of its time
+# summing), and at least permissions.reload_check_s apart.
+QUOTA_SUM_SPACING = 20.0
+
+
+def sum_every_s(reload_check_s: float, last_sum_s: float) -> float:
+    """Seconds between two sums of an agent's stored bytes, after one that took ``last_sum_s``."""
+    return max(reload_check_s, QUOTA_SUM_SPACING * last_sum_s)
 
 _FILE_KEYS = {"mode", "default", "rules"}
 
@@ -113,6 +123,10 @@ class Gate:
         self.counts: Counter[str] = Counter()
         # Each agent's stored bytes as last summed, and when (time.monotonic()), for the storage quota.
         self._used: LRUCache[str, tuple[int, float]] = LRUCache(QUOTA_AGENTS)
+        # One sum at a time: the calls that find an agent's sum stale together (a pulled page's memories, applied
+        # together) wait for one reader hop and use its result, rather than each summing the agent's memories.
+        self._summing = asyncio.Lock()
+        self._sum_every_s = cfg.permissions.reload_check_s
         self._install()
 
     @classmethod
@@ -214,11 +228,16 @@ class Gate:
 
     async def usage(self, agent: str) -> int:
         """The content + title bytes of the memories whose current version ``agent`` wrote (as summed at most
-        ``permissions.reload_check_s`` ago, plus what was admitted since)."""
-        now = time.monotonic()
+        ``permissions.reload_check_s`` ago, or 20 times as long as the last sum took, plus what was admitted
+        since)."""
         cached = self._used.get(agent)
-        if cached is None or now - cached[1] >= self.cfg.permissions.reload_check_s:
-            cached = self._used[agent] = (await self.db.read(rule_rows.bytes_by_writer, agent), now)
+        if cached is None or time.monotonic() - cached[1] >= self._sum_every_s:
+            async with self._summing:
+                cached = self._used.get(agent)
+                now = time.monotonic()
+                if cached is None or now - cached[1] >= self._sum_every_s:
+                    cached = self._used[agent] = (await self.db.read(rule_rows.bytes_by_writer, agent), now)
+                    self._sum_every_s = sum_every_s(self.cfg.permissions.reload_check_s, time.monotonic() - now)
         return cached[0]
 
     def check(self, agent: str, namespace: str, operation: Operation) -> tuple[Decision, Rule | None]:

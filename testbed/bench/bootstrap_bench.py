@@ -1,7 +1,8 @@
 """A new node's bootstrap: it joins a mesh whose nodes hold many memories and links and catches up by sync.
 
     flock /tmp/bench.lock .venv/bin/python -m testbed.bench.bootstrap_bench [--nodes 5] [--memories 100000]
-        [--page-limits 500[,2000]] [--baseline-s 10] [--ping-interval-ms 20] [--timeout-s 900] [--no-perf-md]
+        [--page-limits 500[,2000]] [--replicated] [--dir DIR] [--fill-only] [--baseline-s 10] [--ping-interval-ms 20]
+        [--timeout-s 900] [--no-perf-md]
 
 1. A real mesh of ``--nodes`` + 1 nodes is laid out (testbed.mesh); the last one is the joiner.
 2. Fill: each of the ``--nodes`` nodes writes ``--memories`` memories and as many links of its own, in process,
@@ -27,10 +28,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
+import os
 import random
 import re
 import shlex
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -128,6 +133,67 @@ def steady_state(spec: NodeSpec, filled: list[NodeSpec]) -> None:
         conn.close()
 
 
+def clear_outbox(spec: NodeSpec) -> None:
+    """Nothing queued on ``spec`` (its writes reach the others by sync, or not at all)."""
+    conn = sqlite3.connect(spec.home / "data" / "memory.db", timeout=30)
+    try:
+        conn.execute("DELETE FROM a2a_outbox")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def replicate(mesh: LocalMesh, filled: list[NodeSpec], want: tuple[int, int], timeout_s: float) -> float:
+    """The filled nodes started with nothing queued and catching up with each other by sync until each holds
+    ``want`` (memories, links), then stopped; seconds taken."""
+    t0 = time.monotonic()
+    mesh.start([s.index for s in filled], want_links=False, timeout_s=120)
+    try:
+        deadline = t0 + timeout_s
+        while time.monotonic() < deadline:
+            counts = [held(s) for s in filled]
+            if all(c >= want for c in counts):
+                return time.monotonic() - t0
+            await asyncio.sleep(1.0)
+        raise TimeoutError(f"the filled nodes did not replicate in {timeout_s:g} s: {counts} of {want}")
+    finally:
+        for s in filled:
+            mesh.stop(s.index)
+
+
+def shape(args: argparse.Namespace) -> dict[str, Any]:
+    return {"nodes": args.nodes, "memories": args.memories, "replicated": args.replicated}
+
+
+def saved_layout(root: Path, args: argparse.Namespace) -> MeshLayout | None:
+    """The filled mesh kept in ``root`` by an earlier run of the same shape, or None."""
+    try:
+        kept = json.loads((root / "filled.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if kept.get("shape") != shape(args):
+        return None
+    return MeshLayout(root=root / "mesh", nodes=[NodeSpec(**{**n, "home": Path(n["home"])}) for n in kept["nodes"]])
+
+
+def save_layout(root: Path, layout: MeshLayout, args: argparse.Namespace, fill: dict[str, Any]) -> None:
+    nodes = [{**dataclasses.asdict(n), "home": str(n.home)} for n in layout.nodes]
+    (root / "filled.json").write_text(json.dumps({"shape": shape(args), "nodes": nodes, "fill": fill}))
+
+
+def forget_joiner(joiner: NodeSpec, filled: list[NodeSpec]) -> None:
+    """The joiner's store gone and the filled nodes' cursors on its log with it: each join is a new node."""
+    wipe(joiner)
+    for spec in filled:
+        conn = sqlite3.connect(spec.home / "data" / "memory.db", timeout=30)
+        try:
+            conn.execute("DELETE FROM peer_state WHERE peer = ?", (joiner.agent_id,))
+            conn.execute("DELETE FROM sync_pending WHERE peer = ?", (joiner.agent_id,))
+            conn.commit()
+        finally:
+            conn.close()
+
+
 def metrics(spec: NodeSpec) -> dict[str, dict[str, float]]:
     """The joiner's per-peer sync figures from /metrics: {family: {peer: value}} (empty while it starts)."""
     try:
@@ -194,6 +260,7 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
                args: argparse.Namespace) -> dict[str, Any]:
     """One join of an empty joiner asking pages of ``page_limit``: until caught up, then it is stopped."""
     set_page_limit(joiner, page_limit)
+    served_from = filled_cpu(mesh, filled)
     t0, t_spawn = time.monotonic_ns(), time.monotonic()
     mesh.procs[joiner.index] = start_node(joiner)
     try:
@@ -201,6 +268,7 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
         done = await wait_caught_up(joiner, [s.agent_id for s in filled], want, args.timeout_s, t_spawn)
         t1 = time.monotonic_ns()
         cpu = cpu_seconds(mesh.procs[joiner.index].pid)
+        served = filled_cpu(mesh, filled) - served_from
     finally:
         mesh.stop(joiner.index)
     items = 2 * want[0]
@@ -208,17 +276,41 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
             "items_per_s": round(items / done["seconds"]), "held": done["held"], "progress": done["progress"],
             "log_lines": log_lines(joiner),
             # CPU seconds per wall second of the catch-up: near 1, the joiner is CPU-bound (one event loop).
-            "joiner_cpu_per_wall_s": None if cpu is None else round(cpu / done["seconds"], 2)}
+            "joiner_cpu_per_wall_s": None if cpu is None else round(cpu / done["seconds"], 2),
+            "joiner_cpu_ms_per_item": None if cpu is None else round(1000 * cpu / items, 3),
+            # The filled nodes' CPU meanwhile (serving their logs to the joiner, pulling its log), all of them.
+            "filled_cpu_per_wall_s": round(served / done["seconds"], 2)}
 
 
-async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def filled_cpu(mesh: LocalMesh, filled: list[NodeSpec]) -> float:
+    """CPU seconds the filled nodes' processes have used, together."""
+    return sum(cpu_seconds(mesh.procs[s.index].pid) or 0.0 for s in filled)
+
+
+async def fill(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace) -> dict[str, Any]:
+    """Each filled node's own items (and with ``--replicated`` every other's, by sync), then the steady state."""
     filled = [layout.node(i) for i in range(1, args.nodes + 1)]
-    joiner = layout.node(args.nodes + 1)
     fill_s = []
     for i, spec in enumerate(filled):
         fill_s.append(await fill_node(spec, args.memories, seed=i))
-        steady_state(spec, filled)
+        clear_outbox(spec)
         print(f"filled {spec.agent_id}: {args.memories} + {args.memories} in {fill_s[-1]:.1f} s", file=sys.stderr)
+    replicate_s = None
+    if args.replicated:
+        want = (args.nodes * args.memories, args.nodes * args.memories)
+        replicate_s = await replicate(mesh, filled, want, args.timeout_s * args.nodes)
+        print(f"replicated: every filled node holds {want} after {replicate_s:.1f} s", file=sys.stderr)
+    for spec in filled:
+        steady_state(spec, filled)
+    return {"fill_s": [round(s, 1) for s in fill_s],
+            "replicate_s": None if replicate_s is None else round(replicate_s, 1)}
+
+
+async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, workdir: Path,
+              filling: dict[str, Any]) -> dict[str, Any]:
+    filled = [layout.node(i) for i in range(1, args.nodes + 1)]
+    joiner = layout.node(args.nodes + 1)
+    load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     mesh.start([s.index for s in filled], want_links=False, timeout_s=120)
     proc, ready, stop, out = start_pinger(layout, workdir, args.ping_interval_ms / 1000)
     joins = []
@@ -227,9 +319,8 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
         b0 = time.monotonic_ns()
         await asyncio.sleep(args.baseline_s)
         b1 = time.monotonic_ns()
-        for k, limit in enumerate(args.page_limits):
-            if k:
-                wipe(joiner)
+        for limit in args.page_limits:
+            forget_joiner(joiner, filled)
             joins.append(await join(mesh, joiner, filled, limit, args))
         t1 = time.monotonic_ns()
         await asyncio.sleep(min(args.baseline_s, 5.0))
@@ -244,9 +335,40 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
         j["p95_ratio"] = None if ratio is None else round(ratio, 2)
         j["pass_time"] = j["caught_up_s"] <= TIME_LIMIT_S
         j["pass_ratio"] = ratio is not None and ratio <= RATIO_LIMIT
-    return {"bench": "bootstrap", "nodes": args.nodes, "memories_per_node": args.memories,
-            "links_per_node": args.memories, "items": 2 * args.nodes * args.memories,
-            "fill_s": [round(s, 1) for s in fill_s], "ping_baseline": base, "ping_after": after, "joins": joins}
+    return {"bench": "bootstrap", "load": load, "nodes": args.nodes, "memories_per_node": args.memories,
+            "links_per_node": args.memories, "items": 2 * args.nodes * args.memories, "replicated": args.replicated,
+            **filling, "ping_baseline": base, "ping_after": after, "joins": joins}
+
+
+async def bench(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The mesh under ``root`` (kept there when ``--dir``, reused when it holds one of this shape), filled, then
+    the joins."""
+    layout = saved_layout(root, args) if args.dir else None
+    mesh_root = root / "mesh"
+    if layout is None:
+        if mesh_root.exists():
+            shutil.rmtree(mesh_root)
+        layout = build_layout(mesh_root, args.nodes + 1, mcp_http=False, extra_config=extra_config(args))
+        mesh = LocalMesh(layout)
+        try:
+            filling = await fill(layout, mesh, args)
+        finally:
+            mesh.stop_all()
+        save_layout(root, layout, args, filling)
+    else:
+        filling = json.loads((root / "filled.json").read_text())["fill"]
+        print(f"reusing the filled mesh in {root}", file=sys.stderr)
+    if args.fill_only:
+        return {}
+    for spec in layout.nodes:  # the page size asked may differ from the run that filled it
+        text = spec.config_path.read_text()
+        spec.config_path.write_text(re.sub(r"^sync_page_limit = \d+$", f"sync_page_limit = {max(args.page_limits)}",
+                                           text, flags=re.M))
+    mesh = LocalMesh(layout)
+    try:
+        return await run(layout, mesh, args, root, filling)
+    finally:
+        mesh.stop_all()
 
 
 def fmt(v: Any) -> str:
@@ -256,23 +378,29 @@ def fmt(v: Any) -> str:
 def markdown(r: dict[str, Any], command: str) -> str:
     rows = [f"`{command}`", "",
             f"{r['nodes']} nodes x {r['memories_per_node']:,} memories + {r['links_per_node']:,} links each "
-            f"({r['items']:,} items for the joiner); {r['env']['cpus']} CPUs, Python {r['env']['python']}. "
-            "Each join from an empty store, one after the other in this run, against the same baseline.", "",
+            f"({r['items']:,} items for the joiner); "
+            + ("replicated: each filled node holds every writer's items (its change log interleaves its own writes "
+               "with what it applied from the others); " if r.get("replicated") else
+               "each filled node holds only its own items; ")
+            + f"{r['env']['cpus']} CPUs, Python {r['env']['python']}, load average {r.get('load', '-')} before the "
+            "run. Each join from an empty store, one after the other in this run, against the same baseline.", "",
             "| join (page size) | caught up (spawn to every lag 0, every item held) | items/s | joiner CPU/wall | "
-            "sync_progress / sync_caught_up lines | ping p50 / p95 / p99 ms | p95 / baseline |",
-            "|---|---|---|---|---|---|---|"]
+            "joiner CPU ms/item | filled nodes' CPU/wall | sync_progress / sync_caught_up lines | "
+            "ping p50 / p95 / p99 ms | p95 / baseline |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for j in r["joins"]:
         p = j["ping_during"]
         rows.append(f"| {j['page_limit']} | {j['caught_up_s']} s | {j['items_per_s']:,} | "
-                    f"{fmt(j['joiner_cpu_per_wall_s'])} | {j['log_lines']['sync_progress']} / "
+                    f"{fmt(j['joiner_cpu_per_wall_s'])} | {j['joiner_cpu_ms_per_item']} | "
+                    f"{fmt(j['filled_cpu_per_wall_s'])} | {j['log_lines']['sync_progress']} / "
                     f"{j['log_lines']['sync_caught_up']} | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / "
                     f"{fmt(p.get('p99_ms'))} (n {p.get('n')}, failed {p.get('failed')}) | **{fmt(j['p95_ratio'])}x** |")
     for name, key in (("baseline, no bootstrap", "ping_baseline"), ("after the joins", "ping_after")):
         p = r[key]
-        rows.append(f"| {name} | | | | | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / {fmt(p.get('p99_ms'))} "
+        rows.append(f"| {name} | | | | | | | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / {fmt(p.get('p99_ms'))} "
                     f"(n {p.get('n')}, failed {p.get('failed')}) | |")
-    rows += ["", f"Targets: caught up <= {TIME_LIMIT_S:g} s at 5 nodes x 100k + 100k, live p95 <= {RATIO_LIMIT:g}x "
-             "the baseline."]
+    rows += ["", f"Targets: caught up <= {TIME_LIMIT_S:g} s with 5 nodes each holding the mesh's 100k memories + 100k "
+             f"links (`--replicated --memories 20000`: 200k items), live p95 <= {RATIO_LIMIT:g}x the baseline."]
     return "\n".join(rows)
 
 
@@ -283,6 +411,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--page-limits", type=lambda v: [int(x) for x in v.split(",")], default=[500],
                    help="the joiner joins once per page size, in order (e.g. 500,2000); the filled nodes serve up "
                         "to the largest")
+    p.add_argument("--replicated", action="store_true",
+                   help="each filled node also holds the others' items, replicated by sync before the joins")
+    p.add_argument("--dir", type=Path, default=None,
+                   help="keep the filled mesh here and reuse it on a later run of the same shape")
+    p.add_argument("--fill-only", action="store_true", help="fill (and keep, with --dir) the mesh, join nothing")
     p.add_argument("--baseline-s", type=float, default=10.0, help="seconds of pings with no bootstrap")
     p.add_argument("--ping-interval-ms", type=float, default=20.0)
     p.add_argument("--timeout-s", type=float, default=900.0, help="most seconds the catch-up may take")
@@ -294,13 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = ".venv/bin/python -m testbed.bench.bootstrap_bench" + "".join(f" {shlex.quote(x)}"
                                                                             for x in (argv or sys.argv[1:]))
-    with tempfile.TemporaryDirectory(prefix="bootbench") as tmp:
-        layout = build_layout(Path(tmp) / "mesh", args.nodes + 1, mcp_http=False, extra_config=extra_config(args))
-        mesh = LocalMesh(layout)
-        try:
-            res = asyncio.run(asyncio.wait_for(run(layout, mesh, args, Path(tmp)), 4 * args.timeout_s + 600))
-        finally:
-            mesh.stop_all()
+    with contextlib.ExitStack() as stack:
+        root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bootbench")))
+        root.mkdir(parents=True, exist_ok=True)
+        res = asyncio.run(asyncio.wait_for(bench(root, args), (4 + 2 * args.nodes) * args.timeout_s + 600))
+    if args.fill_only:
+        return 0
     res["command"] = command
     write_result(res, "bootstrap")
     md = markdown(res, command)

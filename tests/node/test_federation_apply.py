@@ -251,10 +251,49 @@ async def test_sync_page_keeps_a_restricted_namespace_from_other_peers(tmp_path:
         await svc.close()
 
 
+async def test_a_sync_page_leaves_out_the_writers_the_puller_skips_and_reads_on_past_them(svc: Service) -> None:
+    await _seed(svc)  # M1 and M2, written by PEER
+    mine = await svc.memory_store("mine")
+    # A change recorded before the change log named authors (migration 18): its author is read from its item.
+    await svc.db.write(lambda c: c.execute("UPDATE change_log SET author = NULL WHERE ref_id = ?", (M2,)))
+    page = await svc.replicator.sync_page(OTHER, 0, 100, [PEER])
+    assert [i["memory"]["id"] for i in page["items"]] == [mine["id"]]
+    assert page["next"] == page["head"] and not page["more"]
+    # A row at a time: M1 is left out in SQL, M2 read and left out, then this node's own.
+    got, since = [], 0
+    for _ in range(5):
+        page = await svc.replicator.sync_page(OTHER, since, 1, [PEER])
+        got.append(([i["memory"]["id"] for i in page["items"]], page["next"], page["more"]))
+        since = page["next"]
+        if not page["more"]:
+            break
+    head = page["head"]
+    assert got == [([], head - 1, True), ([mine["id"]], head, True), ([], head, False)]
+    # Nothing skipped: every change, in order.
+    page = await svc.replicator.sync_page(OTHER, 0, 100)
+    assert [i["memory"]["id"] for i in page["items"]] == [M1, M2, mine["id"]]
+
+
 async def test_sync_items_that_cannot_be_stored_yet_are_counted_for_retry(svc: Service) -> None:
     orphan = _link_put(None, M1, M2)  # its memories are not here
     outcome = await svc.replicator.apply_sync_items(PEER, [{"seq": 1, **orphan}])
     assert outcome["pending"] == 1
+
+
+async def test_a_pulled_pages_links_are_applied_as_one_run_each_with_its_own_answer(svc: Service, peer_key) -> None:
+    await _seed(svc)
+    good = _link_put(peer_key, M1, M2)
+    forged = _link_put(peer_key, M2, M1, sign_over=LinkPayload(src_id=M1, dst_id=M1, relation="x", observed_by=PEER,
+                                                               valid_from=1, valid_until=None))
+    malformed = {"kind": "link.put", "link": {"src_id": M1}, "signature": None, "signed_by": None}
+    items = [{"seq": n, **body} for n, body in enumerate((good, forged, malformed), start=1)]
+    outcome = await svc.replicator.apply_sync_items(PEER, items)
+    # Pulled history that its signer's keys here do not verify may be by a key not given here: parked.
+    assert outcome.codes == [None, "unknown_key", "bad_payload"]
+    assert dict(outcome) == {"applied": 1, "unknown_key": 1, "bad_payload": 1}
+    [link] = await svc.links_list()
+    assert link["attest_level"] == "peer_attested" and (link["src_id"], link["dst_id"]) == (M1, M2)
+    assert svc.replicator.counters["rejected:unknown_key"] == 1
 
 
 async def test_a_peer_past_its_request_rate_is_refused_retryably_and_others_are_not(tmp_path: Path) -> None:

@@ -83,6 +83,16 @@ async def test_a_page_refused_for_the_request_budget_is_asked_again_from_the_sam
     assert [params["since"] for _, params in link.asked] == [0, 0]
 
 
+async def test_the_next_page_asked_while_one_is_applied_fails_the_round_only_after_that_one_is_kept(
+        svc: Service) -> None:
+    link = PageLink({"items": [_memory_put(1)], "next": 1, "more": True}, MeshError("peer_gone", "link down"))
+    with pytest.raises(MeshError):
+        await _peer_sync(svc, link).pull()
+    assert [params["since"] for _, params in link.asked] == [0, 1]
+    assert (await svc.db.read(changelog.get_peer_state, PEER)).last_sync_seq == 1
+    assert (await svc.memory_get(MID))["content"] == "from the peer"
+
+
 async def test_a_page_of_the_wrong_shape_fails_the_round_and_the_loop_counts_it(svc: Service) -> None:
     link = PageLink(["not", "a", "page"])
     sync = _peer_sync(svc, link)
@@ -173,6 +183,11 @@ async def test_a_catch_up_over_several_pages_shows_its_percentage_while_behind_a
     caplog.set_level("INFO", logger="node")
     pull = asyncio.create_task(sync.pull())
     await asyncio.wait_for(link.held.wait(), 10)  # two pages of three read, the third held
+    # The third page is asked for while the second is applied: its answer held, the two before it are applied.
+    for _ in range(1000):
+        if sync.progress.pulled == 8:
+            break
+        await asyncio.sleep(0.01)
     behind = sync.progress.snapshot()
     assert behind == {"pulled": 8, "cursor": 8, "head": 10, "lag_seqs": 2, "percent": 80.0}
     metrics = await _rendered(sync)

@@ -369,3 +369,41 @@ async def test_memory_link_many_parks_an_asked_link_alone_and_approval_makes_it(
     assert pending["operation"] == "link"
     await svc.approval_decide(pending["id"], "approve")  # runs the parked link as one memory_link
     assert sorted(rows(cfg, "SELECT relation FROM memory_links")) == [("asked",), ("free",)]
+
+
+class _CountedReads:
+    """The gate's database, its reads counted by the function each runs."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.calls: dict[str, int] = {}
+
+    async def read(self, fn: Any, *args: Any) -> Any:
+        self.calls[fn.__name__] = self.calls.get(fn.__name__, 0) + 1
+        return await self.db.read(fn, *args)
+
+
+async def test_quota_checks_made_together_sum_the_agents_memories_once(cfg: NodeConfig) -> None:
+    import asyncio
+    from dataclasses import replace
+
+    from node.permissions.gate import Gate
+    # A pulled page's memories are applied together: their quota checks find the sum stale at once.
+    qcfg = replace(cfg, permissions=replace(cfg.permissions, reload_check_s=3600.0))
+    svc = await assemble.open_service(qcfg, require_identity=True)
+    try:
+        await svc.memory_store("0123456789")
+        db = _CountedReads(svc.db)
+        gate = await Gate.open(qcfg, db)  # type: ignore[arg-type]
+        codes = await asyncio.gather(*(gate.quota_code(AGENT, 1) for _ in range(64)))
+        assert codes == [None] * 64
+        assert db.calls["bytes_by_writer"] == 1
+        assert await gate.usage(AGENT) == 10 + 64  # the sum, and what was admitted since
+    finally:
+        await svc.close()
+
+
+def test_an_agents_bytes_are_summed_again_no_sooner_than_twenty_times_the_last_sum_took() -> None:
+    from node.permissions.gate import sum_every_s
+    assert sum_every_s(1.0, 0.002) == 1.0  # a small store: every reload_check_s
+    assert sum_every_s(1.0, 0.25) == 5.0  # a sum of a quarter second: at most 5% of a reader's time

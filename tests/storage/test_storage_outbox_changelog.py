@@ -145,6 +145,28 @@ async def test_change_log_pages_in_seq_order(db: Database):
     assert await db.read(changelog.last_seq) == seqs[-1]
 
 
+async def test_change_log_pages_leave_out_the_skipped_authors_and_keep_the_unrecorded(db: Database):
+    def fill(conn):
+        changelog.append(conn, "memory", "m1", 1, 1, "ai:a")
+        changelog.append(conn, "memory", "m2", 1, 2, "ai:b")
+        changelog.append(conn, "memory", "m3", 1, 3)  # written before authors were recorded
+        changelog.append_many(conn, "link", [("l1", 1, 4), ("l2", 1, 5), ("l3", 1, 6)], ["ai:c", "ai:a", None])
+        changelog.append_many(conn, "link", [("l4", 1, 7)])
+    await db.write(fill)
+    page = await db.read(lambda c: changelog.page(c, 0, 100, skip={"ai:a", "ai:c"}))
+    assert [r.ref_id for r in page] == ["m2", "m3", "l3", "l4"]
+    assert [r.ref_id for r in await db.read(changelog.page, 0, 100)] == ["m1", "m2", "m3", "l1", "l2", "l3", "l4"]
+    # ``upto`` bounds the seqs scanned; the limit the rows returned.
+    assert [r.ref_id for r in await db.read(lambda c: changelog.page(c, 0, 100, skip={"ai:b"}, upto=3))] == ["m1", "m3"]
+    assert [r.ref_id for r in await db.read(lambda c: changelog.page(c, 1, 2, skip={"ai:b"}))] == ["m3", "l1"]
+
+
+async def test_change_log_append_many_wants_one_author_per_change(db: Database):
+    with pytest.raises(ValueError, match="2 changes and 1 authors"):
+        await db.write(changelog.append_many, "link", [("l1", 1, 1), ("l2", 1, 2)], ["ai:a"])
+    assert await db.read(changelog.last_seq) == 0
+
+
 async def test_change_log_rejects_an_unknown_kind(db: Database):
     with pytest.raises(StorageError) as err:
         await db.write(changelog.append, "transcript", "x", 1, 1)

@@ -10,11 +10,11 @@ delegation vouches for) and commits; the ACK is sent after the commit.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from a2a import Ack, Envelope, validate_payload
+from a2a import Ack, Envelope, ProtocolError, validate_payload
 from a2a.kinds import AGENT_DELEGATE, AGENT_REVOKE, MEMORY_PUT_V2
 from node.federation.codes import RejectCode
 from node.federation.inbound.agents import DelegationApply, RevocationApply
@@ -104,6 +104,36 @@ class Inbound:
         if applied.code is not None:
             self.ctx.counters[f"rejected:{applied.code}"] += 1
         return applied
+
+    async def apply_links(self, payloads: Sequence[Any], sender: str) -> list[Applied | ProtocolError]:
+        """``apply_payload`` for each of a run of link.put payloads pulled from ``sender``'s change log, the run's
+        stages shared as a links.put's links share them (one lookup read, one verify hop, one write): each one's
+        answer, or the ProtocolError it would raise. What no apply answers (storage trouble, a hook or the event
+        sink failing) is raised for the run."""
+        answers: list[Applied | ProtocolError | None] = [None] * len(payloads)
+        bodies: list[dict[str, Any]] = []
+        where: list[int] = []
+        for i, payload in enumerate(payloads):
+            try:
+                validate_payload(payload)
+            except ProtocolError as e:
+                answers[i] = e
+                continue
+            if payload["kind"] != "link.put":
+                raise ValueError(f"apply_links takes link.put payloads, not {payload['kind']}")
+            bodies.append(payload)
+            where.append(i)
+        got = await self.links.run(bodies, sender, self.links.run_hops, pulled=True) if bodies else []
+        for i, answer in zip(where, got, strict=True):
+            if isinstance(answer, Applied):
+                if answer.code is not None:
+                    self.ctx.counters[f"rejected:{answer.code}"] += 1
+                answers[i] = answer
+            elif isinstance(answer, ProtocolError):
+                answers[i] = answer
+            else:
+                raise answer
+        return [a if a is not None else OK_UNCHANGED for a in answers]
 
     def _rate_limited(self, env: Envelope, sender: str) -> Ack | None:
         """Spend ``sender``'s token for ``env`` (a links.put spends one per link); the rate_limited ACK when

@@ -56,7 +56,7 @@ class InvalidationApply:
             graph.insert_invalidation(conn, row)
             events.append(conn, "link_invalidation", payload.link_id, payload.observed_by, inval_id,
                           row.signature, now)
-            changelog.append(conn, "link", inval_id, 1, now)
+            changelog.append(conn, "link", inval_id, 1, now, row.observed_by)
             changelog.incr(conn, f"applied:link.invalidate.{level}")
             return OK_CHANGED
 

@@ -370,7 +370,8 @@ class LinkApply:
             links.insert_many(conn, fresh)
             events.append_many(conn, "link", [(row.link_id, row.observed_by, row.link_id, row.signature,
                                                row.created_at) for row in fresh])
-            changelog.append_many(conn, "link", [(row.link_id, 1, row.created_at) for row in fresh])
+            changelog.append_many(conn, "link", [(row.link_id, 1, row.created_at) for row in fresh],
+                                  [row.observed_by for row in fresh])
             for level, n in sorted(applied.items()):
                 changelog.incr(conn, f"applied:link.{level}", n)
             return stored

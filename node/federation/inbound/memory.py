@@ -12,6 +12,7 @@ from node.attest import SIGNED_SET_OLD, SIGNED_SET_SHARED, AttestLevel, MemoryPa
 from node.errors import ServiceError
 from node.federation.codes import RejectCode
 from node.federation.inbound.common import OK_CHANGED, OK_UNCHANGED, Applied, ApplyContext
+from node.federation.verify import TurnBatch
 from node.hooks import HookError, HookEvent
 from node.limits import check_db_budget, check_memory_fields, check_text
 from node.permissions.rules import Operation
@@ -27,6 +28,9 @@ class MemoryApply:
 
     def __init__(self, ctx: ApplyContext) -> None:
         self.ctx = ctx
+        # The stored versions the memory versions of one loop turn (a pulled page's, a batch frame's) compare
+        # with: one reader hop for them all.
+        self.lookups: TurnBatch[str, MemoryRow | None] = TurnBatch(self._stored_versions)
 
     async def __call__(self, body: dict[str, Any], sender: str, pulled: bool = False) -> Applied:
         """Bound, authorise, verify and store one memory version from ``sender`` (the body's ``kind`` says which
@@ -36,11 +40,12 @@ class MemoryApply:
         code = self._out_of_bounds(m) or self._not_allowed(body, sender) or list_code(body, signed_set)
         if code is not None:
             return self._refused(code, sender, m)
-        level = await ctx.attester.attest(MemoryPayload.from_mapping(m, signed_set), body["signature"], m["writer"],
-                                          sender, what=m["id"], pulled=pulled, delegation=body.get("delegation"))
+        payload = MemoryPayload.from_mapping(m, signed_set)
+        level = await ctx.attester.attest(payload, body["signature"], m["writer"], sender, what=m["id"],
+                                          pulled=pulled, delegation=body.get("delegation"))
         if not isinstance(level, AttestLevel):
             return Applied(level)
-        stored = await ctx.db.read(memories.get, m["id"])
+        stored = await self.lookups(m["id"])
         if stored is not None and not ctx.policy.visible_to(sender, stored):
             # Answered exactly as if absent: an ACK never tells a peer whether a memory it may not see exists.
             return await self._as_if_absent(m, sender)
@@ -57,10 +62,14 @@ class MemoryApply:
             await ctx.hooks.fire(HookEvent.PRE_FEDERATED_MEMORY, {"sender": sender, "memory": m})
         except (ServiceError, HookError) as e:  # a hook refusal is permanent and carries the hook's code
             return self._refused(e.code, sender, m)
-        applied = await self._store(row, sender)
+        applied = await self._store(row, sender, payload)
         await ctx.hooks.fire(HookEvent.POST_FEDERATED_MEMORY, {"sender": sender, "memory": m,
                                                                "stored": applied.changed})
         return applied
+
+    async def _stored_versions(self, ids: list[str]) -> list[MemoryRow | None]:
+        found = await self.ctx.db.read(memories.get_many, ids)
+        return [found.get(i) for i in ids]
 
     async def _quota_code(self, m: dict[str, Any]) -> str | None:
         return await self.ctx.gate.quota_code(m["writer"], len(m["content"].encode()) + len(m["title"].encode()))
@@ -112,7 +121,8 @@ class MemoryApply:
                                                     "writer": m.get("writer"), "origin": m.get("origin")}})
         return Applied(code)
 
-    async def _store(self, row: MemoryRow, sender: str) -> Applied:
+    async def _store(self, row: MemoryRow, sender: str, payload: MemoryPayload) -> Applied:
+        """``row`` written (``payload``: its signed fields, as its signature was checked over them)."""
         ctx = self.ctx
         step = ctx.cfg.federation.max_version_step
         kept: list[MemoryRow] = []
@@ -130,8 +140,8 @@ class MemoryApply:
                 return OK_UNCHANGED
             kept.append(row)
             now = ctx.clock()
-            events.append(conn, "memory", None, row.author, MemoryPayload.of(row).version_hash, row.signature, now)
-            changelog.append(conn, "memory", row.id, row.version, now)
+            events.append(conn, "memory", None, row.author, payload.version_hash, row.signature, now)
+            changelog.append(conn, "memory", row.id, row.version, now, row.author)
             changelog.incr(conn, f"applied:memory.{result}")
             return OK_CHANGED
 
