@@ -13,19 +13,17 @@ matches are ranked (FTS5 walks matches in rowid order and stops there): recency 
 for memories, and the cost is bounded. Equal scores keep insertion order (the older memory first), as
 FTS5's rank sorter left them.
 
-What remained at 100k (docs/perf-history.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
-posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
-the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still the
-rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).
-When every word is common their idfs are all that clamped constant, so the window's order is by term
-counts and row lengths only: those are computed from the window's text (each row's counted once and kept
-while it is read), the exact bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25
-ranks as above). bm25() is
-called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank sorter,
-with the same scores; the window is found and ranked in one statement.
-When the words' counts (DocFreqs) suggest that no more than RANK_WINDOW rows hold them all, the window is
-every match, and FTS5 walks it oldest first (cheaper than newest first); the walk stops one row past the
-window, and when the guess was wrong the window is walked newest first as before (_search_all).
+What remained at 100k (docs/perf-history.md, "Recall at 100k") was FTS5's idf pass, a walk of each ranked word's
+whole posting list (~25 ns a row: 2-4 ms at 100k, ~10 ms for a word in a third of 1M rows), and its rank sorter.
+bm25 clamps the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still
+the rows matching every word, but only the other words are ranked (DocFreqs caches which words those are). When
+every word is common, or the ranked words' rows add up to IDF_PASS_ROWS or more, the window is ranked here from
+its rows' text (_rank_common, _rank_window; ASCII text only, else bm25 ranks), each word's idf from DocFreqs'
+counts: bm25's scores without its idf pass. Otherwise bm25() is called in the select list and sorted by SQLite's
+top-k sort (about twice as fast as the rank sorter, the same scores); the window is found and ranked in one
+statement. When the words' counts suggest that no more than RANK_WINDOW rows hold them all, FTS5 walks the
+matches oldest first (cheaper), stopping one row past the window; when the guess was wrong the window is walked
+newest first as before (_search_all).
 """
 
 from __future__ import annotations
@@ -59,6 +57,13 @@ RANK_WINDOW = 500
 # How long a word's 'in at least half the memories' answer is reused (DocFreqs), and how many are kept.
 DF_TTL_S = 60.0
 DF_MAX_TERMS = 50_000
+# Past DF_TTL_S a count of k rows is reused while the row count is within k * DF_DRIFT of the one it was measured
+# at (its idf moves by ~DF_DRIFT at most): recounting a word in 300k of 1M rows (~10 ms) is then paid once per
+# ~10k rows written, not once a minute (PERFORMANCE.md, "A node at a million memories").
+DF_DRIFT = 1 / 32
+# Ranked words' rows (their idf pass, ~25 ns each) from which the window is ranked here (_rank_window, ~10-20 us
+# a window row, a window of at most RANK_WINDOW rows) rather than by bm25().
+IDF_PASS_ROWS = 200_000
 # The rank set by migration 1 ('bm25(2.0, 1.0, 1.5)': title, content, tags), called directly.
 _BM25 = "bm25(memories_fts, 2.0, 1.0, 1.5)"
 # SQLite's default bound on host parameters is 32766; stay far below it.
@@ -283,12 +288,17 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
         return []
     if getattr(conn, "dialect", "sqlite") == "postgres":
         return recall_pg(conn, tokens, limit, namespace, doc_freqs, rank_window)
-    n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens)
+    averages = _averages(conn)
+    n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens, rows=None if averages is None else averages[0])
     common = _common(n, counts)
     # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
     # words skips their posting-list walk; if every word is common, their (equal) idfs still order by tf.
     ranked = [t for t, c in zip(tokens, common, strict=True) if not c] or tokens
     hits = _rank_common(conn, tokens, limit, namespace, rank_window) if all(common) else None
+    if hits is None and averages is not None and sum(k for k, c in zip(counts, common, strict=True) if not c) \
+            >= IDF_PASS_ROWS:
+        hits = _rank_window(conn, tokens, " AND ", _idfs(averages[0], counts, common), limit, namespace,
+                            rank_window, averages)
     if hits is None:
         # How many rows hold every word, were the words independent: the common ones (counted only to half the
         # rows) are left out, so it errs high for them.
@@ -296,7 +306,12 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
         hits = _search(conn, tokens, " AND ", ranked, limit, namespace, rank_window, guess <= rank_window)
     if not hits and len(tokens) > 1:
         # OR: a row may hold only common words, so all words rank (the cost of the rarer fallback).
-        hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window, sum(counts) <= rank_window)
+        hits = None
+        if averages is not None and sum(counts) >= IDF_PASS_ROWS:
+            hits = _rank_window(conn, tokens, " OR ", _idfs(averages[0], counts, common), limit, namespace,
+                                rank_window, averages)
+        if hits is None:
+            hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window, sum(counts) <= rank_window)
     return hits
 
 
@@ -387,15 +402,10 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     Equal scores: the older memory first. [] when no memory holds every word.
     """
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
-    if not all(w.isascii() for w in words):
+    averages = _averages(conn)
+    if not all(w.isascii() for w in words) or averages is None:
         return None
-    averages = conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()
-    if averages is None:
-        return None
-    n_rows, *col_tokens = _varints(averages[0])
-    if n_rows <= 0:
-        return None
-    avgdl = sum(col_tokens) / n_rows
+    avgdl = averages[1]
     ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
     # The window (the rank_window most recent rows holding every word), with each row's cells.
     window = conn.execute(
@@ -419,6 +429,61 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     found = {r[-1]: _row(r[:-1]) for r in conn.execute(
         f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
+    return [(found[rowid], -score) for score, rowid in best if rowid in found]
+
+
+def _averages(conn: sqlite3.Connection) -> tuple[int, float] | None:
+    """FTS5's row count and mean row length in tokens (its averages record, what bm25 reads); None if no rows."""
+    block = conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()
+    if block is None:
+        return None
+    values = _varints(block[0])  # empty while the index has never held a row
+    return (values[0], sum(values[1:]) / values[0]) if values and values[0] > 0 else None
+
+
+def _idfs(n_rows: int, counts: list[int], common: list[bool]) -> list[float]:
+    """Each word's bm25 idf over FTS5's ``n_rows``, from its DocFreqs count (clamped where it is common)."""
+    return [_CLAMPED_IDF if c else _idf(n_rows, k) for k, c in zip(counts, common, strict=True)]
+
+
+def _rank_window(conn: sqlite3.Connection, tokens: list[str], op: str, idfs: list[float], limit: int,
+                 namespace: str | None, rank_window: int,
+                 averages: tuple[int, float]) -> list[tuple[MemoryRow, float]] | None:
+    """bm25 over the window (the ``rank_window`` most recent rows matching the ``op``-joined words), computed here:
+    each word's ``idfs`` given (DocFreqs' counts: FTS5's idf pass, a walk of every word's whole posting list, is
+    skipped), each row's weighted count of each word (title 2.0, content 1.0, tags 1.5) and length in tokens
+    counted from its text, as _rank_common counts them (ASCII only: None tells the caller to rank with bm25).
+    The same formula in bm25's order of float operations: with exact counts, bm25's scores. Equal scores: the
+    older memory first. [] when nothing matches."""
+    words = [t[1:-1].replace('""', '"').lower() for t in tokens]
+    if not all(w.isascii() for w in words):
+        return None
+    ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
+    window = conn.execute(
+        "SELECT f.rowid, m.title || char(1) || m.content || char(1) || m.tags FROM memories_fts AS f "
+        f"JOIN memories AS m ON m.rowid = f.rowid WHERE memories_fts MATCH ? {ns_where} ORDER BY f.rowid DESC LIMIT ?",
+        (op.join(tokens), *ns_args, rank_window)).fetchall()
+    if not window:
+        return []
+    keys = [w.encode("ascii") for w in words]
+    wt, wc, wg = _WEIGHTS
+    avgdl = averages[1]
+    scored = []
+    for rowid, cells in window:
+        if not cells.isascii() or cells.count(_CELL) != 2:
+            return None
+        title, content, tags = (c.split() for c in cells.encode("ascii").translate(_TOKEN_BYTES).split(b"\x01"))
+        d = _K1 * (1 - _B + _B * (len(title) + len(content) + len(tags)) / avgdl)
+        score = 0.0
+        # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+        for key, idf in zip(keys, idfs, strict=True):
+            x = wt * title.count(key) + wc * content.count(key) + wg * tags.count(key)
+            score += idf * ((x * _K1_PLUS_1) / (x + d))
+        scored.append((-score, rowid))
+    best = heapq.nsmallest(limit, scored)
+    marks_sql = ",".join("?" * len(best))
+    found = {r[-1]: _row(r[:-1]) for r in conn.execute(
+        f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     return [(found[rowid], -score) for score, rowid in best if rowid in found]
 
 
@@ -538,29 +603,34 @@ class DocFreqs:
         self._rows: tuple[int, float] | None = None      # (row count, measured at)
         self._avgdl: tuple[float, float] | None = None   # (mean row length in tokens, measured at): Postgres
         self._elems: tuple[dict[str, float], float] | None = None  # (pg_stats' lexeme shares, read at): Postgres
-        self._counts: dict[str, tuple[int, float]] = {}  # word (casefolded literal) -> (rows, measured at)
+        # word (casefolded literal) -> (rows holding it, measured at, the table's row count then)
+        self._counts: dict[str, tuple[int, float, int]] = {}
 
     def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
         """For each FTS5 literal of ``tokens``: is it in at least half the rows?"""
         return _common(*self.counts(conn, tokens))
 
-    def counts(self, conn: sqlite3.Connection, tokens: list[str]) -> tuple[int, list[int]]:
+    def counts(self, conn: sqlite3.Connection, tokens: list[str],
+               rows: int | None = None) -> tuple[int, list[int]]:
         """The table's row count and, for each FTS5 literal of ``tokens``, how many rows hold it, counted up to
-        half the row count (a word counted at the half is in at least half the rows)."""
+        half the row count (a word counted at the half is in at least half the rows). ``rows``: the row count now
+        (SQLite: FTS5's averages record, O(1)); None counts the table at most every DF_TTL_S. A word's count is
+        reused for DF_TTL_S, and past it while the row count is within count * DF_DRIFT of its own."""
         now = self._clock()
         with self._lock:
-            rows = self._rows if self._rows and now - self._rows[1] < self._ttl_s else None
+            known = self._rows if self._rows and now - self._rows[1] < self._ttl_s else None
             cached = {t: self._counts.get(t.casefold()) for t in tokens}
-        n = rows[0] if rows else int(conn.execute("SELECT count(*) FROM memories").fetchone()[0])
+        n = rows if rows is not None else known[0] if known else int(
+            conn.execute("SELECT count(*) FROM memories").fetchone()[0])
         out, fresh = [], {}
         for t in tokens:
-            hit = cached[t] if rows else None
-            if hit is None or now - hit[1] >= self._ttl_s:
-                hit = (self._count(conn, t, n, now), now)
+            hit = cached[t] if rows is not None or known else None
+            if hit is None or (now - hit[1] >= self._ttl_s and abs(n - hit[2]) > hit[0] * DF_DRIFT):
+                hit = (self._count(conn, t, n, now), now, n)
                 fresh[t.casefold()] = hit
             out.append(hit[0])
         with self._lock:
-            if rows is None:
+            if rows is None and known is None:
                 self._rows = (n, now)
             for key, val in fresh.items():
                 if len(self._counts) >= self._max_terms:
