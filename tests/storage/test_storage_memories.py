@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from storage_helpers import make_memory
 
-from storage import Database, StorageError, memories
+from storage import Database, StorageError, docfreqs, memories
 from storage.migrations import migrate
 
 HOSTILE = ['"', '""', '"unterminated', "*", "a*", "AND OR NOT", "AND", "NOT x", "NEAR(", "NEAR(a b, 2)",
@@ -634,6 +634,6 @@ def test_doc_freqs_keep_a_count_past_the_ttl_while_the_table_moved_little(zipf_c
     assert 32 <= k < 300
     now[0] = 61.0
     # Within k * DF_DRIFT rows of the count it was measured at: reused, however old.
-    assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=600 + int(k * memories.DF_DRIFT))) == 0
+    assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=600 + int(k * docfreqs.DF_DRIFT))) == 0
     # Past it: counted again.
-    assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=602 + int(k * memories.DF_DRIFT))) == 1
+    assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=602 + int(k * docfreqs.DF_DRIFT))) == 1
