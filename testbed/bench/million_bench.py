@@ -183,8 +183,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="million-bench-") as tmp:
         home = (args.keep or Path(tmp)) / "home"
         filled = (home / "filled.json").exists()
+        # The storage quota stays on (its check is on the write path), raised as the size budget is: the default
+        # 100 MiB holds ~430k of this corpus's memories.
         cfg = from_dict({"agent_id": AGENT, "home": str(home), "storage": {"synchronous": "full"},
-                         "limits": {"max_db_bytes": 64 * 1024 ** 3, "requests_per_second": 10 ** 9}}, env={})
+                         "limits": {"max_db_bytes": 64 * 1024 ** 3, "requests_per_second": 10 ** 9},
+                         "permissions": {"max_bytes_per_agent": 64 * 1024 ** 3}}, env={})
         if not filled:
             home.mkdir(parents=True, exist_ok=True)
             keys.generate_identity(cfg.keys_dir, AGENT)
