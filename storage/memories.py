@@ -58,6 +58,8 @@ RANK_WINDOW = 500
 # Ranked words' rows (their idf pass, ~25 ns each) from which the window is ranked here (_rank_window, ~10-20 us
 # a window row, a window of at most RANK_WINDOW rows) rather than by bm25().
 IDF_PASS_ROWS = 200_000
+# Chunks of candidate rows _rank_window reads when it checks common words itself, before it gives way to bm25.
+WINDOW_READS = 64
 # The rank set by migration 1 ('bm25(2.0, 1.0, 1.5)': title, content, tags), called directly.
 _BM25 = "bm25(memories_fts, 2.0, 1.0, 1.5)"
 # SQLite's default bound on host parameters is 32766; stay far below it.
@@ -290,10 +292,9 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
     # How many rows hold every word, were the words independent: the common ones (counted only to half the rows)
     # are left out, so it errs high for them.
     guess = n * math.prod(k / n for k, c in zip(counts, common, strict=True) if not c) if n else 0.0
-    if hits is None and averages is not None and sum(k for k, c in zip(counts, common, strict=True) if not c) \
-            >= IDF_PASS_ROWS:
+    if hits is None and averages is not None and _fts5_walk(n, counts, common, guess, rank_window) >= IDF_PASS_ROWS:
         hits = _rank_window(conn, tokens, " AND ", _idfs(averages[0], counts, common), limit, namespace,
-                            rank_window, averages, guess <= rank_window)
+                            rank_window, averages, common, guess <= rank_window)
     if hits is None:
         hits = _search(conn, tokens, " AND ", ranked, limit, namespace, rank_window, guess <= rank_window)
     if not hits and len(tokens) > 1:
@@ -301,7 +302,7 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
         hits = None
         if averages is not None and sum(counts) >= IDF_PASS_ROWS:
             hits = _rank_window(conn, tokens, " OR ", _idfs(averages[0], counts, common), limit, namespace,
-                                rank_window, averages, sum(counts) <= rank_window)
+                                rank_window, averages, [False] * len(tokens), sum(counts) <= rank_window)
         if hits is None:
             hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window, sum(counts) <= rank_window)
     return hits
@@ -433,19 +434,30 @@ def _averages(conn: sqlite3.Connection) -> tuple[int, float] | None:
     return (values[0], sum(values[1:]) / values[0]) if values and values[0] > 0 else None
 
 
+def _fts5_walk(n: int, counts: list[int], common: list[bool], guess: float, rank_window: int) -> float:
+    """About how many posting-list entries FTS5 walks to rank an AND of some common words: bm25's idf pass over the
+    ranked words' whole lists, and the AND's steps through the common words' lists over the window's span (the
+    rows back to the ``rank_window``-th match, from ``guess`` matches of the others)."""
+    span = n if guess <= rank_window else n * rank_window / guess
+    return sum(k for k, c in zip(counts, common, strict=True) if not c) + \
+        (span / n * sum(k for k, c in zip(counts, common, strict=True) if c) if n and not all(common) else 0.0)
+
+
 def _idfs(n_rows: int, counts: list[int], common: list[bool]) -> list[float]:
     """Each word's bm25 idf over FTS5's ``n_rows``, from its DocFreqs count (clamped where it is common)."""
     return [_CLAMPED_IDF if c else _idf(n_rows, k) for k, c in zip(counts, common, strict=True)]
 
 
-def _window_cells(conn: sqlite3.Connection, match: str, namespace: str | None, rank_window: int,
-                  oldest_first: bool) -> list[Row]:
-    """The window's rows (rowid, title, content and tags joined by _CELL), newest first. ``oldest_first``, a
-    guess that at most ``rank_window`` rows match (as _search takes it): the matches are walked oldest first, the
-    cheaper way, and read by rowid when they all fit; else the walk stops one row past and the newest are read."""
+def _window_chunks(conn: sqlite3.Connection, match: str, namespace: str | None, rank_window: int,
+                   oldest_first: bool, checked: bool) -> Iterator[list[Row] | None]:
+    """The rows matching ``match`` (rowid, title, content and tags joined by _CELL), newest first, a chunk at a
+    time; None after WINDOW_READS chunks (the caller gives up). ``oldest_first``, a guess that at most
+    ``rank_window`` rows match (as _search takes it): they are walked oldest first, the cheaper way, and read by
+    rowid when they all fit. ``checked``: the caller drops the rows lacking a common word (left out of ``match``),
+    so chunks of twice the window are read until it has its window."""
     ns_join, ns_where, ns_args = _ns_filter(namespace)
     cells = "m.title || char(1) || m.content || char(1) || m.tags"
-    if oldest_first:
+    if oldest_first and not checked:
         found = [r[0] for r in conn.execute(f"SELECT f.rowid FROM memories_fts AS f {ns_join} WHERE memories_fts "
                                             f"MATCH ? {ns_where} LIMIT ?", (match, *ns_args, rank_window + 1))]
         if len(found) <= rank_window:
@@ -454,42 +466,61 @@ def _window_cells(conn: sqlite3.Connection, match: str, namespace: str | None, r
                 chunk = found[i:i + _CHUNK]
                 rows += conn.execute(f"SELECT m.rowid, {cells} FROM memories AS m WHERE m.rowid IN "
                                      f"({','.join('?' * len(chunk))})", chunk).fetchall()
-            return sorted(rows, reverse=True)
-    return conn.execute(f"SELECT f.rowid, {cells} FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
-                        f"WHERE memories_fts MATCH ? {ns_where} ORDER BY f.rowid DESC LIMIT ?",
-                        (match, *ns_args, rank_window)).fetchall()
+            yield sorted(rows, reverse=True)
+            return
+    size, below = (2 if checked else 1) * rank_window, ""
+    args: tuple[Any, ...] = ()
+    for _ in range(WINDOW_READS):
+        chunk = conn.execute(f"SELECT f.rowid, {cells} FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+                             f"WHERE memories_fts MATCH ? {ns_where} {below} ORDER BY f.rowid DESC LIMIT ?",
+                             (match, *ns_args, *args, size)).fetchall()
+        yield chunk
+        if len(chunk) < size:
+            return
+        below, args = "AND f.rowid < ?", (chunk[-1][0],)
+    yield None
 
 
 def _rank_window(conn: sqlite3.Connection, tokens: list[str], op: str, idfs: list[float], limit: int,
-                 namespace: str | None, rank_window: int, averages: tuple[int, float],
+                 namespace: str | None, rank_window: int, averages: tuple[int, float], checked: list[bool],
                  oldest_first: bool = False) -> list[tuple[MemoryRow, float]] | None:
     """bm25 over the window (the ``rank_window`` most recent rows matching the ``op``-joined words), computed here:
     each word's ``idfs`` given (DocFreqs' counts: FTS5's idf pass, a walk of every word's whole posting list, is
     skipped), each row's weighted count of each word (title 2.0, content 1.0, tags 1.5) and length in tokens
     counted from its text, as _rank_common counts them (ASCII only: None tells the caller to rank with bm25).
-    The same formula in bm25's order of float operations: with exact counts, bm25's scores. Equal scores: the
-    older memory first. [] when nothing matches."""
+    The words ``checked`` (common ones, ANDed) are left out of FTS5's match and checked in the text here: FTS5's
+    AND steps through their long posting lists over the whole span of the window (~10 ms at 1M when the other
+    words' matches are few). The same formula in bm25's order of float operations: with exact counts, bm25's
+    scores. Equal scores: the older memory first. [] when nothing matches."""
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
     if not all(w.isascii() for w in words):
         return None
-    window = _window_cells(conn, op.join(tokens), namespace, rank_window, oldest_first)
-    if not window:
-        return []
     keys = [w.encode("ascii") for w in words]
+    checked = checked if not all(checked) else [False] * len(tokens)  # FTS5 matches one word at least
+    must = [i for i, c in enumerate(checked) if c]
+    match = op.join(t for t, c in zip(tokens, checked, strict=True) if not c)
     wt, wc, wg = _WEIGHTS
-    avgdl = averages[1]
-    scored = []
-    for rowid, cells in window:
-        if not cells.isascii() or cells.count(_CELL) != 2:
+    scored: list[tuple[float, int]] = []
+    for chunk in _window_chunks(conn, match, namespace, rank_window, oldest_first, bool(must)):
+        if chunk is None:
             return None
-        title, content, tags = (c.split() for c in cells.encode("ascii").translate(_TOKEN_BYTES).split(b"\x01"))
-        d = _K1 * (1 - _B + _B * (len(title) + len(content) + len(tags)) / avgdl)
-        score = 0.0
-        # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
-        for key, idf in zip(keys, idfs, strict=True):
-            x = wt * title.count(key) + wc * content.count(key) + wg * tags.count(key)
-            score += idf * ((x * _K1_PLUS_1) / (x + d))
-        scored.append((-score, rowid))
+        for rowid, cells in chunk:
+            if not cells.isascii() or cells.count(_CELL) != 2:
+                return None
+            title, content, tags = (c.split() for c in cells.encode("ascii").translate(_TOKEN_BYTES).split(b"\x01"))
+            xs = [wt * title.count(k) + wc * content.count(k) + wg * tags.count(k) for k in keys]
+            if any(xs[i] == 0.0 for i in must):
+                continue
+            d = _K1 * (1 - _B + _B * (len(title) + len(content) + len(tags)) / averages[1])
+            score = 0.0
+            # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+            for x, idf in zip(xs, idfs, strict=True):
+                score += idf * ((x * _K1_PLUS_1) / (x + d))
+            scored.append((-score, rowid))
+            if len(scored) >= rank_window:
+                break
+        if len(scored) >= rank_window:
+            break
     best = heapq.nsmallest(limit, scored)
     marks_sql = ",".join("?" * len(best))
     found = {r[-1]: _row(r[:-1]) for r in conn.execute(

@@ -621,7 +621,7 @@ def test_a_window_ranked_here_gives_way_to_bm25_for_text_it_cannot_count(tmp_pat
     averages = memories._averages(conn)
     assert averages is not None and averages[0] == n == 4
     # A window row with non-ASCII text: unicode61 folds it in ways not counted here, so bm25 ranks.
-    assert memories._rank_window(conn, tokens, " AND ", [1.0], 10, None, 10, averages) is None
+    assert memories._rank_window(conn, tokens, " AND ", [1.0], 10, None, 10, averages, [False]) is None
     assert [(m.id, s) for m, s in memories.recall(conn, "heron", 10, None, memories.DocFreqs())] == \
         _rank_sorter_recall(conn, "heron", 10)
     conn.close()
@@ -637,3 +637,26 @@ def test_doc_freqs_keep_a_count_past_the_ttl_while_the_table_moved_little(zipf_c
     assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=600 + int(k * docfreqs.DF_DRIFT))) == 0
     # Past it: counted again.
     assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=602 + int(k * docfreqs.DF_DRIFT))) == 1
+
+
+@pytest.mark.parametrize("rank_window", [1, 7, 50, memories.RANK_WINDOW])
+def test_common_words_checked_in_the_text_give_fts5s_window(zipf_conn, monkeypatch, rank_window: int):
+    """'the' and 'river' left out of FTS5's match and checked in each row's text (read in chunks, rows lacking
+    them dropped) give the same window, so bm25's scores and order, as FTS5's AND of every word."""
+    monkeypatch.setattr(memories, "IDF_PASS_ROWS", 0)
+    monkeypatch.setattr(memories, "WINDOW_READS", 3)  # a small window is read in several chunks, within the bound
+    for query in ("the river w7", "w3 the", "river w1", "the of w5"):
+        tokens = memories.fts_tokens(query)
+        df = memories.DocFreqs()
+        n, counts = df.counts(zipf_conn, tokens)
+        common = memories.common_flags(n, counts)
+        assert any(common) and not all(common)
+        averages = memories._averages(zipf_conn)
+        assert averages is not None
+        ours = memories._rank_window(zipf_conn, tokens, " AND ", memories._idfs(averages[0], counts, common), 10,
+                                     None, rank_window, averages, common)
+        old = _rank_sorter_recall(zipf_conn, query, 10, None, rank_window)
+        if ours is None:  # the chunk bound met before the window filled: bm25 ranks (the caller's fallback)
+            assert rank_window == memories.RANK_WINDOW
+            continue
+        assert [(m.id, s) for m, s in ours] == old
