@@ -4,7 +4,8 @@ then recall, get, bytes on disk, the process's memory and the tables that must s
     flock /tmp/bench.lock .venv/bin/python -m testbed.bench.million_bench [--memories N] [--queries N]
         [--gets N] [--keep DIR]
 
-One node home with a key (every memory version signed), the default permission gate and no hooks; the
+One node home with a key (every memory version signed), the default permission gate (its storage quota raised
+to 64 GiB, as the size budget is) and no hooks; the
 database is filled through ``Service.memory_store`` (as the CLI, MCP and federation write: fields, gate,
 signature, change log, outbox, one group-commit transaction per writer batch) with the storage bench's Zipf-like
 corpus, ``--concurrency`` stores in flight (the writer batches them), ``storage.synchronous = full``. Every
