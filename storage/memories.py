@@ -13,19 +13,17 @@ matches are ranked (FTS5 walks matches in rowid order and stops there): recency 
 for memories, and the cost is bounded. Equal scores keep insertion order (the older memory first), as
 FTS5's rank sorter left them.
 
-What remained at 100k (docs/perf-history.md, "Recall at 100k") was FTS5's idf pass, a walk of each word's whole
-posting list (~25 ns a row, 2-4 ms for a word in most rows), and FTS5's ORDER BY rank sorter. bm25 clamps
-the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still the
-rows matching every word, but only the other words are ranked (DocFreqs caches which words those are).
-When every word is common their idfs are all that clamped constant, so the window's order is by term
-counts and row lengths only: those are computed from the window's text (each row's counted once and kept
-while it is read), the exact bm25 scores without its idf pass (_rank_common; ASCII text only, else bm25
-ranks as above). bm25() is
-called in the select list and sorted by SQLite's top-k sort, about twice as fast as the rank sorter,
-with the same scores; the window is found and ranked in one statement.
-When the words' counts (DocFreqs) suggest that no more than RANK_WINDOW rows hold them all, the window is
-every match, and FTS5 walks it oldest first (cheaper than newest first); the walk stops one row past the
-window, and when the guess was wrong the window is walked newest first as before (_search_all).
+What remained at 100k (docs/perf-history.md, "Recall at 100k") was FTS5's idf pass, a walk of each ranked word's
+whole posting list (~25 ns a row: 2-4 ms at 100k, ~10 ms for a word in a third of 1M rows), and its rank sorter.
+bm25 clamps the idf of a word in at least half the rows to 1e-6, so such a word only filters: the window is still
+the rows matching every word, but only the other words are ranked (DocFreqs caches which words those are). When
+every word is common, or the ranked words' rows add up to IDF_PASS_ROWS or more, the window is ranked here from
+its rows' text (_rank_common, _rank_window; ASCII text only, else bm25 ranks), each word's idf from DocFreqs'
+counts: bm25's scores without its idf pass. Otherwise bm25() is called in the select list and sorted by SQLite's
+top-k sort (about twice as fast as the rank sorter, the same scores); the window is found and ranked in one
+statement. When the words' counts suggest that no more than RANK_WINDOW rows hold them all, FTS5 walks the
+matches oldest first (cheaper), stopping one row past the window; when the guess was wrong the window is walked
+newest first as before (_search_all).
 """
 
 from __future__ import annotations
@@ -37,12 +35,13 @@ import re
 import sqlite3
 import sys
 import threading
-import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
+from storage.docfreqs import DocFreqs as DocFreqs
+from storage.docfreqs import common_flags, pg_word
 from storage.errors import StorageCode, StorageError
 
 _COLUMNS = ("id, namespace, title, content, tags, priority, confidence, source, origin, version, created_at, "
@@ -56,9 +55,11 @@ MAX_QUERY_TOKENS = 32
 # bm25 scores every match, so a word found in most of 100k memories costs ~100 ms; ranking only the most
 # recent RANK_WINDOW matches bounds that (see recall()).
 RANK_WINDOW = 500
-# How long a word's 'in at least half the memories' answer is reused (DocFreqs), and how many are kept.
-DF_TTL_S = 60.0
-DF_MAX_TERMS = 50_000
+# Ranked words' rows (their idf pass, ~25 ns each) from which the window is ranked here (_rank_window, ~10-20 us
+# a window row, a window of at most RANK_WINDOW rows) rather than by bm25().
+IDF_PASS_ROWS = 200_000
+# Chunks of candidate rows _rank_window reads when it checks common words itself, before it gives way to bm25.
+WINDOW_READS = 64
 # The rank set by migration 1 ('bm25(2.0, 1.0, 1.5)': title, content, tags), called directly.
 _BM25 = "bm25(memories_fts, 2.0, 1.0, 1.5)"
 # SQLite's default bound on host parameters is 32766; stay far below it.
@@ -79,8 +80,6 @@ _K1_PLUS_1 = _K1 + 1.0
 # words, so such queries read mostly the same rows again. 16 MiB holds ~3,000 rows of ~300 bytes of text
 # (several windows of 500), fewer of longer ones.
 TERM_VECTOR_BYTES = 16 * 1024 * 1024
-# Rows a Postgres store's mean row length is measured on (DocFreqs.avgdl): within ~1% at 100k rows, a few ms.
-AVGDL_SAMPLE_ROWS = 5_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -283,20 +282,29 @@ def recall(conn: sqlite3.Connection, query: str, limit: int = 10, namespace: str
         return []
     if getattr(conn, "dialect", "sqlite") == "postgres":
         return recall_pg(conn, tokens, limit, namespace, doc_freqs, rank_window)
-    n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens)
-    common = _common(n, counts)
+    averages = _averages(conn)
+    n, counts = (doc_freqs or DocFreqs()).counts(conn, tokens, rows=None if averages is None else averages[0])
+    common = common_flags(n, counts)
     # bm25 clamps the idf of a word in at least half the rows to 1e-6: it only filters. Ranking by the other
     # words skips their posting-list walk; if every word is common, their (equal) idfs still order by tf.
     ranked = [t for t, c in zip(tokens, common, strict=True) if not c] or tokens
     hits = _rank_common(conn, tokens, limit, namespace, rank_window) if all(common) else None
+    # How many rows hold every word, were the words independent: the common ones (counted only to half the rows)
+    # are left out, so it errs high for them.
+    guess = n * math.prod(k / n for k, c in zip(counts, common, strict=True) if not c) if n else 0.0
+    if hits is None and averages is not None and _fts5_walk(n, counts, common, guess, rank_window) >= IDF_PASS_ROWS:
+        hits = _rank_window(conn, tokens, " AND ", _idfs(averages[0], counts, common), limit, namespace,
+                            rank_window, averages, common, guess <= rank_window)
     if hits is None:
-        # How many rows hold every word, were the words independent: the common ones (counted only to half the
-        # rows) are left out, so it errs high for them.
-        guess = n * math.prod(k / n for k, c in zip(counts, common, strict=True) if not c) if n else 0.0
         hits = _search(conn, tokens, " AND ", ranked, limit, namespace, rank_window, guess <= rank_window)
     if not hits and len(tokens) > 1:
         # OR: a row may hold only common words, so all words rank (the cost of the rarer fallback).
-        hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window, sum(counts) <= rank_window)
+        hits = None
+        if averages is not None and sum(counts) >= IDF_PASS_ROWS:
+            hits = _rank_window(conn, tokens, " OR ", _idfs(averages[0], counts, common), limit, namespace,
+                                rank_window, averages, [False] * len(tokens), sum(counts) <= rank_window)
+        if hits is None:
+            hits = _search(conn, tokens, " OR ", tokens, limit, namespace, rank_window, sum(counts) <= rank_window)
     return hits
 
 
@@ -387,15 +395,10 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     Equal scores: the older memory first. [] when no memory holds every word.
     """
     words = [t[1:-1].replace('""', '"').lower() for t in tokens]
-    if not all(w.isascii() for w in words):
+    averages = _averages(conn)
+    if not all(w.isascii() for w in words) or averages is None:
         return None
-    averages = conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()
-    if averages is None:
-        return None
-    n_rows, *col_tokens = _varints(averages[0])
-    if n_rows <= 0:
-        return None
-    avgdl = sum(col_tokens) / n_rows
+    avgdl = averages[1]
     ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
     # The window (the rank_window most recent rows holding every word), with each row's cells.
     window = conn.execute(
@@ -419,6 +422,109 @@ def _rank_common(conn: sqlite3.Connection, tokens: list[str], limit: int, namesp
     found = {r[-1]: _row(r[:-1]) for r in conn.execute(
         f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     # A row deleted between the two statements (outside a read transaction) is left out, not a KeyError.
+    return [(found[rowid], -score) for score, rowid in best if rowid in found]
+
+
+def _averages(conn: sqlite3.Connection) -> tuple[int, float] | None:
+    """FTS5's row count and mean row length in tokens (its averages record, what bm25 reads); None if no rows."""
+    block = conn.execute("SELECT block FROM memories_fts_data WHERE id = 1").fetchone()
+    if block is None:
+        return None
+    values = _varints(block[0])  # empty while the index has never held a row
+    return (values[0], sum(values[1:]) / values[0]) if values and values[0] > 0 else None
+
+
+def _fts5_walk(n: int, counts: list[int], common: list[bool], guess: float, rank_window: int) -> float:
+    """About how many posting-list entries FTS5 walks to rank an AND of some common words: bm25's idf pass over the
+    ranked words' whole lists, and the AND's steps through the common words' lists over the window's span (the
+    rows back to the ``rank_window``-th match, from ``guess`` matches of the others)."""
+    span = n if guess <= rank_window else n * rank_window / guess
+    return sum(k for k, c in zip(counts, common, strict=True) if not c) + \
+        (span / n * sum(k for k, c in zip(counts, common, strict=True) if c) if n and not all(common) else 0.0)
+
+
+def _idfs(n_rows: int, counts: list[int], common: list[bool]) -> list[float]:
+    """Each word's bm25 idf over FTS5's ``n_rows``, from its DocFreqs count (clamped where it is common)."""
+    return [_CLAMPED_IDF if c else _idf(n_rows, k) for k, c in zip(counts, common, strict=True)]
+
+
+def _window_chunks(conn: sqlite3.Connection, match: str, namespace: str | None, rank_window: int,
+                   oldest_first: bool, checked: bool) -> Iterator[list[Row] | None]:
+    """The rows matching ``match`` (rowid, title, content and tags joined by _CELL), newest first, a chunk at a
+    time; None after WINDOW_READS chunks (the caller gives up). ``oldest_first``, a guess that at most
+    ``rank_window`` rows match (as _search takes it): they are walked oldest first, the cheaper way, and read by
+    rowid when they all fit. ``checked``: the caller drops the rows lacking a common word (left out of ``match``),
+    so chunks of twice the window are read until it has its window."""
+    ns_join, ns_where, ns_args = _ns_filter(namespace)
+    cells = "m.title || char(1) || m.content || char(1) || m.tags"
+    if oldest_first and not checked:
+        found = [r[0] for r in conn.execute(f"SELECT f.rowid FROM memories_fts AS f {ns_join} WHERE memories_fts "
+                                            f"MATCH ? {ns_where} LIMIT ?", (match, *ns_args, rank_window + 1))]
+        if len(found) <= rank_window:
+            rows: list[Row] = []
+            for i in range(0, len(found), _CHUNK):
+                chunk = found[i:i + _CHUNK]
+                rows += conn.execute(f"SELECT m.rowid, {cells} FROM memories AS m WHERE m.rowid IN "
+                                     f"({','.join('?' * len(chunk))})", chunk).fetchall()
+            yield sorted(rows, reverse=True)
+            return
+    size, below = (2 if checked else 1) * rank_window, ""
+    args: tuple[Any, ...] = ()
+    for _ in range(WINDOW_READS):
+        chunk = conn.execute(f"SELECT f.rowid, {cells} FROM memories_fts AS f JOIN memories AS m ON m.rowid = f.rowid "
+                             f"WHERE memories_fts MATCH ? {ns_where} {below} ORDER BY f.rowid DESC LIMIT ?",
+                             (match, *ns_args, *args, size)).fetchall()
+        yield chunk
+        if len(chunk) < size:
+            return
+        below, args = "AND f.rowid < ?", (chunk[-1][0],)
+    yield None
+
+
+def _rank_window(conn: sqlite3.Connection, tokens: list[str], op: str, idfs: list[float], limit: int,
+                 namespace: str | None, rank_window: int, averages: tuple[int, float], checked: list[bool],
+                 oldest_first: bool = False) -> list[tuple[MemoryRow, float]] | None:
+    """bm25 over the window (the ``rank_window`` most recent rows matching the ``op``-joined words), computed here:
+    each word's ``idfs`` given (DocFreqs' counts: FTS5's idf pass, a walk of every word's whole posting list, is
+    skipped), each row's weighted count of each word (title 2.0, content 1.0, tags 1.5) and length in tokens
+    counted from its text, as _rank_common counts them (ASCII only: None tells the caller to rank with bm25).
+    The words ``checked`` (common ones, ANDed) are left out of FTS5's match and checked in the text here: FTS5's
+    AND steps through their long posting lists over the whole span of the window (~10 ms at 1M when the other
+    words' matches are few). The same formula in bm25's order of float operations: with exact counts, bm25's
+    scores. Equal scores: the older memory first. [] when nothing matches."""
+    words = [t[1:-1].replace('""', '"').lower() for t in tokens]
+    if not all(w.isascii() for w in words):
+        return None
+    keys = [w.encode("ascii") for w in words]
+    checked = checked if not all(checked) else [False] * len(tokens)  # FTS5 matches one word at least
+    must = [i for i, c in enumerate(checked) if c]
+    match = op.join(t for t, c in zip(tokens, checked, strict=True) if not c)
+    wt, wc, wg = _WEIGHTS
+    scored: list[tuple[float, int]] = []
+    for chunk in _window_chunks(conn, match, namespace, rank_window, oldest_first, bool(must)):
+        if chunk is None:
+            return None
+        for rowid, cells in chunk:
+            if not cells.isascii() or cells.count(_CELL) != 2:
+                return None
+            title, content, tags = (c.split() for c in cells.encode("ascii").translate(_TOKEN_BYTES).split(b"\x01"))
+            xs = [wt * title.count(k) + wc * content.count(k) + wg * tags.count(k) for k in keys]
+            if any(xs[i] == 0.0 for i in must):
+                continue
+            d = _K1 * (1 - _B + _B * (len(title) + len(content) + len(tags)) / averages[1])
+            score = 0.0
+            # The words' terms are added in the query's order, from 0.0, as bm25 adds them.
+            for x, idf in zip(xs, idfs, strict=True):
+                score += idf * ((x * _K1_PLUS_1) / (x + d))
+            scored.append((-score, rowid))
+            if len(scored) >= rank_window:
+                break
+        if len(scored) >= rank_window:
+            break
+    best = heapq.nsmallest(limit, scored)
+    marks_sql = ",".join("?" * len(best))
+    found = {r[-1]: _row(r[:-1]) for r in conn.execute(
+        f"SELECT {_M_COLS}, m.rowid FROM memories AS m WHERE m.rowid IN ({marks_sql})", [r for _, r in best])}
     return [(found[rowid], -score) for score, rowid in best if rowid in found]
 
 
@@ -513,122 +619,6 @@ def _varints(blob: bytes) -> list[int]:
     return out
 
 
-def _common(n: int, counts: list[int]) -> list[bool]:
-    """For each word counted in ``counts`` (DocFreqs.counts, of ``n`` rows): is it in at least half the rows?"""
-    return [n > 0 and 2 * k >= n for k in counts]
-
-
-class DocFreqs:
-    """How many memories hold each query word, counted up to half the rows (bm25's idf of a word in at least
-    half of them is clamped to ~0, so such a word is only 'common').
-
-    Counting a word's rows walks its posting list, the very cost that leaving a common word out of the ranking
-    saves, so each count is cached for DF_TTL_S seconds (at most DF_MAX_TERMS words), with the row count it was
-    measured against. A stale count costs little: a word near the half-way line has an idf near 0 either way,
-    and recall uses the others only to guess how many rows a query matches (which way to walk them). Thread-
-    safe: a database's readers share one.
-    """
-
-    def __init__(self, *, ttl_s: float = DF_TTL_S, max_terms: int = DF_MAX_TERMS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._ttl_s = ttl_s
-        self._max_terms = max_terms
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._rows: tuple[int, float] | None = None      # (row count, measured at)
-        self._avgdl: tuple[float, float] | None = None   # (mean row length in tokens, measured at): Postgres
-        self._elems: tuple[dict[str, float], float] | None = None  # (pg_stats' lexeme shares, read at): Postgres
-        self._counts: dict[str, tuple[int, float]] = {}  # word (casefolded literal) -> (rows, measured at)
-
-    def common(self, conn: sqlite3.Connection, tokens: list[str]) -> list[bool]:
-        """For each FTS5 literal of ``tokens``: is it in at least half the rows?"""
-        return _common(*self.counts(conn, tokens))
-
-    def counts(self, conn: sqlite3.Connection, tokens: list[str]) -> tuple[int, list[int]]:
-        """The table's row count and, for each FTS5 literal of ``tokens``, how many rows hold it, counted up to
-        half the row count (a word counted at the half is in at least half the rows)."""
-        now = self._clock()
-        with self._lock:
-            rows = self._rows if self._rows and now - self._rows[1] < self._ttl_s else None
-            cached = {t: self._counts.get(t.casefold()) for t in tokens}
-        n = rows[0] if rows else int(conn.execute("SELECT count(*) FROM memories").fetchone()[0])
-        out, fresh = [], {}
-        for t in tokens:
-            hit = cached[t] if rows else None
-            if hit is None or now - hit[1] >= self._ttl_s:
-                hit = (self._count(conn, t, n, now), now)
-                fresh[t.casefold()] = hit
-            out.append(hit[0])
-        with self._lock:
-            if rows is None:
-                self._rows = (n, now)
-            for key, val in fresh.items():
-                if len(self._counts) >= self._max_terms:
-                    self._counts.pop(next(iter(self._counts)))
-                self._counts[key] = val
-        return n, out
-
-
-    def _count(self, conn: Any, token: str, n: int, now: float) -> int:
-        """The rows holding ``token``, up to half of ``n``. Counting stops at half the rows: on SQLite a common
-        word costs half its posting list, once. On Postgres, where counting visits every matching row, a word
-        the planner's statistics track (pg_stats' most common elements of the tsvector, from ANALYZE's sample)
-        is taken from them; only the others, the rarer words, are counted."""
-        if getattr(conn, "dialect", "sqlite") != "postgres":
-            return int(conn.execute(_DF_COUNT["sqlite"], (token, (n + 1) // 2)).fetchone()[0])
-        share = self._elem_freqs(conn, now).get(token[1:-1].replace('""', '"').lower())
-        if share is not None:
-            return min(round(share * n), (n + 1) // 2)
-        return int(conn.execute(_DF_COUNT["postgres"], (_pg_word(token), (n + 1) // 2)).fetchone()[0])
-
-    def _elem_freqs(self, conn: Any, now: float) -> dict[str, float]:
-        """The tsvector's most common lexemes and the share of rows holding each (pg_stats), kept DF_TTL_S."""
-        with self._lock:
-            if self._elems is not None and now - self._elems[1] < self._ttl_s:
-                return self._elems[0]
-        r = conn.execute("SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
-                         "WHERE schemaname = current_schema() AND tablename = 'memories' AND attname = 'fts'"
-                         ).fetchone()
-        # The freqs hold three more entries than the elements (their min, max and the nulls' share).
-        freqs = dict(zip(r[0], map(float, r[1]), strict=False)) if r and r[0] is not None else {}
-        with self._lock:
-            self._elems = (freqs, now)
-        return freqs
-
-    def avgdl(self, conn: Any) -> float:
-        """A Postgres store's mean row length in tokens (what FTS5's averages record holds on SQLite), from a
-        sample of about AVGDL_SAMPLE_ROWS rows, kept for DF_TTL_S seconds."""
-        now = self._clock()
-        with self._lock:
-            if self._avgdl is not None and now - self._avgdl[1] < self._ttl_s:
-                return self._avgdl[0]
-        rows = max(1, int(conn.execute("SELECT greatest(reltuples, 1) FROM pg_class "
-                                       "WHERE oid = 'memories'::regclass").fetchone()[0]))
-        share = min(100.0, 100.0 * AVGDL_SAMPLE_ROWS / rows)
-        # A row's tokens are its tsvector's positions (the 'simple' configuration keeps every word).
-        sample = "" if share >= 100.0 else f" TABLESAMPLE SYSTEM ({share:.6f}) REPEATABLE (0)"
-        r = conn.execute("SELECT avg((SELECT sum(array_length(positions, 1)) FROM unnest(fts))) "
-                         f"FROM memories{sample}").fetchone()
-        if r[0] is None and sample:
-            r = conn.execute("SELECT avg((SELECT sum(array_length(positions, 1)) FROM unnest(fts))) "
-                             "FROM memories").fetchone()
-        avgdl = float(r[0] or 0.0)
-        with self._lock:
-            self._avgdl = (avgdl, now)
-        return avgdl
-
-
-def _pg_word(token: str) -> str:
-    """An FTS5 literal of fts_tokens as a tsquery lexeme (words are letters and digits: only the quotes)."""
-    return "'" + token[1:-1].replace('""', '"').replace("'", "''") + "'"
-
-
-# A word's rows, counted up to a bound (DocFreqs.counts), per engine.
-_DF_COUNT = {"sqlite": "SELECT count(*) FROM (SELECT 1 FROM memories_fts WHERE memories_fts MATCH ? LIMIT ?)",
-             "postgres": "SELECT count(*) FROM (SELECT 1 FROM memories WHERE fts @@ to_tsquery('simple', ?) "
-                         "LIMIT ?) AS k"}
-
-
 def rebuild_fts(conn: sqlite3.Connection) -> None:
     """Rebuild the FTS index from the memories table (needed after a VACUUM, which may renumber rowids).
     On Postgres the tsvector is a generated column, always in step: nothing to do."""
@@ -646,7 +636,7 @@ def recall_pg(conn: Any, tokens: list[str], limit: int, namespace: str | None, d
     row length from a sample of the table (DocFreqs.avgdl). Equal scores: the older memory first."""
     freqs = doc_freqs or DocFreqs()
     n, counts = freqs.counts(conn, tokens)
-    common = _common(n, counts)
+    common = common_flags(n, counts)
     for op in (" & ", " | ") if len(tokens) > 1 else (" & ",):
         # As on SQLite: ANDed, the common words only filter (bm25 clamps their idf to ~0); ORed, every word ranks.
         ranked = [i for i, c in enumerate(common) if not c or op == " | "] or list(range(len(tokens)))
@@ -682,9 +672,9 @@ def pg_window(tokens: list[str], op: str, namespace: str | None, rank_window: in
     the line far too low (a word in 2% of 100k rows was walked through 24k rows in 9 ms rather than read in 2).
     Few matches: the sort key ``rowid + 0``, which no index gives, leaves the planner the GIN index. Many: the
     planner's choice, which is the walk."""
-    query = f"to_tsquery('simple', {_sql_text(op.join(_pg_word(t) for t in tokens))})"
+    query = f"to_tsquery('simple', {_sql_text(op.join(pg_word(t) for t in tokens))})"
     ns_where, ns_args = ("", ()) if namespace is None else ("AND m.namespace = ?", (namespace,))
-    words = [f"to_tsquery('simple', {_sql_text(_pg_word(t))})" for t in ranked]
+    words = [f"to_tsquery('simple', {_sql_text(pg_word(t))})" for t in ranked]
     length_q = query if op == " | " else words[0]
     ranks = [f"ts_rank_cd({_PG_RANK_WEIGHTS}, w.fts, {q}, {norm})"
              for q, norm in [(length_q, 2), *([(query, 0)] if op == " | " else []), *((q, 0) for q in words)]]

@@ -20,13 +20,14 @@ APPLICATION_ID = 0x414D5348
 
 @dataclass(frozen=True)
 class Migration:
-    """One schema step: its SQLite statements (storage/pg.py translates them for Postgres) and statements that
-    only a Postgres store runs, after those."""
+    """One schema step: its SQLite statements (storage/pg.py translates them for Postgres), statements that
+    only a Postgres store runs after those, and statements that only an SQLite store runs after those."""
 
     version: int
     name: str
     statements: tuple[str, ...]
     postgres: tuple[str, ...] = ()
+    sqlite: tuple[str, ...] = ()  # statements only an SQLite store runs, after ``statements``
 
 
 _M1_CORE = Migration(1, "core", (
@@ -358,10 +359,32 @@ _M18_CHANGE_AUTHOR = Migration(18, "change_author", (
     "ALTER TABLE change_log ADD COLUMN author TEXT NULL",
 ))
 
+# Each writer's stored bytes (content + title, UTF-8), kept by triggers: the storage quota read a sum over every
+# memory its agent wrote, once a second and once per concurrent store when stale, so at a million memories the
+# readers spent seconds of CPU a second on it and the fill fell to ~200/s (PERFORMANCE.md, "A node at a million
+# memories"). One row per writer, a few microseconds per insert. SQLite only: Postgres still sums (the gate
+# shares one sum among the checks that find it stale). Derived from ``memories``, so `ai-memory migrate` does
+# not move it (DERIVED_TABLES).
+_WRITER_BYTES = "length(CAST({r}.content AS BLOB)) + length(CAST({r}.title AS BLOB))"
+_ADD_WRITER_BYTES = ("INSERT INTO writer_bytes (writer, bytes) VALUES (NEW.writer, " + _WRITER_BYTES.format(r="NEW")
+                     + ") ON CONFLICT (writer) DO UPDATE SET bytes = bytes + excluded.bytes;")
+_SUB_WRITER_BYTES = ("UPDATE writer_bytes SET bytes = bytes - (" + _WRITER_BYTES.format(r="OLD")
+                     + ") WHERE writer = OLD.writer;")
+_M20_WRITER_BYTES = Migration(20, "writer_bytes", (), sqlite=(
+    "CREATE TABLE IF NOT EXISTS writer_bytes (writer TEXT PRIMARY KEY, bytes INTEGER NOT NULL)",
+    "DELETE FROM writer_bytes",
+    "INSERT INTO writer_bytes (writer, bytes) SELECT writer, coalesce(sum(" + _WRITER_BYTES.format(r="memories")
+    + "), 0) FROM memories GROUP BY writer",
+    f"CREATE TRIGGER IF NOT EXISTS writer_bytes_ai AFTER INSERT ON memories BEGIN {_ADD_WRITER_BYTES} END",
+    f"CREATE TRIGGER IF NOT EXISTS writer_bytes_ad AFTER DELETE ON memories BEGIN {_SUB_WRITER_BYTES} END",
+    "CREATE TRIGGER IF NOT EXISTS writer_bytes_au AFTER UPDATE OF writer, content, title ON memories BEGIN "
+    f"{_SUB_WRITER_BYTES} {_ADD_WRITER_BYTES} END",
+))
+
 MIGRATIONS: tuple[Migration, ...] = (_M1_CORE, _M2_FEDERATION, _M3_TRUST, _M4_KG, _M5_PERMISSIONS,
                                      _M6_APPROVALS, _M7_SUBSCRIPTIONS, _M8_TRANSCRIPTS, _M9_SIGNED_SHARING,
                                      _M10_PEER_ACCEPTS, _M11_AGENTS, _M14_PG_RECALL, _M17_REPLAYED_FROM,
-                                     _M18_CHANGE_AUTHOR)
+                                     _M18_CHANGE_AUTHOR, _M20_WRITER_BYTES)
 MAX_SUPPORTED_SCHEMA: int = MIGRATIONS[-1].version
 
 # Every name our migrations create, including FTS5 shadow tables and sqlite's own bookkeeping.
@@ -372,7 +395,10 @@ OUR_TABLES = frozenset({
     "pending_actions", "subscriptions", "subscription_deliveries", "memory_transcripts", "memory_transcripts_archive",
     "memory_transcript_links", "sqlite_sequence", "sqlite_stat1", "sqlite_stat4",
     "agent_delegations", "agent_revocations",  # migration 11 (agents)
+    "writer_bytes",  # migration 20
 })
+# Tables kept from others by triggers (SQLite only): rebuilt where rows land, never copied by `ai-memory migrate`.
+DERIVED_TABLES = frozenset({"writer_bytes"})
 
 
 def run_statements(conn: sqlite3.Connection, migration: Migration) -> None:
@@ -381,7 +407,7 @@ def run_statements(conn: sqlite3.Connection, migration: Migration) -> None:
     Idempotent by construction (an ``ALTER TABLE ... ADD COLUMN`` is skipped when the column exists);
     exposed so tests can prove that repeating a migration changes nothing.
     """
-    for sql in migration.statements:
+    for sql in migration.statements + migration.sqlite:
         added = _ADD_COLUMN.match(sql)
         if added and added["column"] in {r[1] for r in conn.execute(f"PRAGMA table_info({added['table']})")}:
             continue

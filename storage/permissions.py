@@ -47,8 +47,11 @@ def stamp(conn: sqlite3.Connection) -> tuple[int, int]:
 
 def bytes_by_writer(conn: sqlite3.Connection, agent: str) -> int:
     """Content + title bytes (UTF-8) of the memories whose current version ``agent`` wrote."""
+    if getattr(conn, "dialect", "sqlite") != "postgres":
+        # Kept by migration 20's triggers: one row, however many memories.
+        row = conn.execute("SELECT bytes FROM writer_bytes WHERE writer = ?", (agent,)).fetchone()
+        return int(row[0]) if row else 0
     # Postgres has no BLOB type (and a text-to-bytea cast reads backslash escapes): octet_length counts bytes.
-    size = ("octet_length(content) + octet_length(title)" if getattr(conn, "dialect", "sqlite") == "postgres"
-            else "length(CAST(content AS BLOB)) + length(CAST(title AS BLOB))")
-    return int(conn.execute(f"SELECT coalesce(sum({size}), 0) FROM memories WHERE writer = ?",
+    return int(conn.execute("SELECT coalesce(sum(octet_length(content) + octet_length(title)), 0) FROM memories "
+                            "WHERE writer = ?",
                             (agent,)).fetchone()[0])

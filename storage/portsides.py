@@ -189,11 +189,12 @@ def _mark_rows(marks: list[tuple[Any, ...]]) -> tuple[dict[str, Mark], dict[str,
 
 # The indexes (and SQLite's full-text insert trigger) a run drops at its start and makes again at its end, from the
 # definitions the catalog gave: each is built once from all the rows, as pg_restore does, rather than kept up row
-# by row. Read as (kind, name, the statement that makes it again).
+# by row. Read as (kind, name, the statement that makes it again). The writer_bytes trigger stays: its one row a
+# writer is kept as the memories land (migration 20).
 _SQLITE_DEFERRED = (
     "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
     f"AND tbl_name IN ({', '.join('?' * len(TABLES))}) "
-    f"AND (type = 'index' OR (type = 'trigger' AND tbl_name = 'memories' "
+    f"AND (type = 'index' OR (type = 'trigger' AND tbl_name = 'memories' AND name LIKE 'memories_fts%' "
     f"AND sql LIKE '%AFTER INSERT ON memories%')) "
     "ORDER BY type, name")
 # Postgres: every index that backs no constraint (the primary keys and UNIQUE constraints stay).

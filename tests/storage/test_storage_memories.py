@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from storage_helpers import make_memory
 
-from storage import Database, StorageError, memories
+from storage import Database, StorageError, docfreqs, memories
 from storage.migrations import migrate
 
 HOSTILE = ['"', '""', '"unterminated', "*", "a*", "AND OR NOT", "AND", "NOT x", "NEAR(", "NEAR(a b, 2)",
@@ -592,3 +592,71 @@ async def test_recall_whose_guess_of_the_matches_is_wrong_ranks_the_newest(db_pa
     newest = [r.id for r in rows[20:40]]
     assert len(hits) == 10 and {m.id for m, _ in hits} <= set(newest)
     assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+
+
+# ---- long posting lists: the window ranked here with DocFreqs' idfs, not FTS5's idf pass -------------------------
+
+@pytest.mark.parametrize("query", ZIPF_QUERIES)
+@pytest.mark.parametrize("namespace", [None, "a"])
+@pytest.mark.parametrize("rank_window", [memories.RANK_WINDOW, 50])
+def test_a_window_ranked_here_gives_bm25s_scores(zipf_conn, monkeypatch, query: str, namespace: str | None,
+                                                 rank_window: int):
+    """With every word's exact count, the window's scores computed from its text are FTS5's bm25, to the bit,
+    ANDed and in the OR fallback alike; equal scores keep insertion order."""
+    monkeypatch.setattr(memories, "IDF_PASS_ROWS", 0)  # every query through _rank_window
+    old = _rank_sorter_recall(zipf_conn, query, 10, namespace, rank_window)
+    new = memories.recall(zipf_conn, query, 10, namespace, memories.DocFreqs(), rank_window=rank_window)
+    assert [(m.id, s) for m, s in new] == old
+
+
+def test_a_window_ranked_here_gives_way_to_bm25_for_text_it_cannot_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(memories, "IDF_PASS_ROWS", 0)
+    conn = sqlite3.connect(tmp_path / "accents.db", isolation_level=None)
+    migrate(conn)
+    rows = [make_memory(content=c) for c in ("heron café", "heron heron", "Héron heron lake", "lake")]
+    for r in rows:
+        memories.insert(conn, r)
+    tokens = memories.fts_tokens("heron")
+    n, counts = memories.DocFreqs().counts(conn, tokens)
+    averages = memories._averages(conn)
+    assert averages is not None and averages[0] == n == 4
+    # A window row with non-ASCII text: unicode61 folds it in ways not counted here, so bm25 ranks.
+    assert memories._rank_window(conn, tokens, " AND ", [1.0], 10, None, 10, averages, [False]) is None
+    assert [(m.id, s) for m, s in memories.recall(conn, "heron", 10, None, memories.DocFreqs())] == \
+        _rank_sorter_recall(conn, "heron", 10)
+    conn.close()
+
+
+def test_doc_freqs_keep_a_count_past_the_ttl_while_the_table_moved_little(zipf_conn):
+    now = [0.0]
+    df = memories.DocFreqs(ttl_s=60.0, clock=lambda: now[0])
+    n, (k,) = df.counts(zipf_conn, ['"w3"'], rows=600)
+    assert 32 <= k < 300
+    now[0] = 61.0
+    # Within k * DF_DRIFT rows of the count it was measured at: reused, however old.
+    assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=600 + int(k * docfreqs.DF_DRIFT))) == 0
+    # Past it: counted again.
+    assert _counts(zipf_conn, lambda: df.counts(zipf_conn, ['"w3"'], rows=602 + int(k * docfreqs.DF_DRIFT))) == 1
+
+
+@pytest.mark.parametrize("rank_window", [1, 7, 50, memories.RANK_WINDOW])
+def test_common_words_checked_in_the_text_give_fts5s_window(zipf_conn, monkeypatch, rank_window: int):
+    """'the' and 'river' left out of FTS5's match and checked in each row's text (read in chunks, rows lacking
+    them dropped) give the same window, so bm25's scores and order, as FTS5's AND of every word."""
+    monkeypatch.setattr(memories, "IDF_PASS_ROWS", 0)
+    monkeypatch.setattr(memories, "WINDOW_READS", 3)  # a small window is read in several chunks, within the bound
+    for query in ("the river w7", "w3 the", "river w1", "the of w5"):
+        tokens = memories.fts_tokens(query)
+        df = memories.DocFreqs()
+        n, counts = df.counts(zipf_conn, tokens)
+        common = memories.common_flags(n, counts)
+        assert any(common) and not all(common)
+        averages = memories._averages(zipf_conn)
+        assert averages is not None
+        ours = memories._rank_window(zipf_conn, tokens, " AND ", memories._idfs(averages[0], counts, common), 10,
+                                     None, rank_window, averages, common)
+        old = _rank_sorter_recall(zipf_conn, query, 10, None, rank_window)
+        if ours is None:  # the chunk bound met before the window filled: bm25 ranks (the caller's fallback)
+            assert rank_window == memories.RANK_WINDOW
+            continue
+        assert [(m.id, s) for m, s in ours] == old
