@@ -218,10 +218,11 @@ def _copy_rows(conn: sqlite3.Connection, fresh: Path) -> list[tuple[str, int]]:
 
 
 def _tables(conn: sqlite3.Connection, schema: str) -> list[str]:
-    """The tables of ``schema`` that hold rows of their own (not SQLite's, not the full-text index's)."""
+    """The tables of ``schema`` that hold rows of their own (not SQLite's, not the full-text index's, not those
+    the memories' triggers derive as they go in: ``migrations.DERIVED_TABLES``)."""
     return [str(r[0]) for r in conn.execute(
         f"SELECT name FROM {schema}.sqlite_master WHERE type = 'table' AND rootpage > 0 AND name NOT LIKE 'sqlite%' "
-        "ORDER BY name") if not str(r[0]).startswith(FTS_SHADOW_PREFIX)]
+        "ORDER BY name") if not str(r[0]).startswith(FTS_SHADOW_PREFIX) and str(r[0]) not in migrations.DERIVED_TABLES]
 
 
 def _copy_table(conn: sqlite3.Connection, table: str) -> int:
