@@ -256,13 +256,15 @@ def wipe(spec: NodeSpec) -> None:
     (spec.home / "node.log").unlink(missing_ok=True)
 
 
-async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_limit: int,
+async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_limit: int, nice: int,
                args: argparse.Namespace) -> dict[str, Any]:
-    """One join of an empty joiner asking pages of ``page_limit``: until caught up, then it is stopped."""
+    """One join of an empty joiner asking pages of ``page_limit``, its process ``nice`` steps below the others (as
+    an operator would start a node that joins a busy host: `nice -n`, systemd's Nice=): until caught up, then it
+    is stopped."""
     set_page_limit(joiner, page_limit)
     served_from = filled_cpu(mesh, filled)
     t0, t_spawn = time.monotonic_ns(), time.monotonic()
-    mesh.procs[joiner.index] = start_node(joiner)
+    mesh.procs[joiner.index] = start_node(joiner, nice=nice)
     try:
         want = (args.nodes * args.memories, args.nodes * args.memories)
         done = await wait_caught_up(joiner, [s.agent_id for s in filled], want, args.timeout_s, t_spawn)
@@ -272,7 +274,7 @@ async def join(mesh: LocalMesh, joiner: NodeSpec, filled: list[NodeSpec], page_l
     finally:
         mesh.stop(joiner.index)
     items = 2 * want[0]
-    return {"page_limit": page_limit, "window_ns": [t0, t1], "caught_up_s": round(done["seconds"], 2),
+    return {"page_limit": page_limit, "nice": nice, "window_ns": [t0, t1], "caught_up_s": round(done["seconds"], 2),
             "items_per_s": round(items / done["seconds"]), "held": done["held"], "progress": done["progress"],
             "log_lines": log_lines(joiner),
             # CPU seconds per wall second of the catch-up: near 1, the joiner is CPU-bound (one event loop).
@@ -320,8 +322,9 @@ async def run(layout: MeshLayout, mesh: LocalMesh, args: argparse.Namespace, wor
         await asyncio.sleep(args.baseline_s)
         b1 = time.monotonic_ns()
         for limit in args.page_limits:
-            forget_joiner(joiner, filled)
-            joins.append(await join(mesh, joiner, filled, limit, args))
+            for nice in args.joiner_nice:
+                forget_joiner(joiner, filled)
+                joins.append(await join(mesh, joiner, filled, limit, nice, args))
         t1 = time.monotonic_ns()
         await asyncio.sleep(min(args.baseline_s, 5.0))
         t2 = time.monotonic_ns()
@@ -384,13 +387,13 @@ def markdown(r: dict[str, Any], command: str) -> str:
                "each filled node holds only its own items; ")
             + f"{r['env']['cpus']} CPUs, Python {r['env']['python']}, load average {r.get('load', '-')} before the "
             "run. Each join from an empty store, one after the other in this run, against the same baseline.", "",
-            "| join (page size) | caught up (spawn to every lag 0, every item held) | items/s | joiner CPU/wall | "
-            "joiner CPU ms/item | filled nodes' CPU/wall | sync_progress / sync_caught_up lines | "
+            "| join (page size, joiner's nice) | caught up (spawn to every lag 0, every item held) | items/s | "
+            "joiner CPU/wall | joiner CPU ms/item | filled nodes' CPU/wall | sync_progress / sync_caught_up lines | "
             "ping p50 / p95 / p99 ms | p95 / baseline |",
             "|---|---|---|---|---|---|---|---|---|"]
     for j in r["joins"]:
         p = j["ping_during"]
-        rows.append(f"| {j['page_limit']} | {j['caught_up_s']} s | {j['items_per_s']:,} | "
+        rows.append(f"| {j['page_limit']}, nice {j.get('nice', 0)} | {j['caught_up_s']} s | {j['items_per_s']:,} | "
                     f"{fmt(j['joiner_cpu_per_wall_s'])} | {j['joiner_cpu_ms_per_item']} | "
                     f"{fmt(j['filled_cpu_per_wall_s'])} | {j['log_lines']['sync_progress']} / "
                     f"{j['log_lines']['sync_caught_up']} | {fmt(p.get('p50_ms'))} / {fmt(p.get('p95_ms'))} / "
@@ -411,6 +414,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--page-limits", type=lambda v: [int(x) for x in v.split(",")], default=[500],
                    help="the joiner joins once per page size, in order (e.g. 500,2000); the filled nodes serve up "
                         "to the largest")
+    p.add_argument("--joiner-nice", type=lambda v: [int(x) for x in v.split(",")], default=[0],
+                   help="the joiner's nice steps below the filled nodes, one join per value for each page size "
+                        "(e.g. 0,10: as started plainly, then under `nice -n 10`)")
     p.add_argument("--replicated", action="store_true",
                    help="each filled node also holds the others' items, replicated by sync before the joins")
     p.add_argument("--dir", type=Path, default=None,

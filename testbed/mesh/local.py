@@ -33,11 +33,15 @@ def node_env(spec: NodeSpec) -> dict[str, str]:
     return env
 
 
-def start_node(spec: NodeSpec) -> subprocess.Popen:
+def start_node(spec: NodeSpec, *, nice: int = 0) -> subprocess.Popen:
+    """The node's process (``nice``: that many steps below this process's priority, every thread of it)."""
     log_path = spec.home / "node.log"
     log = open(log_path, "ab")
+    command = node_command(spec)
+    if nice:
+        command = ["nice", "-n", str(nice), *command]
     try:
-        proc = subprocess.Popen(node_command(spec), env=node_env(spec), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, env=node_env(spec), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
         log.close()
