@@ -475,7 +475,10 @@ def _sync(hooks: ServerHooks) -> Handler:
             log.warning("sync_failed", extra={"ev": {"peer": request[PEER_KEY], "error": f"{type(e).__name__}: {e}"}})
             d = describe(e)
             return json_error(d.code, d.message)
-        return web.Response(body=cbor2.dumps(dict(page)), content_type=CBOR)
+        # A page of thousands of items takes milliseconds to encode: off the event loop, so that the pings and
+        # messages this node answers meanwhile wait at most a GIL switch interval, not the whole encoding.
+        body = await asyncio.to_thread(cbor2.dumps, dict(page))
+        return web.Response(body=body, content_type=CBOR)
     return handler
 
 
