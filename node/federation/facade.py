@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # the mesh server (and its HTTP stack) is the node's, not a C
     from mesh.server import SyncQuery
     from node.federation.inbound import Inbound
     from node.federation.inbound.common import Applied
-    from node.federation.sync import PulledPages, SyncOutcome, SyncPages
+    from node.federation.pages import SyncPages
+    from node.federation.sync import PulledPages, SyncOutcome
     from node.federation.verify import VerifyBatcher
 
 Clock = Callable[[], int]
@@ -114,7 +115,7 @@ class Federation:
     @cached_property
     def pages(self) -> SyncPages:
         """The sync pages this node serves its peers."""
-        from node.federation.sync import SyncPages
+        from node.federation.pages import SyncPages
 
         p = self._parts
         return SyncPages(p.cfg, p.db, self.policy, p.clock, self.peer_rate, self.counters, self.forms, p.agent_forms)

@@ -212,3 +212,26 @@ def test_a_catch_up_counts_from_where_it_began_and_floors_below_100_until_caught
     assert restored.percent() == 50.0 and restored.lag() == 500
     assert CatchUp(cursor=99_999, head=100_000).percent() == 99.9
     assert CatchUp(cursor=7, head=7, base=7).percent() == 100.0
+
+
+async def test_the_first_pull_waits_for_the_other_links_to_settle_so_their_writers_are_skipped(svc: Service) -> None:
+    """A joining node's first pull: a writer whose own link is still connecting would be pulled from this peer too;
+    the pull waits (bounded) until that link is up, and then skips it."""
+    other = PageLink()
+    other.state = LinkState.CONNECTING
+    link = PageLink({"items": [], "next": 0, "more": False}, {"items": [], "next": 0, "more": False})
+    fed = svc.replicator
+    settings = PullSettings(page_limit=100, interval_s=60.0, fetch_timeout_s=5.0, rate_wait_s=0.0,
+                            links_settle_s=5.0)
+    sync = PeerSync(PEER, {PEER: link, "ai:other@lab": other}, fed.pulled, fed.accepts,  # type: ignore[union-attr]
+                    svc.db, settings)
+    pulling = asyncio.create_task(sync.pull())
+    await asyncio.sleep(0.2)
+    assert link.asked == []  # waiting for the other link
+    other.state = LinkState.UP
+    await asyncio.wait_for(pulling, 5)
+    assert link.asked[0][1]["skip"] == "ai:other@lab"
+    # Later rounds do not wait: a link that is down or connecting is not skipped.
+    other.state = LinkState.CONNECTING
+    await asyncio.wait_for(sync.pull(), 5)
+    assert link.asked[1][1]["skip"] == ""

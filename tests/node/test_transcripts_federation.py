@@ -16,7 +16,7 @@ from node.assemble import open_service
 from node.attest import TranscriptPayload
 from node.config import NamespacePolicy, NodeConfig, PeerConfig
 from node.errors import ServiceError
-from node.federation import sync
+from node.federation import pages
 from node.service import now_ms
 from storage import outbox, transcripts
 
@@ -154,7 +154,7 @@ async def test_sync_serves_a_replicated_transcript_only_to_peers_that_may_see_it
 
 
 async def test_a_sync_page_ends_early_once_transcripts_fill_its_byte_budget(fsvc, monkeypatch):
-    monkeypatch.setattr(sync, "SYNC_PAGE_TRANSCRIPT_BYTES", 1)
+    monkeypatch.setattr(pages, "SYNC_PAGE_TRANSCRIPT_BYTES", 1)
     first = await fsvc.transcripts.store(TEXT, namespace="shared")
     second = await fsvc.transcripts.store(TEXT, namespace="shared")
     page = await fsvc.replicator.sync_page(PEER, 0, 100)
