@@ -123,30 +123,32 @@ def _compose_plugin() -> tuple[bool, str]:
         (False, "the Docker Compose v2 plugin (`docker compose`) is not installed")
 
 
-def _age() -> tuple[bool, str]:
+def _pg_config_dir(flag: str) -> tuple[Path | None, str]:
+    """The directory ``pg_config FLAG`` names, or None and why not."""
     pg_config = PG_BIN / "pg_config"
     if not pg_config.exists():
-        return False, f"{pg_config} not installed"
+        return None, f"{pg_config} not installed"
     try:
-        share = subprocess.run([str(pg_config), "--sharedir"], capture_output=True, text=True,
-                               timeout=PROBE_TIMEOUT_S).stdout.strip()
+        out = subprocess.run([str(pg_config), flag], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"`pg_config --sharedir` failed: {e}"
-    control = Path(share) / "extension" / "age.control"
+        return None, f"`pg_config {flag}` failed: {e}"
+    return Path(out.stdout.strip()), ""
+
+
+def _age() -> tuple[bool, str]:
+    share, why = _pg_config_dir("--sharedir")
+    if share is None:
+        return False, why
+    control = share / "extension" / "age.control"
     return (True, str(control)) if control.exists() else (False, f"Apache AGE not installed ({control} missing)")
 
 
 def _age_plugin() -> tuple[bool, str]:
     """AGE's library where a role that is not a superuser may load it ($libdir/plugins)."""
-    pg_config = PG_BIN / "pg_config"
-    if not pg_config.exists():
-        return False, f"{pg_config} not installed"
-    try:
-        lib = subprocess.run([str(pg_config), "--pkglibdir"], capture_output=True, text=True,
-                             timeout=PROBE_TIMEOUT_S).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"`pg_config --pkglibdir` failed: {e}"
-    plugin = Path(lib) / "plugins" / "age.so"
+    lib, why = _pg_config_dir("--pkglibdir")
+    if lib is None:
+        return False, why
+    plugin = lib / "plugins" / "age.so"
     return (True, str(plugin)) if plugin.exists() else (False, f"AGE not linked for non-superusers ({plugin} missing)")
 
 
