@@ -22,10 +22,10 @@ from tests.hooks.scripts import write_hooks_toml
 from tests.integration.conftest import run_cli, wait_for
 from tests.integration.peer_play import add_config
 from tests.integration.test_permissions_node import _api, _free_port
+from tests.permissions.conftest import ASK_TEAM_STORES as ASK_TEAM
 
 pytestmark = pytest.mark.integration
 
-ASK_TEAM = 'mode = "enforce"\n[[rules]]\nagent = "*"\nnamespace = "team"\noperations = ["store"]\naction = "ask"\n'
 ROUNDS = 5
 STREAM_WAIT_S = 30.0
 

@@ -9,16 +9,9 @@ import re
 import anyio
 
 from tests.mcp.conftest import Home, err, ok, stdio_session
+from tests.permissions.conftest import ASK_TEAM_STORES as ASK_TEAM
 
 TEST_TIMEOUT_S = 120
-ASK_TEAM = """
-mode = "enforce"
-[[rules]]
-agent = "*"
-namespace = "team"
-operations = ["store"]
-action = "ask"
-"""
 
 
 async def _park(s, content: str) -> str:

@@ -32,16 +32,9 @@ from storage.portsides import MARKS, TABLES
 from tests.faults import ROOT, node_home, running_node
 from tests.node.conftest import AGENT
 from tests.node_access import cli_in_process
+from tests.permissions.conftest import ASK_TEAM_STORES as ASK_TEAM
 from tests.storage.storage_helpers import make_memory
 
-ASK_TEAM = """
-mode = "enforce"
-[[rules]]
-agent = "*"
-namespace = "team"
-operations = ["store"]
-action = "ask"
-"""
 # Memories added through the storage layer's batch path for the kill -9 test: enough batches of KILL_BATCH rows
 # that the run is caught part way.
 BULK = 3_000

@@ -49,3 +49,14 @@ async def open_service(cfg: NodeConfig) -> AsyncIterator[Callable[..., Any]]:
     yield go
     for svc in opened:
         await svc.close()
+
+
+# The rules file that asks for approval of every store into namespace "team" (and nothing else).
+ASK_TEAM_STORES = """
+mode = "enforce"
+[[rules]]
+agent = "*"
+namespace = "team"
+operations = ["store"]
+action = "ask"
+"""
