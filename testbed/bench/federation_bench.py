@@ -31,7 +31,6 @@ import gc
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import shlex
 import sys
@@ -49,6 +48,7 @@ from mesh import keys, tls
 from mesh.link import PeerLink
 from mesh.linkstate import LinkState
 from node.config import MIN_SEND_WINDOW_BYTES, load_config
+from testbed.bench.figures import machine
 from testbed.mesh.build import MeshLayout, NodeSpec, agent_id_for, build_layout
 from testbed.mesh.local import LocalMesh
 from testbed.mesh.state import cpu_seconds
@@ -586,7 +586,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
 
 def write_result(res: dict[str, Any], name: str) -> Path:
     """``res`` with the machine it ran on, as BENCH_OUT/<name>.json (the bootstrap bench writes its own so)."""
-    res["env"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    res["env"] = machine()
     out = BENCH_OUT / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")

@@ -1,10 +1,15 @@
-"""The fan-out bench's figures: exact nearest-rank percentiles of the all-ACK latencies, throughput, CPU per
-message, and the result row `testbed bench` reports for one node count (on loopback or under netem)."""
+"""The benches' shared figures (one percentile, the machine a run was on, its JSON written) and the fan-out
+bench's: exact nearest-rank percentiles of the all-ACK latencies, throughput, CPU per message, and the result row
+`testbed bench` reports for one node count (on loopback or under netem)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 # Design budgets for the all-ACK p95 (the first design's, ../shared/DESIGN.md section 7), ms by node count.
@@ -34,6 +39,19 @@ def percentile(sorted_s: list[float], p: float) -> float:
     """Nearest-rank percentile of exact sorted samples (no interpolation)."""
     rank = max(1, math.ceil(p / 100.0 * len(sorted_s)))
     return sorted_s[rank - 1]
+
+
+def machine() -> dict[str, Any]:
+    """What a bench ran on, for its JSON."""
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
+
+
+def save(res: dict[str, Any], out: Path) -> Path:
+    """``res`` with ``machine()`` as JSON at ``out`` (its folder made)."""
+    res["machine"] = machine()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    return out
 
 
 def pct(samples: list[float], p: float) -> float:

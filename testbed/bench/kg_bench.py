@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import random
 import statistics
 import sys
@@ -37,7 +35,7 @@ from storage import changelog, links, memories
 from storage.kg_ops import KG_BACKENDS
 from storage.links import LinkRow
 from storage.memories import MemoryRow
-from testbed.bench.figures import pct
+from testbed.bench.figures import pct, save
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
@@ -262,9 +260,7 @@ def main() -> int:
             return 2
         res = asyncio.run(run(sizes, Path(tmp), cluster, recall=not args.kg_only, kg_backends=kg_backends))
     res["sizes"] = sizes.__dict__
-    res["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2))
+    save(res, args.out)
     print(table(res))
     return 0
 

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -39,7 +36,7 @@ from storage.backend import open_database
 from storage.links import LinkRow
 from storage.port import BATCH_ROWS, Progress, Report, migrate
 from storage.portsides import Store
-from testbed.bench.figures import pct
+from testbed.bench.figures import pct, save
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import Cluster, server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
@@ -221,9 +218,7 @@ def main() -> int:
         res = asyncio.run(run(sizes, Path(tmp), cluster, args.batch_rows, lambda s: print(s, flush=True)))
     res["sizes"] = sizes.__dict__
     res["batch_rows"] = args.batch_rows
-    res["machine"] = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2))
+    save(res, args.out)
     print(table(res))
     return 0
 

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,7 +29,7 @@ import psycopg
 from storage import memories
 from storage.backend import open_database
 from storage.db import Database
-from testbed.bench.figures import pct
+from testbed.bench.figures import pct, save
 from testbed.bench.storage_bench import Corpus
 from testbed.env.postgres import server_binaries_present, throwaway_cluster
 from testbed.paths import BENCH_OUT
@@ -168,9 +165,7 @@ def main() -> int:
     sizes = Sizes(args.memories or base.memories, args.queries or base.queries)
     with tempfile.TemporaryDirectory(prefix="pg-recall-bench-") as tmp, throwaway_cluster() as cluster:
         res = asyncio.run(run(sizes, Path(tmp), cluster.dsn(cluster.create_db())))
-    res["machine"] = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2))
+    save(res, args.out)
     for q, plan in res["slowest_postgres_plans"].items():
         print(f"\nEXPLAIN (ANALYZE, BUFFERS), recall {q!r}:\n{plan}")
     print()
