@@ -123,9 +123,10 @@ class Gate:
         self.counts: Counter[str] = Counter()
         # Each agent's stored bytes as last summed, and when (time.monotonic()), for the storage quota.
         self._used: LRUCache[str, tuple[int, float]] = LRUCache(QUOTA_AGENTS)
-        # One sum at a time: the calls that find an agent's sum stale together (a pulled page's memories, applied
-        # together) wait for one reader hop and use its result, rather than each summing the agent's memories.
-        self._summing = asyncio.Lock()
+        # The sum in flight for each agent: the calls that find its sum stale together (a pulled page's memories,
+        # applied together) share one reader hop, its result or its error (while the store is away, all of them
+        # hear it at once, not one after another).
+        self._summing: dict[str, asyncio.Future[int]] = {}
         self._sum_every_s = cfg.permissions.reload_check_s
         self._install()
 
@@ -231,14 +232,34 @@ class Gate:
         ``permissions.reload_check_s`` ago, or 20 times as long as the last sum took, plus what was admitted
         since)."""
         cached = self._used.get(agent)
-        if cached is None or time.monotonic() - cached[1] >= self._sum_every_s:
-            async with self._summing:
-                cached = self._used.get(agent)
-                now = time.monotonic()
-                if cached is None or now - cached[1] >= self._sum_every_s:
-                    cached = self._used[agent] = (await self.db.read(rule_rows.bytes_by_writer, agent), now)
-                    self._sum_every_s = sum_every_s(self.cfg.permissions.reload_check_s, time.monotonic() - now)
-        return cached[0]
+        if cached is not None and time.monotonic() - cached[1] < self._sum_every_s:
+            return cached[0]
+        running = self._summing.get(agent)
+        if running is not None:
+            return self._admitted_since(agent, await asyncio.shield(running))
+        running = self._summing[agent] = asyncio.get_running_loop().create_future()
+        try:
+            started = time.monotonic()
+            used = await self.db.read(rule_rows.bytes_by_writer, agent)
+            self._used[agent] = (used, started)
+            self._sum_every_s = sum_every_s(self.cfg.permissions.reload_check_s, time.monotonic() - started)
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError):
+                running.cancel()
+            else:
+                running.set_exception(e)
+                running.exception()  # those waiting hear it; none waiting is no unretrieved error
+            raise
+        else:
+            running.set_result(used)
+        finally:
+            del self._summing[agent]
+        return used
+
+    def _admitted_since(self, agent: str, summed: int) -> int:
+        """The agent's usage as the cache has it now (the sum, and what was admitted since), else ``summed``."""
+        cached = self._used.get(agent)
+        return summed if cached is None else cached[0]
 
     def check(self, agent: str, namespace: str, operation: Operation) -> tuple[Decision, Rule | None]:
         """The rules' own answer, whatever the mode (``ai-memory permissions check``)."""
