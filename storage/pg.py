@@ -66,10 +66,13 @@ _CONNECT_DEFAULTS = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "kee
                      "keepalives_interval": 5, "keepalives_count": 3, "tcp_user_timeout": 30_000}
 # How stale the database size behind limits.max_db_bytes may be (it costs one query on the writer).
 SIZE_EVERY_S = 1.0
-# A read waits for a connection in slices of READ_WAIT_AWAY_S, up to CONNECT_TIMEOUT_S but no longer once an
-# outage is known (so a client hears storage_unavailable at once); the reader pool gives up a failing reconnect
-# after POOL_RECONNECT_S (the next read asks again).
+# A read waits for a connection in slices of READ_WAIT_AWAY_S, up to CONNECT_TIMEOUT_S; once an outage is known,
+# only READ_WAIT_KNOWN_AWAY_S (a connection the pool has made back is taken at once): a client hears
+# storage_unavailable at once, and a flood of reads (a peer's messages applied meanwhile) does not queue on the
+# readers half a second each, holding up every other read; the reader pool gives up a failing reconnect after
+# POOL_RECONNECT_S (the next read asks again).
 READ_WAIT_AWAY_S = 0.5
+READ_WAIT_KNOWN_AWAY_S = 0.02
 POOL_RECONNECT_S = 2.0
 
 log = logging.getLogger("storage.pg")
@@ -656,12 +659,12 @@ class PgDatabase(Database):
             self._pool.putconn(raw)
 
     def _reader_conn(self, started: float) -> psycopg.Connection[Any]:
-        """A pooled connection (checked), waited for up to CONNECT_TIMEOUT_S, or READ_WAIT_AWAY_S once an outage is
-        known; PoolTimeout when none came."""
+        """A pooled connection (checked), waited for up to CONNECT_TIMEOUT_S, or READ_WAIT_KNOWN_AWAY_S once an
+        outage is known; PoolTimeout when none came."""
         assert self._pool is not None
         while True:
             try:
-                return self._pool.getconn(timeout=READ_WAIT_AWAY_S)
+                return self._pool.getconn(timeout=READ_WAIT_KNOWN_AWAY_S if self._outage.away else READ_WAIT_AWAY_S)
             except PoolTimeout:
                 if self._outage.away or time.monotonic() - started >= CONNECT_TIMEOUT_S:
                     raise
